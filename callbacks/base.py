@@ -1,0 +1,132 @@
+"""Callback: code that runs at named points of the Trainer's loop.
+
+Every method is a no-op by default; the loop calls them in the order the callbacks were given,
+then the module's hook of the same name. See ``Trainer.fit``'s docstring for where each fires.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from trainer import Trainer, TrainingModule
+
+
+class Callback:
+    """Code that runs at named points of ``Trainer.fit``. Every method is a no-op by default.
+
+    Observers (``on_*``, ``setup``, ``teardown``) look and return nothing; to change the run they
+    set public trainer state (``trainer.should_stop = True``). Seams return something the loop
+    uses; each says how it composes with gradient accumulation, clipping and DDP:
+
+    - ``configure_model`` rewraps the model (compile, activation checkpointing) after it moved to
+      the device and before the strategy wraps it for DDP.
+    - ``forward_context`` returns a context entered around the forward and loss (autocast).
+    - ``backward`` and ``optimizer_step`` replace the plain ``loss.backward()`` and
+      ``optimizer.step()``. A callback that implements one sets ``owns_backward`` or
+      ``owns_optimizer_step`` to True; two callbacks claiming the same seam is an error.
+
+    Example::
+
+        class PrintEpochs(Callback):
+            def on_train_epoch_end(self, trainer, module):
+                print("finished epoch", trainer.current_epoch)
+    """
+
+    #: Set to True by a callback that implements :meth:`backward` (a GradScaler, say).
+    owns_backward: bool = False
+    #: Set to True by a callback that implements :meth:`optimizer_step`.
+    owns_optimizer_step: bool = False
+
+    @property
+    def state_key(self) -> str:
+        """The key of this callback's state in a checkpoint. Override when two instances of one
+        class must keep separate state (two ModelCheckpoints watching different metrics)."""
+        return type(self).__qualname__
+
+    # --- observers, in the order they fire -----------------------------------------------
+    def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
+        """Once per process at the start of ``fit``/``validate``/``test``/``predict``."""
+
+    def on_fit_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
+
+    def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
+
+    def on_train_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
+
+    def on_train_batch_start(self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int) -> None: ...
+
+    def on_before_optimizer_step(self, trainer: Trainer, module: TrainingModule, optimizer: torch.optim.Optimizer) -> None:
+        """After the last backward of an accumulation window, before clipping and the step."""
+
+    def on_train_batch_end(
+        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None: ...
+
+    def on_log(self, trainer: Trainer, module: TrainingModule, metrics: dict[str, float], step: int) -> None:
+        """Host values of the metrics logged since the last log step (loggers write them)."""
+
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None: ...
+
+    def on_validation_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
+
+    def on_validation_batch_end(
+        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None: ...
+
+    def on_validation_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        """After validation; ``trainer.callback_metrics`` holds its epoch values."""
+
+    def on_test_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
+
+    def on_test_batch_end(
+        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None: ...
+
+    def on_test_end(self, trainer: Trainer, module: TrainingModule) -> None: ...
+
+    def on_predict_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
+
+    def on_predict_batch_end(
+        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None: ...
+
+    def on_predict_end(self, trainer: Trainer, module: TrainingModule) -> None: ...
+
+    def on_train_end(self, trainer: Trainer, module: TrainingModule) -> None: ...
+
+    def on_fit_end(self, trainer: Trainer, module: TrainingModule) -> None: ...
+
+    def on_exception(self, trainer: Trainer, module: TrainingModule, error: BaseException) -> None:
+        """The run failed with ``error``; release what you hold (flush files, close bars)."""
+
+    def teardown(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
+        """Once per process at the end of a stage, after success or failure."""
+
+    # --- seams ---------------------------------------------------------------------------
+    def configure_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def forward_context(self) -> contextlib.AbstractContextManager | None:
+        """A context around forward and loss, or None for none."""
+        return None
+
+    def backward(self, trainer: Trainer, module: TrainingModule, loss: torch.Tensor) -> None:
+        """Replace ``loss.backward()``; only called when ``owns_backward`` is True."""
+        raise NotImplementedError
+
+    def optimizer_step(self, trainer: Trainer, module: TrainingModule, optimizer: torch.optim.Optimizer) -> bool:
+        """Replace ``optimizer.step()``; return False if the step was skipped (the scheduler then
+        does not step). Only called when ``owns_optimizer_step`` is True."""
+        raise NotImplementedError
+
+    # --- checkpoint state ----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data (numbers, strings, lists, dicts, tensors) to keep in checkpoints."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...

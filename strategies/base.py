@@ -1,0 +1,123 @@
+"""The Strategy interface: where the loop runs and how many copies of it there are.
+
+The Trainer's loop names only the methods below. A strategy that needs something the loop does
+not offer adds a method here, with a single-process default, instead of the loop growing an
+``isinstance`` check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from strategies.transfer import move_to_device
+
+
+class Strategy:
+    """Where the loop runs and how many copies of it there are.
+
+    The default implementation is one process on one device: collectives return their input,
+    barriers return at once, and ``launch`` calls the function in this process.
+    """
+
+    #: The device this process computes on; set by the concrete strategy.
+    device: torch.device = torch.device("cpu")
+
+    # --- process topology -----------------------------------------------------------------
+    @property
+    def global_rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    def validate(self) -> None:
+        """Check the request against this machine, before anything starts. Raise with a fix."""
+
+    def describe(self) -> str:
+        """One line for the start-of-run report: what runs where."""
+        return f"{type(self).__name__} on {self.device}"
+
+    @property
+    def launches_subprocesses(self) -> bool:
+        """True when ``launch`` runs the work in other processes (DDP spawn): the Trainer then
+        copies rank zero's results (weights, counters, metrics) back into the caller's objects."""
+        return False
+
+    def launch(self, function: Callable[..., Any], *args: Any) -> Any:
+        """Run ``function(*args)`` once per process of this strategy; return this process's result.
+
+        Single-process strategies call it directly. DDP spawns workers here (and returns rank
+        zero's result to the caller), or joins the group that torchrun started.
+        """
+        return function(*args)
+
+    def setup_environment(self) -> None:
+        """Per-process setup inside ``launch``: set the device, join the process group."""
+
+    def teardown(self) -> None:
+        """Undo ``setup_environment``: leave the process group, free caches."""
+
+    # --- model and data -------------------------------------------------------------------
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Move ``module`` to the device once and return the model the loop calls (maybe wrapped)."""
+        return module.to(self.device)
+
+    def wrap_module(self, module: nn.Module) -> nn.Module:
+        """Wrap the module for training (DDP); called after callbacks' ``configure_model``."""
+        return module
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """Return the user's module from what ``setup_module`` returned."""
+        return model
+
+    def setup_dataloader(self, dataloader: Any, *, shuffle: bool) -> Any:
+        """Return the loader this process iterates (DDP gives each rank its shard here)."""
+        return dataloader
+
+    def batch_to_device(self, batch: Any) -> Any:
+        """Move the tensors inside ``batch`` to the device without blocking the host."""
+        return move_to_device(batch, self.device)
+
+    def training_step(self, model: nn.Module, batch: Any, batch_idx: int) -> Any:
+        """Run the module's ``training_step`` through ``model`` (DDP must see the forward)."""
+        return model.training_step(batch, batch_idx)
+
+    # --- backward and collectives ---------------------------------------------------------
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def no_backward_sync(self, model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
+        """A context that skips the gradient all-reduce while ``enabled`` (accumulation)."""
+        return contextlib.nullcontext()
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        """Reduce ``tensor`` over all processes with ``op`` in ``"mean" | "sum" | "max" | "min"``."""
+        return tensor
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Gather a picklable object from every process, in rank order. Not for the hot loop."""
+        return [obj]
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Return ``obj`` as it is on process ``src``. Not for the hot loop."""
+        return obj
+
+    def barrier(self, name: str = "") -> None:
+        """Wait until every process reaches this point."""
+
+    def reduce_any(self, flag: bool) -> bool:
+        """True on every process when ``flag`` is true on any. Used at log steps, never per step."""
+        return flag

@@ -1,0 +1,113 @@
+"""One process on one device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``, and ``"auto"`` detection.
+
+``"auto"`` picks CUDA, then MPS, then the CPU, and :func:`describe_devices` says what it found, so
+that a run on the wrong hardware is visible in the first lines of its output.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from strategies.base import Strategy
+
+
+def cuda_device_lines() -> list[str]:
+    """Name, memory and compute capability of every visible CUDA device."""
+    lines = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        lines.append(
+            f"cuda:{index} {props.name}, {props.total_memory / 2**30:.1f} GiB, "
+            f"compute capability {props.major}.{props.minor}"
+        )
+    return lines
+
+
+def mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
+def auto_device() -> torch.device:
+    """The best device of this machine: CUDA, then MPS, then the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    if mps_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def check_cuda_index(index: int, argument: str) -> None:
+    """Raise a ValueError naming what exists when ``cuda:index`` does not."""
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"{argument} asks for a CUDA device, but PyTorch sees none "
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}). "
+            'Use strategy="cpu" or "auto", or install a CUDA build of PyTorch.'
+        )
+    count = torch.cuda.device_count()
+    if index >= count:
+        visible = ", ".join(f"cuda:{i}" for i in range(count))
+        raise ValueError(
+            f"{argument} asks for cuda:{index}; {count} CUDA device(s) visible ({visible}). "
+            "Use one of those or check CUDA_VISIBLE_DEVICES."
+        )
+
+
+class SingleDevice(Strategy):
+    """Train in this process on one device.
+
+    Args:
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"`` or a ``torch.device``.
+
+    Example::
+
+        Trainer(strategy=SingleDevice("cuda:1"))
+    """
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", 0)
+        self.detected = False  # set by "auto": the report then says the device was chosen
+
+    def validate(self) -> None:
+        if self.device.type == "cuda":
+            check_cuda_index(self.device.index, f'strategy="{self.device}"')
+        elif self.device.type == "mps" and not mps_available():
+            raise ValueError(
+                'strategy="mps" asks for an Apple GPU, but torch.backends.mps.is_available() is '
+                'False. Use strategy="auto" or "cpu", or a PyTorch build with MPS on macOS 12.3+.'
+            )
+
+    def setup_environment(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+
+    def setup_dataloader(self, dataloader: Any, *, shuffle: bool) -> Any:
+        # The user's choice is never changed; the warning only says what it costs.
+        if self.device.type == "cuda" and getattr(dataloader, "pin_memory", True) is False:
+            warnings.warn(
+                "The DataLoader has pin_memory=False, so batches are copied to the GPU from "
+                "pageable memory and the copy cannot overlap compute. "
+                "Pass DataLoader(..., pin_memory=True) to speed up training.",
+                stacklevel=2,
+            )
+        return dataloader
+
+    def describe(self) -> str:
+        how = "detected" if self.detected else "chosen"
+        if self.device.type == "cuda":
+            found = "; ".join(cuda_device_lines())
+            return f"Training on {self.device} ({how}). CUDA devices: {found}"
+        if self.device.type == "mps":
+            return f"Training on the Apple GPU (mps, {how})."
+        note = "" if not self.detected else " No CUDA or MPS device was found: training will be slow."
+        return f"Training on the CPU ({how}, {torch.get_num_threads()} threads).{note}"
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        return module.to(self.device)

@@ -1,0 +1,34 @@
+"""Moving a batch to the device: tensors inside tuples, lists, dicts, namedtuples and dataclasses.
+
+Tensors move with ``non_blocking=True``: from pinned memory to a CUDA device the copy overlaps
+with compute; from pageable memory PyTorch falls back to a synchronous copy, which is why the
+CUDA strategy warns about loaders without ``pin_memory``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """Return ``batch`` with every tensor inside it on ``device``; other values are kept as is."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        moved = [move_to_device(item, device) for item in batch]
+        if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+            return type(batch)(*moved)
+        return type(batch)(moved)
+    if isinstance(batch, dict):
+        return type(batch)((key, move_to_device(value, device)) for key, value in batch.items())
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        changes = {
+            field.name: move_to_device(getattr(batch, field.name), device)
+            for field in dataclasses.fields(batch)
+            if field.init
+        }
+        return dataclasses.replace(batch, **changes)
+    return batch

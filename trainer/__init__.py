@@ -1,0 +1,7 @@
+"""Cadence: the Trainer and the user's contract (TrainingModule)."""
+
+from trainer.module import TrainingModule
+from trainer.seed import seed_everything
+from trainer.trainer import Trainer
+
+__all__ = ["Trainer", "TrainingModule", "seed_everything"]

@@ -1,0 +1,89 @@
+"""DataLoader helpers: how many batches, ``limit_*_batches``, and rebuilding a loader.
+
+The loop never fetches a batch to learn something about a loader; these read its attributes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset
+
+
+def loader_length(loader: Any) -> int | None:
+    """The number of batches of ``loader``, or None when it cannot tell (an IterableDataset)."""
+    if isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset):
+        try:
+            return len(loader)
+        except TypeError:
+            return None
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def check_limit(value: Any, argument: str) -> None:
+    """Raise a ValueError unless ``value`` is None, a fraction in [0, 1], or a whole number >= 0."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"Trainer({argument}={value!r}) must be a float in [0.0, 1.0], an int >= 0, or None.")
+    if isinstance(value, float) and not 0.0 <= value <= 1.0:
+        raise ValueError(
+            f"Trainer({argument}={value}) is a fraction outside [0.0, 1.0]. Use a float in that "
+            f"range for a share of the batches, or an int for a number of batches."
+        )
+    if isinstance(value, int) and value < 0:
+        raise ValueError(f"Trainer({argument}={value}) is negative; use an int >= 0 or a float in [0.0, 1.0].")
+
+
+def limited_length(length: int | None, limit: Any) -> int | None:
+    """How many batches to run from a loader of ``length`` batches under ``limit_*_batches``."""
+    if limit is None:
+        return length
+    if isinstance(limit, float):
+        if length is None:
+            if limit == 1.0:
+                return None
+            raise ValueError(
+                f"limit_*_batches={limit} is a fraction, but the loader has no length (an "
+                "IterableDataset); pass a whole number of batches instead."
+            )
+        return int(length * limit) if limit < 1.0 else length
+    return limit if length is None else min(length, limit)
+
+
+def rebuild_dataloader(loader: DataLoader, **changes: Any) -> DataLoader:
+    """A new DataLoader over the same dataset with the same settings except ``changes``.
+
+    ``changes`` may set ``sampler`` or ``batch_sampler``; the batch size, shuffle and drop_last
+    of the original then live in the new sampler, as DataLoader requires.
+    """
+    settings = dict(
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        prefetch_factor=loader.prefetch_factor,
+        persistent_workers=loader.persistent_workers,
+        pin_memory_device=loader.pin_memory_device,
+        batch_size=loader.batch_size,
+        sampler=loader.sampler,
+    )
+    if loader.num_workers == 0:
+        settings.pop("prefetch_factor")
+        settings.pop("persistent_workers")
+    if "batch_sampler" in changes or loader.batch_size is None:
+        # DataLoader refuses batch_size, shuffle, sampler and drop_last beside a batch_sampler.
+        settings.pop("batch_size")
+        settings.pop("drop_last")
+        settings.pop("sampler")
+        if "batch_sampler" not in changes and loader.batch_sampler is not None:
+            settings["batch_sampler"] = loader.batch_sampler
+    settings.update(changes)
+    return DataLoader(loader.dataset, **settings)

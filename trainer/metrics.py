@@ -1,0 +1,196 @@
+"""The metric store behind ``self.log``: values stay on the device until a log step.
+
+Per step, ``log`` only keeps a reference (``on_step``) or adds in place on the device
+(``on_epoch``): no ``.item()``, no copy to the host. At a log step the values are stacked into one
+tensor and copied to the host with ``non_blocking=True``; that copy is read at the *next* log step
+(or when a stage ends), by when it has long finished, so the GPU never waits for the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+REDUCE_FX = ("mean", "sum", "max", "min")
+
+
+@dataclass
+class MetricSpec:
+    """How one metric name was logged (fixed by its first ``self.log`` call)."""
+
+    prog_bar: bool
+    on_step: bool
+    on_epoch: bool
+    sync_dist: bool
+    reduce_fx: str
+
+
+class StageMetrics:
+    """The metrics of one stage (train, or the current evaluation) between two reads."""
+
+    def __init__(self, default_on_step: bool) -> None:
+        self.default_on_step = default_on_step
+        self.specs: dict[str, MetricSpec] = {}
+        self.step_values: dict[str, Any] = {}
+        self.epoch_totals: dict[str, list[Any]] = {}  # name -> [device total, weight]
+
+    def log(self, name: str, value: Any, prog_bar: bool, on_step: bool | None, on_epoch: bool | None,
+            sync_dist: bool, reduce_fx: str, batch_size: int | None) -> None:
+        spec = self.specs.get(name)
+        if spec is None:
+            spec = self._register(name, value, prog_bar, on_step, on_epoch, sync_dist, reduce_fx)
+        if spec.on_step:
+            self.step_values[name] = value
+        if spec.on_epoch:
+            self._accumulate(name, value, spec.reduce_fx, 1 if batch_size is None else batch_size)
+
+    def _register(self, name: str, value: Any, prog_bar: bool, on_step: bool | None,
+                  on_epoch: bool | None, sync_dist: bool, reduce_fx: str) -> MetricSpec:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"self.log(name={name!r}): the name must be a non-empty string.")
+        if reduce_fx not in REDUCE_FX:
+            raise ValueError(f'self.log("{name}", reduce_fx={reduce_fx!r}): use one of {REDUCE_FX}.')
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(
+                    f'self.log("{name}", ...) got a tensor of shape {tuple(value.shape)}; log a '
+                    "scalar, e.g. its .mean()."
+                )
+        elif not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(
+                f'self.log("{name}", ...) got {type(value).__name__}; log a number or a '
+                "one-element tensor."
+            )
+        spec = MetricSpec(
+            prog_bar=bool(prog_bar),
+            on_step=self.default_on_step if on_step is None else bool(on_step),
+            on_epoch=(not self.default_on_step) if on_epoch is None else bool(on_epoch),
+            sync_dist=bool(sync_dist),
+            reduce_fx=reduce_fx,
+        )
+        if not (spec.on_step or spec.on_epoch):
+            raise ValueError(f'self.log("{name}", on_step=False, on_epoch=False) records nothing; set one.')
+        self.specs[name] = spec
+        return spec
+
+    def _accumulate(self, name: str, value: Any, reduce_fx: str, weight: int) -> None:
+        if isinstance(value, torch.Tensor):
+            value = value.detach().reshape(())
+        total = self.epoch_totals.get(name)
+        if total is None:
+            start = value * weight if reduce_fx == "mean" else value
+            if isinstance(start, torch.Tensor):
+                start = start.to(torch.float64 if start.dtype == torch.float64 else torch.float32, copy=True)
+            self.epoch_totals[name] = [start, weight]
+            return
+        if reduce_fx == "mean":
+            total[0] = total[0] + value * weight
+        elif reduce_fx == "sum":
+            total[0] = total[0] + value
+        elif reduce_fx == "max":
+            total[0] = torch.maximum(torch.as_tensor(total[0]), torch.as_tensor(value))
+        else:
+            total[0] = torch.minimum(torch.as_tensor(total[0]), torch.as_tensor(value))
+        total[1] += weight
+
+    def take_step_values(self) -> dict[str, tuple[Any, MetricSpec]]:
+        """The latest value of each ``on_step`` metric since the last read, then forget them."""
+        taken = {name: (value, self.specs[name]) for name, value in self.step_values.items()}
+        self.step_values = {}
+        return taken
+
+    def take_epoch_values(self) -> dict[str, tuple[Any, MetricSpec]]:
+        """Each ``on_epoch`` metric reduced over the epoch, then forget them."""
+        taken = {}
+        for name, (total, weight) in self.epoch_totals.items():
+            spec = self.specs[name]
+            taken[name] = (total / weight if spec.reduce_fx == "mean" else total, spec)
+        self.epoch_totals = {}
+        return taken
+
+
+def _key(name: str, spec: MetricSpec, suffix: str) -> str:
+    # Lightning's rule: a metric logged both per step and per epoch gets "_step"/"_epoch" keys.
+    return f"{name}_{suffix}" if spec.on_step and spec.on_epoch else name
+
+
+class MetricStore:
+    """Owns the stages' metrics and their path to the host.
+
+    Args:
+        reduce: ``strategy.all_reduce``; called at read time for ``sync_dist`` metrics.
+    """
+
+    def __init__(self, reduce: Any) -> None:
+        self.reduce = reduce
+        self.train = StageMetrics(default_on_step=True)
+        self.evaluation = StageMetrics(default_on_step=False)
+        self.current = self.train
+        self._pending: tuple[int, dict[str, MetricSpec], torch.Tensor, Any, dict[str, float]] | None = None
+
+    def log(self, name: str, value: Any, prog_bar: bool, on_step: bool | None, on_epoch: bool | None,
+            sync_dist: bool, reduce_fx: str, batch_size: int | None) -> None:
+        self.current.log(name, value, prog_bar, on_step, on_epoch, sync_dist, reduce_fx, batch_size)
+
+    def start_evaluation(self) -> None:
+        self.evaluation = StageMetrics(default_on_step=False)
+        self.current = self.evaluation
+
+    def start_training(self) -> None:
+        self.current = self.train
+
+    # --- the path to the host ------------------------------------------------------------
+    def send_step_values(self, step: int) -> None:
+        """At a log step: start a non-blocking copy of this step's values to the host."""
+        values = self.train.take_step_values()
+        self._pending = _HostCopy(step, {_key(n, s, "step"): (v, s) for n, (v, s) in values.items()}, self.reduce)
+
+    def receive(self) -> tuple[int, dict[str, float], dict[str, MetricSpec]] | None:
+        """``(step, values, specs)`` of the last ``send_step_values``, or None if nothing is pending."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        return pending.step, pending.values(), pending.specs
+
+    def read_epoch_values(self, stage_metrics: StageMetrics) -> tuple[dict[str, float], dict[str, MetricSpec]]:
+        """At the end of an epoch or evaluation: the reduced epoch values on the host, now."""
+        values = stage_metrics.take_epoch_values()
+        copy = _HostCopy(-1, {_key(n, s, "epoch"): (v, s) for n, (v, s) in values.items()}, self.reduce)
+        return copy.values(), copy.specs
+
+
+class _HostCopy:
+    """Metric values on their way to the host: one stacked tensor, copied without blocking."""
+
+    def __init__(self, step: int, named: dict[str, tuple[Any, MetricSpec]], reduce: Any) -> None:
+        self.step = step
+        self.specs = {key: spec for key, (_, spec) in named.items()}
+        self.numbers = {key: float(value) for key, (value, _) in named.items() if not isinstance(value, torch.Tensor)}
+        self.tensor_keys = [key for key, (value, _) in named.items() if isinstance(value, torch.Tensor)]
+        self.host: torch.Tensor | None = None
+        self.ready: Any = None
+        if not self.tensor_keys:
+            return
+        tensors = []
+        for key in self.tensor_keys:
+            value, spec = named[key]
+            value = value.detach().reshape(()).float()
+            tensors.append(reduce(value, spec.reduce_fx) if spec.sync_dist else value)
+        stacked = torch.stack(tensors)
+        if stacked.device.type == "cuda":
+            self.host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+            self.host.copy_(stacked, non_blocking=True)
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+        else:
+            self.host = stacked if stacked.device.type == "cpu" else stacked.to("cpu")
+
+    def values(self) -> dict[str, float]:
+        """The host values; waits for the copy if it has not finished (it has, by the next log step)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        values = dict(zip(self.tensor_keys, self.host.tolist())) if self.host is not None else {}
+        values.update(self.numbers)
+        return values

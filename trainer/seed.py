@@ -1,0 +1,85 @@
+"""Seeding: Python, NumPy, torch and every CUDA device, and DataLoader workers per worker and rank."""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import numpy as np
+import torch
+
+
+def seed_everything(seed: int, workers: bool = True) -> int:
+    """Seed Python's ``random``, NumPy, torch (CPU and every CUDA device).
+
+    Args:
+        seed: the seed, an int in [0, 2**32 - 1].
+        workers: kept for Lightning compatibility; the Trainer seeds workers through
+            :func:`seed_worker` and a per-epoch loader generator whenever ``Trainer(seed=...)``.
+
+    Returns:
+        The seed.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed_everything(seed={seed!r}): use an int in [0, 2**32 - 1].")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # seeds every CUDA device too
+    return seed
+
+
+def seed_worker(worker_id: int) -> None:
+    """``worker_init_fn`` that seeds Python and NumPy from the worker's torch seed.
+
+    PyTorch gives each worker ``base_seed + worker_id`` for torch; Python and NumPy would
+    otherwise repeat the same stream in every worker. The base seed comes from the loader's
+    generator, which the Trainer seeds per epoch and per rank.
+    """
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def seed_worker_of_rank(rank: int):
+    """A picklable ``worker_init_fn`` whose workers differ by rank as well as by worker id."""
+    return functools.partial(_seed_worker_with_rank, rank=rank)
+
+
+def _seed_worker_with_rank(worker_id: int, rank: int) -> None:
+    # Every rank draws the same base seed from the same seeded RNG; mixing in the rank keeps
+    # ranks from feeding identical augmentations.
+    seed = (torch.initial_seed() + 1_000_003 * rank) % 2**63
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+def capture_rng_state() -> dict:
+    """Every global RNG's state as plain data and tensors (loadable with ``weights_only=True``)."""
+    numpy_state = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": {
+            "kind": numpy_state[0],
+            "keys": torch.from_numpy(numpy_state[1].astype(np.int64)),
+            "pos": int(numpy_state[2]),
+            "has_gauss": int(numpy_state[3]),
+            "cached_gaussian": float(numpy_state[4]),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng_state(state: dict) -> None:
+    """Undo :func:`capture_rng_state`."""
+    python_state = state["python"]
+    random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
+    numpy_state = state["numpy"]
+    np.random.set_state((
+        numpy_state["kind"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["pos"],
+        numpy_state["has_gauss"], numpy_state["cached_gaussian"],
+    ))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,43 @@
+"""Shared test fixtures: a quiet Trainer factory and a tiny regression data set.
+
+Kept small on purpose: a test file states the module it trains itself, so it reads on its own.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainer import Trainer
+
+
+@pytest.fixture
+def make_trainer(tmp_path):
+    """``make_trainer(**kwargs)``: a CPU Trainer that writes only under ``tmp_path`` and prints
+    no bars; loggers and checkpoints are off unless the test turns them on."""
+
+    def make(**kwargs) -> Trainer:
+        kwargs.setdefault("strategy", "cpu")
+        kwargs.setdefault("default_root_dir", tmp_path)
+        kwargs.setdefault("enable_progress_bar", False)
+        kwargs.setdefault("enable_checkpointing", False)
+        kwargs.setdefault("logger", False)
+        return Trainer(**kwargs)
+
+    return make
+
+
+@pytest.fixture
+def regression_data():
+    """64 samples of ``y = x @ w`` with 4 inputs and 2 outputs (a learnable problem)."""
+    generator = torch.Generator().manual_seed(1234)
+    x = torch.randn(64, 4, generator=generator)
+    y = x @ torch.randn(4, 2, generator=generator)
+    return TensorDataset(x, y)
+
+
+@pytest.fixture
+def regression_loader(regression_data):
+    """``regression_data`` in 8 batches of 8, in a fixed order."""
+    return DataLoader(regression_data, batch_size=8)

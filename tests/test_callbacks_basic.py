@@ -1,0 +1,119 @@
+"""The Callback base, the default callbacks, the progress bar and the log directory layout."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from callbacks import Callback, CSVLogger, EarlyStopping, ModelCheckpoint, ProgressBar, TensorBoardLogger
+from trainer import Trainer, TrainingModule
+
+
+class Model(TrainingModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.mse_loss(self.layer(x), y)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val/loss", F.mse_loss(self.layer(x), y), prog_bar=True)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def test_a_plain_callback_changes_nothing(make_trainer, regression_loader):
+    torch.manual_seed(0)
+    plain = Model()
+    initial = {k: v.clone() for k, v in plain.state_dict().items()}
+    make_trainer(max_epochs=1, callbacks=Callback()).fit(plain, regression_loader, regression_loader)
+    without = Model()
+    without.load_state_dict(initial)
+    make_trainer(max_epochs=1).fit(without, regression_loader, regression_loader)
+    assert all(torch.equal(plain.state_dict()[k], v) for k, v in without.state_dict().items())
+    assert Callback().state_key == "Callback" and Callback().state_dict() == {}
+
+
+def test_the_default_trainer_adds_a_progress_bar_loggers_and_checkpoints():
+    kinds = [type(callback) for callback in Trainer(strategy="cpu").callbacks]
+    assert kinds == [CSVLogger, TensorBoardLogger, ProgressBar, ModelCheckpoint]
+    quiet = Trainer(strategy="cpu", enable_progress_bar=False, enable_checkpointing=False, logger=False)
+    assert quiet.callbacks == []
+
+
+def test_a_users_own_progress_bar_or_checkpoint_replaces_the_default():
+    bar, checkpoint = ProgressBar(refresh_rate=5), ModelCheckpoint(monitor="val/loss")
+    trainer = Trainer(strategy="cpu", logger=False, callbacks=[checkpoint, bar])
+    assert trainer.callbacks == [checkpoint, bar]
+
+
+def test_two_callbacks_with_the_same_state_key_are_refused():
+    with pytest.raises(ValueError, match=r"Two callbacks share the checkpoint key .*EarlyStopping"):
+        Trainer(strategy="cpu", callbacks=[EarlyStopping("val/loss"), EarlyStopping("val/loss")])
+
+
+def test_progress_bar_refresh_rate_must_be_positive():
+    with pytest.raises(ValueError, match=r"ProgressBar\(refresh_rate=0\): use an int >= 1"):
+        ProgressBar(refresh_rate=0)
+
+
+def test_the_progress_bar_prints_one_tidy_line_per_epoch_when_not_on_a_terminal(make_trainer, regression_loader, capsys):
+    trainer = make_trainer(max_epochs=2, enable_progress_bar=True, log_every_n_steps=2, num_sanity_val_steps=0)
+    trainer.fit(Model(), regression_loader, regression_loader)
+    lines = capsys.readouterr().err.splitlines()
+    progress = [line for line in lines if line.startswith(("Epoch", "Validation"))]
+    assert [line.split(":")[0] for line in progress] == ["Validation", "Epoch 1/2", "Validation", "Epoch 2/2"]
+    assert progress[1].startswith("Epoch 1/2: step 8, train/loss=") and "val/loss=" in progress[1]
+
+
+def test_the_progress_bar_draws_bars_on_a_terminal(make_trainer, regression_loader, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    trainer = make_trainer(max_epochs=1, enable_progress_bar=True, num_sanity_val_steps=0)
+    trainer.fit(Model(), regression_loader, regression_loader)
+    err = capsys.readouterr().err
+    assert "Epoch 1/1" in err and "8/8" in err and "train/loss=" in err
+
+
+def test_logs_and_checkpoints_go_to_numbered_version_directories(tmp_path, regression_loader):
+    for expected in ("version_0", "version_1"):
+        trainer = Trainer(strategy="cpu", max_epochs=1, default_root_dir=tmp_path, enable_progress_bar=False,
+                          log_every_n_steps=2)
+        trainer.fit(Model(), regression_loader, regression_loader)
+        assert trainer.log_dir == tmp_path / "cadence_logs" / expected
+    files = {path.relative_to(trainer.log_dir).as_posix().split(".")[0] for path in trainer.log_dir.rglob("*")}
+    assert {"metrics", "events", "checkpoints", "checkpoints/last"} <= files
+    rows = (trainer.log_dir / "metrics.csv").read_text().splitlines()
+    assert rows[0] == "step,metric,value" and any(row.startswith("8,val/loss,") for row in rows)
+
+
+def test_early_stopping_stops_when_the_metric_stops_improving(make_trainer, regression_loader):
+    class Flat(Model):
+        def validation_step(self, batch, batch_idx):
+            self.log("val/loss", 1.0)
+
+    stopper = EarlyStopping(monitor="val/loss", patience=2)
+    trainer = make_trainer(max_epochs=20, callbacks=[stopper], num_sanity_val_steps=0)
+    trainer.fit(Flat(), regression_loader, regression_loader)
+    assert trainer.current_epoch == 3  # epoch 1 sets the best; 2 and 3 do not improve
+    assert "did not improve for 2 checks" in stopper.stop_reason
+
+
+def test_model_checkpoint_keeps_the_best_by_the_monitored_metric(make_trainer, regression_loader, tmp_path):
+    class Scored(Model):
+        def validation_step(self, batch, batch_idx):
+            self.log("val/acc", [0.5, 0.9, 0.7][self.current_epoch])
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/acc", mode="max", filename="{epoch}-{val/acc:.1f}")
+    make_trainer(max_epochs=3, callbacks=[checkpoint], num_sanity_val_steps=0).fit(Scored(), regression_loader, regression_loader)
+    assert checkpoint.best_model_path == str(tmp_path / "ckpt" / "1-0.9.ckpt")
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["1-0.9.ckpt", "last.ckpt"]

@@ -1,0 +1,158 @@
+"""The TrainingModule contract: hparams, self.log and its keys, and what the module sees of the run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from callbacks import Callback
+from trainer import TrainingModule
+
+
+class Model(TrainingModule):
+    def __init__(self, hidden: int = 3, lr: float = 0.1, note: str = "x", **extra):
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+# --- hyperparameters --------------------------------------------------------------------------
+def test_save_hyperparameters_keeps_the_init_arguments_including_defaults_and_kwargs():
+    module = Model(hidden=5, extra_flag=True)
+    assert module.hparams == {"hidden": 5, "lr": 0.1, "note": "x", "extra_flag": True}
+    assert module.hparams.hidden == 5
+
+
+def test_save_hyperparameters_can_choose_or_ignore_arguments():
+    class Chosen(Model):
+        def __init__(self, hidden: int = 3, lr: float = 0.1, encoder=None):
+            TrainingModule.__init__(self)
+            self.save_hyperparameters("hidden")
+            self.kept_all_but_encoder = dict(self.hparams)
+            self.hparams.clear()
+            self.save_hyperparameters(ignore="encoder")
+
+    module = Chosen(encoder=nn.Linear(1, 1))
+    assert module.kept_all_but_encoder == {"hidden": 3}
+    assert module.hparams == {"hidden": 3, "lr": 0.1}
+
+
+def test_save_hyperparameters_names_an_unknown_argument():
+    class Wrong(TrainingModule):
+        def __init__(self, lr: float = 0.1):
+            super().__init__()
+            self.save_hyperparameters("learning_rate")
+
+    with pytest.raises(ValueError, match=r"\['learning_rate'\] are not arguments of Wrong.__init__ \(which takes \['lr'\]\)"):
+        Wrong()
+
+
+def test_a_missing_hparam_names_the_ones_there_are():
+    with pytest.raises(AttributeError, match=r"hparams has no 'batch_size'; it has \['hidden', 'lr', 'note'\]"):
+        Model().hparams.batch_size
+
+
+# --- outside a run ------------------------------------------------------------------------------
+def test_outside_a_run_the_module_is_a_plain_nn_module():
+    module = Model()
+    batch = (torch.randn(2, 4), torch.randn(2, 2))
+    module.log("train/loss", 1.0)  # nothing to record, and no error: training_step is unit-testable
+    assert module.training_step(batch, 0).dim() == 0
+    assert (module.trainer, module.current_epoch, module.global_step) == (None, 0, 0)
+    assert module.device == torch.device("cpu")
+    assert module.automatic_optimization is True
+
+
+def test_the_module_sees_the_trainer_only_while_it_runs(make_trainer, regression_loader):
+    seen = []
+
+    class Watch(Model):
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            seen.append((self.trainer is not None, self.current_epoch, self.global_step, self.device.type))
+
+    module = Watch()
+    trainer = make_trainer(max_epochs=2, limit_train_batches=2)
+    trainer.fit(module, regression_loader)
+    assert seen == [(True, 0, 1, "cpu"), (True, 0, 2, "cpu"), (True, 1, 3, "cpu"), (True, 1, 4, "cpu")]
+    assert module.trainer is None
+
+
+# --- self.log -------------------------------------------------------------------------------------
+class Logs(Model):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("train/loss", loss, prog_bar=True)  # default in training: on_step only
+        self.log("train/both", float(batch_idx), on_step=True, on_epoch=True)
+        self.log_dict({"train/sum": 1.0, "train/max": float(batch_idx)}, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/mean", float(batch_idx))  # default in evaluation: on_epoch only
+        self.log("val/weighted", float(batch_idx), batch_size=batch_idx + 1)
+
+
+class LogSum(Logs):
+    def training_step(self, batch, batch_idx):
+        self.log("train/count", 1.0, on_step=False, on_epoch=True, reduce_fx="sum")
+        self.log("train/peak", float(batch_idx), on_step=False, on_epoch=True, reduce_fx="max")
+        self.log("train/low", float(batch_idx), on_step=False, on_epoch=True, reduce_fx="min")
+        return super().training_step(batch, batch_idx)
+
+
+def test_self_log_keys_and_epoch_reductions_follow_lightning(make_trainer, regression_loader):
+    trainer = make_trainer(max_epochs=1, num_sanity_val_steps=0, log_every_n_steps=1)
+    trainer.fit(LogSum(), regression_loader, regression_loader)
+    metrics = trainer.logged_metrics
+    # Logged on step and epoch: Lightning's "_step"/"_epoch" suffixes.
+    assert metrics["train/both_step"] == 7.0 and metrics["train/both_epoch"] == pytest.approx(3.5)
+    assert metrics["train/count"] == 8.0 and metrics["train/peak"] == 7.0 and metrics["train/low"] == 0.0
+    assert metrics["train/sum"] == 1.0  # reduce_fx defaults to the mean
+    assert metrics["val/mean"] == pytest.approx(3.5)
+    # batch_size weights the epoch mean: sum(i * (i + 1)) / sum(i + 1) over batches 0..7
+    assert metrics["val/weighted"] == pytest.approx(sum(i * (i + 1) for i in range(8)) / sum(i + 1 for i in range(8)))
+    assert set(trainer.progress_bar_metrics) == {"train/loss"}
+    assert isinstance(trainer.callback_metrics["train/loss"], torch.Tensor)
+
+
+def test_step_values_reach_loggers_only_at_log_steps(make_trainer, regression_loader):
+    steps = []
+
+    class Listener(Callback):
+        def on_log(self, trainer, module, metrics, step):
+            if "train/loss" in metrics:
+                steps.append(step)
+
+    trainer = make_trainer(max_epochs=2, log_every_n_steps=3, limit_val_batches=0, callbacks=[Listener()])
+    trainer.fit(Logs(), regression_loader)
+    # Values of steps 3 and 6 (published one log step later), the epoch's last step at its end; then
+    # the second epoch continues the count of batches: 9, 12, 15 and its end at 16.
+    assert steps == [3, 6, 8, 9, 12, 15, 16]
+
+
+@pytest.mark.parametrize(
+    "name, value, kwargs, match",
+    [
+        ("", 1.0, {}, r"self.log\(name=''\): the name must be a non-empty string"),
+        ("x", torch.ones(3), {}, r'self.log\("x", ...\) got a tensor of shape \(3,\); log a scalar'),
+        ("x", "high", {}, r'self.log\("x", ...\) got str; log a number or a one-element tensor'),
+        ("x", 1.0, {"reduce_fx": "median"}, r"self.log\(\"x\", reduce_fx='median'\): use one of"),
+        ("x", 1.0, {"on_step": False, "on_epoch": False}, r"on_step=False, on_epoch=False\) records nothing"),
+    ],
+)
+def test_self_log_refuses_what_it_cannot_record(make_trainer, regression_loader, name, value, kwargs, match):
+    class BadLog(Model):
+        def training_step(self, batch, batch_idx):
+            self.log(name, value, **kwargs)
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(ValueError, match=match):
+        make_trainer(max_epochs=1).fit(BadLog(), regression_loader)

@@ -1,0 +1,200 @@
+"""Every bad input fails before or at the first step, naming the problem and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from callbacks import Callback
+from trainer import Trainer, TrainingModule
+
+
+class Model(TrainingModule):
+    def __init__(self, step=None):
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+        self.step = step
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.mse_loss(self.layer(x), y)
+        return self.step(loss) if self.step is not None else loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+# --- what training_step returns ------------------------------------------------------------
+@pytest.mark.parametrize(
+    "step, match",
+    [
+        (lambda loss: None, "training_step returned None at batch 0. Return the loss tensor"),
+        (lambda loss: loss * torch.ones(4, 2), r"a loss of shape \(4, 2\) at batch 0; the loss must be a scalar"),
+        (lambda loss: loss.item(), "training_step returned float at batch 0"),
+        (lambda loss: {"log": loss}, "training_step returned a dict without a 'loss' key at batch 0"),
+    ],
+    ids=["none", "non-scalar", "python-float", "dict-without-loss"],
+)
+def test_training_step_must_return_a_scalar_loss(make_trainer, regression_loader, step, match):
+    with pytest.raises(RuntimeError, match=match):
+        make_trainer(max_epochs=1).fit(Model(step), regression_loader)
+
+
+def test_training_step_may_return_a_dict_with_a_loss(make_trainer, regression_loader):
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(Model(lambda loss: {"loss": loss, "extra": 1}), regression_loader)
+    assert trainer.global_step == 8
+
+
+def test_a_loss_without_grad_says_the_parameters_are_frozen(make_trainer, regression_loader):
+    module = Model()
+    module.requires_grad_(False)
+    with pytest.raises(RuntimeError, match="does not require grad: every parameter is frozen"):
+        make_trainer(max_epochs=1).fit(module, regression_loader)
+
+
+def test_a_module_without_training_step_is_told_to_define_it(make_trainer, regression_loader):
+    class Empty(TrainingModule):
+        def configure_optimizers(self):
+            return torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+
+    with pytest.raises(NotImplementedError, match=r"does not define training_step\(self, batch, batch_idx\)"):
+        make_trainer(max_epochs=1).fit(Empty(), regression_loader)
+
+
+def test_fit_refuses_a_plain_nn_module(make_trainer, regression_loader):
+    with pytest.raises(TypeError, match="Trainer.fit needs a trainer.TrainingModule; got Linear"):
+        make_trainer(max_epochs=1).fit(nn.Linear(4, 2), regression_loader)
+
+
+def test_a_parameter_moved_off_the_device_by_a_hook_is_caught_before_the_first_step(make_trainer, regression_loader):
+    class Wanders(Model):
+        def on_train_start(self):
+            self.layer.to("meta")
+
+    with pytest.raises(RuntimeError, match="Parameter 'layer.weight' is on meta, but this run trains on cpu"):
+        make_trainer(max_epochs=1).fit(Wanders(), regression_loader)
+
+
+# --- loaders ----------------------------------------------------------------------------------
+class Stream(IterableDataset):
+    def __iter__(self):
+        while True:
+            yield torch.randn(4), torch.randn(2)
+
+
+class Nothing(IterableDataset):
+    def __iter__(self):
+        return iter(())
+
+
+def test_an_endless_loader_needs_max_epochs_or_max_steps(make_trainer):
+    with pytest.raises(ValueError, match=r"no length \(an IterableDataset\) and neither max_epochs nor max_steps"):
+        make_trainer().fit(Model(), DataLoader(Stream(), batch_size=4))
+
+
+def test_without_max_epochs_or_max_steps_a_sized_loader_stops_after_1000_epochs(make_trainer, regression_loader):
+    class StopAtOnce(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            trainer.should_stop = True
+
+    trainer = make_trainer(callbacks=[StopAtOnce()])
+    with pytest.warns(UserWarning, match="Neither max_epochs nor max_steps is set; training stops after max_epochs=1000"):
+        trainer.fit(Model(), regression_loader)
+    assert trainer.max_epochs == 1000
+
+
+def test_an_empty_loader_is_an_error(make_trainer):
+    empty = DataLoader(TensorDataset(torch.zeros(0, 4), torch.zeros(0, 2)), batch_size=4)
+    with pytest.raises(ValueError, match=r"The train DataLoader is empty \(len 0\)"):
+        make_trainer(max_epochs=1).fit(Model(), empty)
+    with pytest.raises(ValueError, match=r"The test DataLoader is empty \(len 0\)"):
+        make_trainer().test(Model(), empty)
+
+
+def test_drop_last_with_too_few_samples_is_an_empty_loader(make_trainer):
+    three = DataLoader(TensorDataset(torch.zeros(3, 4), torch.zeros(3, 2)), batch_size=4, drop_last=True)
+    with pytest.raises(ValueError, match="is empty.*batch_size/drop_last"):
+        make_trainer(max_epochs=1).fit(Model(), three)
+
+
+def test_an_empty_stream_is_an_error(make_trainer):
+    with pytest.raises(RuntimeError, match="The training DataLoader yielded no batches"):
+        make_trainer(max_steps=5).fit(Model(), DataLoader(Nothing(), batch_size=4))
+
+
+def test_validation_step_without_a_val_loader_warns(make_trainer, regression_loader):
+    class WithValidation(Model):
+        def validation_step(self, batch, batch_idx):
+            self.log("val/loss", 0.0)
+
+    with pytest.warns(UserWarning, match="defines validation_step but fit got no val_dataloaders"):
+        make_trainer(max_epochs=1).fit(WithValidation(), regression_loader)
+
+
+def test_evaluation_without_a_loader_is_an_error(make_trainer):
+    with pytest.raises(ValueError, match=r"Trainer.validate got no dataloaders and the module's val_dataloader\(\)"):
+        make_trainer().validate(Model())
+    with pytest.raises(ValueError, match=r"Trainer.fit got no train_dataloaders"):
+        make_trainer().fit(Model())
+
+
+def test_evaluation_takes_one_loader(make_trainer, regression_loader):
+    with pytest.raises(ValueError, match="Trainer.test takes one DataLoader; got 2"):
+        make_trainer().test(Model(), [regression_loader, regression_loader])
+
+
+def test_a_fractional_val_check_interval_needs_a_length(make_trainer, regression_loader):
+    with pytest.raises(ValueError, match="val_check_interval is a fraction of the epoch, but the training loader has no length"):
+        make_trainer(max_steps=2).fit(Model(), DataLoader(Stream(), batch_size=4), regression_loader)
+
+
+def test_an_int_val_check_interval_longer_than_the_epoch_is_an_error(make_trainer, regression_loader):
+    with pytest.raises(ValueError, match=r"val_check_interval=9\) is more than the 8 training batches"):
+        make_trainer(max_epochs=1, val_check_interval=9).fit(Model(), regression_loader, regression_loader)
+
+
+# --- the Trainer's arguments ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "arguments, match",
+    [
+        ({"max_epochs": 0}, r"Trainer\(max_epochs=0\): use an int >= 1 or None"),
+        ({"max_epochs": 2.5}, r"Trainer\(max_epochs=2.5\)"),
+        ({"max_steps": 0}, r"Trainer\(max_steps=0\): use -1 \(no limit\) or an int >= 1"),
+        ({"max_steps": -2}, r"Trainer\(max_steps=-2\)"),
+        ({"accumulate_grad_batches": 0}, r"Trainer\(accumulate_grad_batches=0\): use an int >= 1"),
+        ({"log_every_n_steps": 0}, r"Trainer\(log_every_n_steps=0\)"),
+        ({"check_val_every_n_epoch": 0}, r"Trainer\(check_val_every_n_epoch=0\)"),
+        ({"gradient_clip_val": -1.0}, r"Trainer\(gradient_clip_val=-1.0\): use a positive number or None"),
+        ({"gradient_clip_val": "1"}, r"Trainer\(gradient_clip_val='1'\)"),
+        ({"gradient_clip_algorithm": "l2"}, r'Trainer\(gradient_clip_algorithm="l2"\): use "norm" or "value"'),
+        ({"val_check_interval": 1.5}, r"Trainer\(val_check_interval=1.5\): use a float in \(0.0, 1.0\]"),
+        ({"val_check_interval": 0}, r"Trainer\(val_check_interval=0\)"),
+        ({"val_check_interval": True}, r"Trainer\(val_check_interval=True\)"),
+        ({"check_val_every_n_epoch": None}, r"check_val_every_n_epoch=None, val_check_interval=1.0\).*needs an int"),
+        ({"limit_train_batches": 1.5}, r"Trainer\(limit_train_batches=1.5\) is a fraction outside \[0.0, 1.0\]"),
+        ({"limit_val_batches": -1}, r"Trainer\(limit_val_batches=-1\) is negative"),
+        ({"limit_test_batches": "all"}, r"Trainer\(limit_test_batches='all'\) must be a float in \[0.0, 1.0\], an int >= 0"),
+        ({"limit_predict_batches": True}, r"Trainer\(limit_predict_batches=True\)"),
+        ({"num_sanity_val_steps": -2}, r"Trainer\(num_sanity_val_steps=-2\): use an int >= 0, or -1 for all"),
+        ({"seed": -1}, r"seed_everything\(seed=-1\): use an int in \[0, 2\*\*32 - 1\]"),
+        ({"callbacks": [object()]}, r"Trainer\(callbacks=\[...\]\) item 0 is object, not a callbacks.Callback"),
+        ({"logger": "tensorboard"}, r"Trainer\(logger='tensorboard'\): use True, False, a logger callback"),
+    ],
+)
+def test_a_bad_trainer_argument_is_refused_with_what_would_work(arguments, match):
+    with pytest.raises(ValueError, match=match):
+        Trainer(**arguments)
+
+
+def test_limit_train_batches_zero_leaves_nothing_to_train(make_trainer, regression_loader):
+    with pytest.raises(ValueError, match="limit_train_batches=0 leaves no batch to train on"):
+        make_trainer(max_epochs=1, limit_train_batches=0).fit(Model(), regression_loader)
+
+
+def test_a_fractional_limit_on_an_endless_loader_is_an_error(make_trainer):
+    with pytest.raises(ValueError, match="is a fraction, but the loader has no length"):
+        make_trainer(max_steps=2, limit_train_batches=0.5).fit(Model(), DataLoader(Stream(), batch_size=4))

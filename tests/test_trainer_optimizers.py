@@ -1,0 +1,231 @@
+"""configure_optimizers in every format Lightning accepts, LR schedulers, and manual optimization."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer import TrainingModule
+
+
+class Model(TrainingModule):
+    """Linear regression whose configure_optimizers returns whatever ``make(module)`` builds."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+        self.make = make
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        self.returned = self.make(self)
+        return self.returned
+
+
+def sgd(module, lr=1.0):
+    return torch.optim.SGD(module.parameters(), lr=lr)
+
+
+def lr_of(trainer) -> float:
+    return trainer.optimizers[0].param_groups[0]["lr"]
+
+
+# --- the accepted formats ------------------------------------------------------------------
+def halve_each(optimizer):
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+
+
+@pytest.mark.parametrize(
+    "make, lr_after_two_epochs",
+    [
+        (lambda m: sgd(m), 1.0),
+        (lambda m: [sgd(m)], 1.0),
+        (lambda m: (lambda o: ([o], [halve_each(o)]))(sgd(m)), 0.25),  # (optimizers, schedulers): per epoch
+        (lambda m: (lambda o: {"optimizer": o, "lr_scheduler": halve_each(o)})(sgd(m)), 0.25),
+        (lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {"scheduler": halve_each(o), "interval": "epoch",
+                                                                  "frequency": 2}})(sgd(m)), 0.5),
+        # 16 optimizer steps, stepped every 4th: halved 4 times
+        (lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {"scheduler": halve_each(o), "interval": "step",
+                                                                  "frequency": 4}})(sgd(m)), 1 / 16),
+        (lambda m: [(lambda o: {"optimizer": o, "lr_scheduler": halve_each(o)})(sgd(m))], 0.25),  # a list of dicts
+    ],
+    ids=["optimizer", "list", "tuple-of-lists", "dict", "dict-epoch-frequency", "dict-step-frequency", "list-of-dicts"],
+)
+def test_configure_optimizers_accepts_the_lightning_formats(make_trainer, regression_loader, make, lr_after_two_epochs):
+    trainer = make_trainer(max_epochs=2)
+    trainer.fit(Model(make), regression_loader)
+    assert lr_of(trainer) == pytest.approx(lr_after_two_epochs)
+    assert trainer.global_step == 16
+
+
+class Plateau(Model):
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", 1.0)  # never improves
+
+
+def test_reduce_lr_on_plateau_steps_on_the_monitored_metric(make_trainer, regression_loader):
+    def make(module):
+        optimizer = sgd(module)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "val/loss"}}
+
+    trainer = make_trainer(max_epochs=3, num_sanity_val_steps=0)
+    trainer.fit(Plateau(make), regression_loader, regression_loader)
+    assert lr_of(trainer) == pytest.approx(0.25)  # epoch 1 sets the best; epochs 2 and 3 halve
+
+
+def test_reduce_lr_on_plateau_without_monitor_is_an_error(make_trainer, regression_loader):
+    def make(module):
+        optimizer = sgd(module)
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)}
+
+    with pytest.raises(ValueError, match="ReduceLROnPlateau without a metric to watch"):
+        make_trainer(max_epochs=1).fit(Model(make), regression_loader)
+
+
+def test_reduce_lr_on_plateau_watching_an_unlogged_metric_is_an_error(make_trainer, regression_loader):
+    def make(module):
+        optimizer = sgd(module)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "val/acc"}}
+
+    with pytest.raises(RuntimeError, match="ReduceLROnPlateau watches 'val/acc', which was not logged"):
+        make_trainer(max_epochs=1, num_sanity_val_steps=0).fit(Plateau(make), regression_loader, regression_loader)
+
+
+# --- what is refused ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda m: None, "configure_optimizers returned None"),
+        (lambda m: "adam", "configure_optimizers returned 'adam'"),
+        (lambda m: [sgd(m), "sgd"], "returned str where an optimizer was expected"),
+        (lambda m: {"lr_scheduler": None}, "dict 0 has no 'optimizer' key"),
+        (lambda m: {"optimizer": sgd(m), "lr_scheduler": {"sched": 1}}, "needs a 'scheduler' key"),
+        (lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {"scheduler": halve_each(o), "interval": "batch"}})(sgd(m)),
+         'interval=\'batch\' in dict 0; use "step" or "epoch"'),
+        (lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {"scheduler": halve_each(o), "frequency": 0}})(sgd(m)),
+         "frequency=0 in dict 0; use a whole number >= 1"),
+        (lambda m: {"optimizer": sgd(m), "lr_scheduler": 0.5}, "returned float as an LR scheduler"),
+        (lambda m: [sgd(m), sgd(m)], "returned 2 optimizers. Several optimizers need manual optimization"),
+    ],
+    ids=["none", "string", "not-an-optimizer", "no-optimizer-key", "no-scheduler-key", "bad-interval",
+         "bad-frequency", "not-a-scheduler", "two-optimizers-automatic"],
+)
+def test_configure_optimizers_returning_something_unknown_is_an_error(make_trainer, regression_loader, make, match):
+    with pytest.raises(ValueError, match=match):
+        make_trainer(max_epochs=1).fit(Model(make), regression_loader)
+
+
+def test_a_module_without_configure_optimizers_is_told_to_define_it(make_trainer, regression_loader):
+    class NoOptimizer(TrainingModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+    with pytest.raises(NotImplementedError, match=r"does not define configure_optimizers\(\)"):
+        make_trainer(max_epochs=1).fit(NoOptimizer(), regression_loader)
+
+
+# --- manual optimization: a two-optimizer GAN-like model -------------------------------------
+class TinyGAN(TrainingModule):
+    """A generator and a discriminator, each with its own optimizer and per-epoch scheduler."""
+
+    def __init__(self, initial_state):
+        super().__init__()
+        self.automatic_optimization = False
+        self.generator = nn.Linear(2, 4)
+        self.discriminator = nn.Linear(4, 1)
+        self.load_state_dict(initial_state)
+
+    def training_step(self, batch, batch_idx):
+        real, _ = batch
+        return gan_step(self.generator, self.discriminator, real, *self.optimizers(), self.manual_backward)
+
+    def on_train_epoch_end(self):
+        for scheduler in self.lr_schedulers():  # manual optimization steps its own schedulers
+            scheduler.step()
+
+    def configure_optimizers(self):
+        return gan_optimizers(self.generator, self.discriminator)
+
+
+def gan_optimizers(generator, discriminator):
+    optimizer_g = torch.optim.Adam(generator.parameters(), lr=0.01)
+    optimizer_d = torch.optim.SGD(discriminator.parameters(), lr=0.1)
+    schedulers = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) for o in (optimizer_g, optimizer_d)]
+    return [optimizer_g, optimizer_d], schedulers
+
+
+def gan_step(generator, discriminator, real, optimizer_g, optimizer_d, backward):
+    noise = real[:, :2] * 0.5  # deterministic "noise": both sides compute the same thing
+    fake = generator(noise)
+    ones, zeros = torch.ones(len(real), 1), torch.zeros(len(real), 1)
+    loss_d = F.binary_cross_entropy_with_logits(discriminator(real), ones) + \
+        F.binary_cross_entropy_with_logits(discriminator(fake.detach()), zeros)
+    optimizer_d.zero_grad()
+    backward(loss_d)
+    optimizer_d.step()
+    loss_g = F.binary_cross_entropy_with_logits(discriminator(fake), ones)
+    optimizer_g.zero_grad()
+    backward(loss_g)
+    optimizer_g.step()
+    return loss_g.detach()
+
+
+def gan_initial_state() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    reference = nn.ModuleDict({"generator": nn.Linear(2, 4), "discriminator": nn.Linear(4, 1)})
+    return {k: v.clone() for k, v in reference.state_dict().items()}
+
+
+def test_manual_optimization_trains_two_optimizers_like_a_hand_written_loop(make_trainer, regression_loader):
+    initial_state = gan_initial_state()
+    reference = nn.ModuleDict({"generator": nn.Linear(2, 4), "discriminator": nn.Linear(4, 1)})
+    reference.load_state_dict(initial_state)
+
+    optimizers, schedulers = gan_optimizers(reference["generator"], reference["discriminator"])
+    for _ in range(2):
+        for real, _ in regression_loader:
+            gan_step(reference["generator"], reference["discriminator"], real, *optimizers, torch.Tensor.backward)
+        for scheduler in schedulers:
+            scheduler.step()
+
+    module = TinyGAN(initial_state)
+    trainer = make_trainer(max_epochs=2)
+    trainer.fit(module, regression_loader)
+
+    for name, value in reference.state_dict().items():
+        assert torch.equal(module.state_dict()[name], value), name
+    # As in Lightning, global_step counts optimizer steps: two per batch here.
+    assert trainer.global_step == 2 * 2 * 8
+    # The Trainer left the schedulers to the module: halved once per epoch, not twice.
+    assert [o.param_groups[0]["lr"] for o in trainer.optimizers] == pytest.approx([0.01 / 4, 0.1 / 4])
+
+
+def test_max_steps_counts_the_optimizer_steps_of_manual_optimization(make_trainer, regression_loader):
+    trainer = make_trainer(max_steps=6)
+    trainer.fit(TinyGAN(gan_initial_state()), regression_loader)
+    assert trainer.global_step == 6  # three batches of two optimizer steps
+
+
+def test_manual_optimization_refuses_accumulation_and_clipping(make_trainer, regression_loader):
+    for arguments in ({"accumulate_grad_batches": 2}, {"gradient_clip_val": 1.0}):
+        with pytest.raises(ValueError, match="apply to automatic optimization only"):
+            make_trainer(max_epochs=1, **arguments).fit(TinyGAN(gan_initial_state()), regression_loader)
+
+
+def test_optimizers_and_manual_backward_outside_a_run_say_they_need_a_trainer():
+    module = Model(sgd)
+    with pytest.raises(RuntimeError, match=r"Model.optimizers\(\) needs a running Trainer"):
+        module.optimizers()
+    with pytest.raises(RuntimeError, match=r"Model.manual_backward\(\) needs a running Trainer"):
+        module.manual_backward(torch.ones((), requires_grad=True))

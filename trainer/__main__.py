@@ -1,0 +1,7 @@
+"""``python -m trainer``: the same command line as ``cadence`` (see ``trainer/cli.py``)."""
+
+import sys
+
+from trainer.cli import main
+
+sys.exit(main())

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from strategies.base import Strategy
@@ -52,7 +53,10 @@ def resolve_strategy(strategy: Any, devices: Any = "auto") -> Strategy:
 
         return DDP(devices=devices)
     if name == "auto":
-        if isinstance(devices, int) and devices > 1:
+        from strategies.process_group import launched_by_torchrun
+
+        # Under torchrun with several processes, "auto" joins the group, as "ddp" does.
+        if (isinstance(devices, int) and devices > 1) or (launched_by_torchrun() and os.environ["WORLD_SIZE"] != "1"):
             from strategies.ddp import DDP
 
             return DDP(devices=devices)

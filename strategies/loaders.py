@@ -1,0 +1,105 @@
+"""DataLoaders for several processes: rebuild a loader with one setting changed, and shard one.
+
+``shard_dataloader`` gives each rank its own share of a map-style dataset by putting a
+``DistributedSampler`` where the loader's sampler was, and keeps everything else the user chose
+(batch size, shuffle, drop_last, workers, collate_fn, pin_memory, worker_init_fn, generator).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data.distributed import DistributedSampler
+
+
+def rebuild_dataloader(loader: DataLoader, **changes: Any) -> DataLoader:
+    """A new DataLoader over the same dataset with the same settings except ``changes``.
+
+    ``changes`` may set ``sampler`` or ``batch_sampler``; the batch size, shuffle and drop_last
+    of the original then live in the new sampler, as DataLoader requires.
+    """
+    settings = dict(
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        prefetch_factor=loader.prefetch_factor,
+        persistent_workers=loader.persistent_workers,
+        pin_memory_device=loader.pin_memory_device,
+        batch_size=loader.batch_size,
+        sampler=loader.sampler,
+    )
+    if loader.num_workers == 0:
+        settings.pop("prefetch_factor")
+        settings.pop("persistent_workers")
+    if "batch_sampler" in changes or loader.batch_size is None:
+        # DataLoader refuses batch_size, shuffle, sampler and drop_last beside a batch_sampler.
+        settings.pop("batch_size")
+        settings.pop("drop_last")
+        settings.pop("sampler")
+        if "batch_sampler" not in changes and loader.batch_sampler is not None:
+            settings["batch_sampler"] = loader.batch_sampler
+    settings.update(changes)
+    return DataLoader(loader.dataset, **settings)
+
+
+def has_distributed_sampler(loader: Any) -> bool:
+    """True when the user already gave ``loader`` a DistributedSampler (it is then kept)."""
+    samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
+    return any(isinstance(sampler, DistributedSampler) for sampler in samplers)
+
+
+def shard_dataloader(loader: Any, *, rank: int, world_size: int, shuffle: bool, seed: int = 0,
+                     warn: bool = True) -> Any:
+    """Return a loader that yields only rank ``rank``'s share of ``loader``'s samples.
+
+    Every rank gets the same number of batches: the ``DistributedSampler`` repeats a few samples
+    when the dataset does not divide evenly, so that no rank waits at a collective for another.
+
+    Args:
+        loader: the user's loader. Anything other than a DataLoader over a map-style dataset with
+            a standard sampler is returned unchanged, with a warning that every rank sees all of it.
+        rank: this process's rank; ``world_size``: the number of processes.
+        shuffle: shuffle, if the loader shuffled (a ``RandomSampler``); False for evaluation.
+        seed: the shuffle seed, the same on every rank (``set_epoch`` varies it per epoch).
+        warn: emit the warnings (rank zero passes True so each warning appears once).
+    """
+    if not isinstance(loader, DataLoader) or has_distributed_sampler(loader):
+        if warn and not isinstance(loader, DataLoader):
+            _warn_unsharded(loader, f"it is a {type(loader).__name__}, not a torch DataLoader")
+        return loader
+    if isinstance(loader.dataset, IterableDataset):
+        if warn:
+            _warn_unsharded(loader, "its dataset is an IterableDataset, which has no sampler to replace")
+        return loader
+    batch_sampler = loader.batch_sampler
+    sampler = loader.sampler if loader.batch_size is not None else getattr(batch_sampler, "sampler", None)
+    if type(batch_sampler) is not BatchSampler or not isinstance(sampler, (RandomSampler, SequentialSampler)):
+        if warn:
+            what = type(batch_sampler).__name__ if type(batch_sampler) is not BatchSampler else type(sampler).__name__
+            _warn_unsharded(loader, f"it uses a custom {what}")
+        return loader
+    distributed = DistributedSampler(
+        loader.dataset, num_replicas=world_size, rank=rank,
+        shuffle=shuffle and isinstance(sampler, RandomSampler), seed=seed,
+    )
+    if loader.batch_size is not None:
+        return rebuild_dataloader(loader, sampler=distributed)
+    return rebuild_dataloader(
+        loader, batch_sampler=BatchSampler(distributed, batch_sampler.batch_size, batch_sampler.drop_last)
+    )
+
+
+def _warn_unsharded(loader: Any, why: str) -> None:
+    warnings.warn(
+        f"DDP cannot give each rank its own share of this loader: {why}. Every rank iterates all "
+        "of it. Pass a DataLoader over a map-style dataset, or shard it yourself "
+        "(DistributedSampler(dataset), or trainer.global_rank / trainer.world_size in the dataset).",
+        stacklevel=3,
+    )

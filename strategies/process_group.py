@@ -1,0 +1,69 @@
+"""Process-group plumbing for DDP: who launched this process, the group's store, and checks.
+
+Kept apart from :mod:`strategies.ddp` so that the strategy reads as what the loop calls.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launched_by_torchrun() -> bool:
+    """True in a process that torchrun (or a scheduler exporting the same variables) started."""
+    return all(name in os.environ for name in TORCHRUN_VARIABLES)
+
+
+def connect_stores(host: str, port: int, world_size: int, hosts_here: bool,
+                   timeout: datetime.timedelta) -> tuple[Any, Any]:
+    """Two clients of the store at ``host:port`` (``hosts_here``: this process serves it)."""
+    main = dist.TCPStore(host, port, world_size, hosts_here, timeout=timeout, wait_for_workers=False)
+    return main, dist.TCPStore(host, port, None, False, timeout=timeout)
+
+
+def check_gpus(wanted: int) -> None:
+    """Raise a ValueError unless ``wanted`` CUDA devices are visible (NCCL trains on GPUs)."""
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f'DDP(backend="nccl") trains on CUDA GPUs, but PyTorch sees none (torch {torch.__version__}, '
+            f"CUDA build: {torch.version.cuda or 'no'}). Use backend=\"gloo\" to train on the CPU, "
+            "or run on a machine with NVIDIA GPUs."
+        )
+    count = torch.cuda.device_count()
+    if wanted > count:
+        visible = ", ".join(f"cuda:{index}" for index in range(count))
+        raise ValueError(
+            f"devices={wanted} asks for {wanted} CUDA devices; {count} is visible ({visible}). "
+            f"Use devices={count} or check CUDA_VISIBLE_DEVICES."
+        )
+
+
+def check_port_free(host: str, port: str) -> None:
+    """Raise a ValueError naming the fix when ``MASTER_PORT`` is taken on this machine."""
+    try:
+        number = int(port)
+    except ValueError:
+        raise ValueError(f"MASTER_PORT={port!r} is not a port number. Unset it to let Cadence pick a free port.") from None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, number))
+        except OSError as error:
+            raise ValueError(
+                f"MASTER_PORT={number} is already in use on {host} ({error.strerror}), so the DDP processes "
+                "cannot meet there. Unset MASTER_PORT to let Cadence pick a free port, or set it to a free one."
+            ) from None
+
+
+def is_communication_error(error: Exception) -> bool:
+    """True for an error of the process group (a timeout, a peer gone), not of the user's code."""
+    text = str(error)
+    return isinstance(error, dist.DistError) or any(
+        marker in text for marker in ("gloo", "NCCL", "Connection closed", "Timed out", "timed out")
+    )

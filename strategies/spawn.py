@@ -1,0 +1,235 @@
+"""Starting DDP worker processes from a plain ``python train.py``, and collecting what they did.
+
+:func:`spawn_workers` checks that the work can be pickled for the new processes, hosts the
+process group's store in the calling process (on a free port, or ``MASTER_ADDR``/``MASTER_PORT``
+when set), starts one process per device with ``torch.multiprocessing``, and returns rank zero's
+result. If any rank fails, the others are stopped (they see the store's abort flag, and whatever
+is left is terminated here), and the caller gets a RuntimeError carrying the failing rank's
+traceback and where every rank was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import inspect
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from strategies import forensics
+
+if TYPE_CHECKING:
+    from strategies.ddp import DDP
+
+#: Seconds the other ranks get to stop on their own after one failed, before SIGTERM, then SIGKILL.
+GRACE_PERIOD_S = 3.0
+
+
+def spawn_workers(strategy: DDP, function: Callable[..., Any], args: tuple) -> Any:
+    """Run ``function(*args)`` in ``strategy.num_processes`` new processes; return rank zero's result."""
+    count = strategy.num_processes
+    if strategy.start_method != "fork":
+        check_picklable(function, args, count)
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    store = host_store(host, int(os.environ.get("MASTER_PORT", 0)), strategy.timeout)
+    with tempfile.TemporaryDirectory(prefix="cadence-ddp-") as directory:
+        result_path = str(Path(directory) / "rank0-result.pt")
+        context = mp.start_processes(
+            _run_worker, args=(strategy, host, store.port, result_path, function, args),
+            nprocs=count, join=False, start_method=strategy.start_method,
+        )
+        try:
+            with _forward_preemption_signals(context):
+                while not context.join(grace_period=GRACE_PERIOD_S):
+                    pass
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
+            # Spawned workers set up one stage each: their keys live under the first session's prefix.
+            records = dist.PrefixStore(forensics.session_prefix(0), store)
+            raise RuntimeError(failure_message(records, count, error)) from None
+        finally:
+            _stop_leftovers(context)
+        # Written by our own rank zero into our private directory; it holds the stage's output
+        # (predictions may be any object), so it is read as a full pickle.
+        return torch.load(result_path, map_location="cpu", weights_only=False)
+
+
+def host_store(host: str, port: int, timeout: datetime.timedelta) -> dist.TCPStore:
+    """The process group's store, served from this process; port 0 picks a free port."""
+    try:
+        return dist.TCPStore(host, port, None, True, timeout=timeout, wait_for_workers=False)
+    except (RuntimeError, ValueError) as error:
+        raise RuntimeError(
+            f"DDP could not open its meeting point on {host}:{port} ({str(error).splitlines()[0]}). "
+            + ("Unset MASTER_PORT to let Cadence pick a free port, or set it to a free one."
+               if port else "Set MASTER_ADDR to an address of this machine (e.g. 127.0.0.1).")
+        ) from error
+
+
+def _run_worker(local_rank: int, strategy: DDP, host: str, port: int, result_path: str,
+                function: Callable[..., Any], args: tuple) -> None:
+    """The body of one spawned process (``torch.multiprocessing`` passes ``local_rank``)."""
+    world_size = strategy.num_processes
+    # The usual variables, for code that reads them (and for the user's own torch.distributed calls).
+    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=host, MASTER_PORT=str(port))
+    strategy.set_process(rank=local_rank, local_rank=local_rank, world_size=world_size, store_address=(host, port))
+    try:
+        result = function(*args)
+    except Exception:
+        strategy.record_failure()  # no-op when teardown already recorded it
+        raise
+    if local_rank == 0:
+        torch.save(result, result_path)
+
+
+@contextlib.contextmanager
+def _forward_preemption_signals(context: Any) -> Iterator[None]:
+    """SIGTERM/SIGUSR1 sent to this process go on to the workers, which save and stop at a safe
+    point (trainer/preemption.py); this process waits for them instead of dying first, which
+    would take the workers down mid-save."""
+    if threading.current_thread() is not threading.main_thread():  # handlers live on the main thread
+        yield
+        return
+
+    def forward(number: int, frame: Any) -> None:
+        for process in context.processes:
+            if process.is_alive():
+                os.kill(process.pid, number)
+
+    previous = {}
+    for name in ("SIGTERM", "SIGUSR1"):
+        number = getattr(signal, name, None)
+        if number is not None and signal.getsignal(number) is not signal.SIG_IGN:
+            previous[number] = signal.signal(number, forward)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _stop_leftovers(context: Any) -> None:
+    # After a failure ProcessContext.join has already stopped everyone; this covers an interrupt
+    # (Ctrl-C) or any other error in this process while the workers run.
+    alive = [process for process in context.processes if process.is_alive()]
+    for process in alive:
+        process.terminate()
+    for process in alive:
+        process.join(GRACE_PERIOD_S)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def failure_message(store: Any, count: int, error: Any) -> str:
+    """What the caller reads when a worker failed: the cause's traceback, and where ranks were."""
+    first = forensics.first_failure(store, count)
+    if first is not None:
+        rank, text = first
+        message = f"DDP rank {rank} of {count} failed, so every rank was stopped. Its error:\n\n{text.rstrip()}"
+    elif isinstance(error, mp.ProcessExitedException):
+        message = (f"DDP rank {error.error_index} of {count} (pid {error.error_pid}) ended without reporting an "
+                   f"error ({error.args[0]}). {_exit_hint(error.exit_code)}")
+    else:
+        message = f"DDP rank {error.error_index} of {count} failed, so every rank was stopped.{error.args[0]}"
+    if "Where each rank was" in message:  # a failed collective already said it
+        return message
+    where = forensics.where_ranks_were(store, count)
+    return f"{message}\n\n{where}" if where else message
+
+
+def _exit_hint(exit_code: int) -> str:
+    if exit_code == -signal.SIGKILL:
+        return "SIGKILL usually means the kernel's out-of-memory killer: use fewer devices, smaller batches or fewer workers."
+    if exit_code == -signal.SIGSEGV:
+        return "A segmentation fault is a crash in native code (a CUDA driver, an extension); run with devices=1 to see it."
+    return ("It stopped before it started the work: its output above says why. (A script that calls fit "
+            'at import time needs `if __name__ == "__main__":` around that code.)')
+
+
+# --- pickling, checked before any process starts -----------------------------------------------
+class _ProbePickler(pickle.Pickler):
+    """Pickles to nowhere and skips tensors (always picklable; copying them would cost memory)."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
+            return "tensor"
+        return None
+
+
+class _Discard:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def _pickle_error(obj: Any) -> Exception | None:
+    try:
+        _ProbePickler(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        return error
+    main = sys.modules.get("__main__")
+    defined_in = getattr(type(obj), "__module__", None)
+    if defined_in == "__main__" and not hasattr(main, "__file__"):
+        return pickle.PicklingError(
+            f"{type(obj).__name__} is defined in an interactive session (a notebook or REPL), "
+            "which new processes cannot import"
+        )
+    return None
+
+
+def _parts(name: str, obj: Any) -> list[tuple[str, Any]]:
+    """The pieces of ``obj`` worth naming in an error: a loader's dataset and collate_fn, the
+    attributes of a module or the Trainer."""
+    if isinstance(obj, torch.utils.data.DataLoader):
+        fields = ("dataset", "collate_fn", "sampler", "batch_sampler", "worker_init_fn")
+        return [(f"{name}.{field}", getattr(obj, field)) for field in fields]
+    if isinstance(obj, (list, tuple)):
+        return [(f"{name}[{index}]", item) for index, item in enumerate(obj)]
+    if isinstance(obj, dict):
+        return [(f"{name}[{key!r}]", value) for key, value in obj.items()]
+    if isinstance(obj, torch.nn.Module):
+        attributes = [(key, value) for key, value in vars(obj).items() if not key.startswith("_")]
+        return [(f"{name}.{key}", value) for key, value in list(obj.named_children()) + attributes]
+    return [(f"{name}.{key}", value) for key, value in getattr(obj, "__dict__", {}).items()]
+
+
+def _culprit(name: str, obj: Any, error: Exception, depth: int = 3) -> tuple[str, Exception]:
+    """The most specific piece of ``obj`` that cannot be pickled."""
+    if depth == 0:
+        return name, error
+    for part_name, part in _parts(name, obj):
+        part_error = _pickle_error(part)
+        if part_error is not None:
+            return _culprit(part_name, part, part_error, depth - 1)
+    return name, error
+
+
+def check_picklable(function: Callable[..., Any], args: tuple, count: int) -> None:
+    """Raise a ValueError naming what cannot be sent to the spawned processes, and the fixes."""
+    names = list(inspect.signature(function).parameters)
+    named = [(names[i] if i < len(names) else f"argument {i}", arg) for i, arg in enumerate(args)]
+    owner = getattr(function, "__self__", None)
+    if owner is not None:
+        named.append((type(owner).__name__.lower(), owner))
+    for name, obj in named:
+        error = _pickle_error(obj)
+        if error is None:
+            continue
+        where, error = _culprit(name, obj, error)
+        raise ValueError(
+            f"DDP starts {count} new processes and must pickle the work for them, but `{where}` cannot "
+            f"be pickled ({error}). Define it at module level (not inside a function, and not a "
+            "lambda) in a module the processes can import, or launch with torchrun, where each "
+            f"process builds its own objects: `torchrun --nproc-per-node={count} your_script.py`."
+        )

@@ -1,0 +1,375 @@
+"""DDP on the CPU: two gloo processes, spawned by ``fit`` or started by torchrun.
+
+Starting a worker costs seconds (each one imports torch), so one spawned ``fit`` serves several
+tests: the weights against single-process training, the sharding, the scheduler, what rank zero
+alone writes, and the results that come back to the caller. The failure tests spawn their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from callbacks import CSVLogger
+from strategies import DDP
+from trainer import Trainer, TrainingModule
+
+WORLD_SIZE = 2
+SAMPLES = 64
+BATCH_SIZE = 4  # per rank and micro-batch
+ACCUMULATE = 2
+EPOCHS = 2
+STEPS = EPOCHS * SAMPLES // (WORLD_SIZE * BATCH_SIZE * ACCUMULATE)  # optimizer steps: 8
+
+
+class IndexedRegression(Dataset):
+    """``(index, x, y)`` with ``y = x @ w``: the index tells which samples a rank trained on."""
+
+    def __init__(self, count: int = SAMPLES) -> None:
+        generator = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(count, 4, generator=generator)
+        self.y = self.x @ torch.randn(4, 2, generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int):
+        return index, self.x[index], self.y[index]
+
+
+def make_optimizer(parameters):
+    optimizer = torch.optim.SGD(parameters, lr=0.1)
+    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+
+
+class Recorder(TrainingModule):
+    """Linear regression; each rank writes what it trained and validated on to ``rank{r}.json``."""
+
+    def __init__(self, out_dir: str) -> None:
+        super().__init__()
+        self.out_dir = out_dir
+        self.layer = nn.Linear(4, 2)
+        self.seen: list = []  # [epoch, batch_idx, sample indices]
+        self.validated: list = []
+
+    def training_step(self, batch, batch_idx):
+        index, x, y = batch
+        self.seen.append([self.current_epoch, batch_idx, index.tolist()])
+        loss = F.mse_loss(self.layer(x), y)
+        self.log("train/loss", loss, sync_dist=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        index, x, y = batch
+        if not self.trainer.sanity_checking:
+            self.validated += index.tolist()
+        rank = torch.tensor(float(self.trainer.global_rank))
+        self.log("val/rank", rank, sync_dist=True)
+        self.log("val/rank_here", rank)
+
+    def configure_optimizers(self):
+        optimizer, scheduler = make_optimizer(self.parameters())
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_fit_end(self):
+        record = {
+            "rank": self.trainer.global_rank, "world_size": self.trainer.world_size, "seen": self.seen,
+            "validated": self.validated, "lr": self.trainer.optimizers[0].param_groups[0]["lr"],
+            "global_step": self.trainer.global_step,
+            "state_dict": {key: value.tolist() for key, value in self.state_dict().items()},
+        }
+        Path(self.out_dir, f"rank{self.trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+@contextlib.contextmanager
+def stderr_into(path: Path):
+    """Send file descriptor 2 (inherited by the workers) to ``path``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "w") as file:
+        os.dup2(file.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+@pytest.fixture(scope="module")
+def spawned_fit(tmp_path_factory):
+    """One 2-process fit with accumulation, validation, a step scheduler, a logger and checkpoints."""
+    out = tmp_path_factory.mktemp("ddp")
+    model = Recorder(str(out))
+    initial = copy.deepcopy(model.state_dict())
+    data = IndexedRegression()
+    trainer = Trainer(
+        strategy=DDP(devices=WORLD_SIZE), max_epochs=EPOCHS, accumulate_grad_batches=ACCUMULATE,
+        default_root_dir=out, logger=CSVLogger(), log_every_n_steps=2, seed=0,
+    )
+    with stderr_into(out / "stderr.txt"):
+        trainer.fit(model, DataLoader(data, batch_size=BATCH_SIZE, shuffle=True), DataLoader(data, batch_size=8))
+        records = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
+        csv_after_fit = (trainer.log_dir / "metrics.csv").read_text()
+        validated = trainer.validate(model, DataLoader(data, batch_size=8))
+    return SimpleNamespace(trainer=trainer, model=model, initial=initial, data=data, records=records, out=out,
+                           validated=validated, csv_after_fit=csv_after_fit, stderr=(out / "stderr.txt").read_text())
+
+
+def test_ddp_weights_equal_single_process_training_on_the_same_global_batches(spawned_fit):
+    # k micro-batches on N ranks must equal one batch k*N times larger: replay the global batches
+    # the ranks saw, in one process, with a hand-written loop.
+    layer = nn.Linear(4, 2)
+    layer.load_state_dict({key.removeprefix("layer."): value for key, value in spawned_fit.initial.items()})
+    optimizer, scheduler = make_optimizer(layer.parameters())
+    seen = [record["seen"] for record in spawned_fit.records]
+    for first in range(0, len(seen[0]), ACCUMULATE):
+        indices = [i for micro in range(first, first + ACCUMULATE) for rank_seen in seen for i in rank_seen[micro][2]]
+        x, y = spawned_fit.data.x[indices], spawned_fit.data.y[indices]
+        F.mse_loss(layer(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+    trained = spawned_fit.model.layer
+    torch.testing.assert_close(trained.weight, layer.weight, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(trained.bias, layer.bias, atol=1e-6, rtol=1e-5)
+
+
+def test_each_rank_trains_on_its_own_shard_in_a_new_order_each_epoch(spawned_fit):
+    for epoch in range(EPOCHS):
+        shards = [[i for e, _, batch in record["seen"] if e == epoch for i in batch] for record in spawned_fit.records]
+        assert set(shards[0]).isdisjoint(shards[1])
+        assert sorted(shards[0] + shards[1]) == list(range(SAMPLES))
+    first_epoch = [i for e, _, batch in spawned_fit.records[0]["seen"] if e == 0 for i in batch]
+    second_epoch = [i for e, _, batch in spawned_fit.records[0]["seen"] if e == 1 for i in batch]
+    assert first_epoch != second_epoch  # set_epoch reshuffled
+
+
+def test_lr_scheduler_steps_once_per_optimizer_step_on_every_rank(spawned_fit):
+    for record in spawned_fit.records:
+        assert record["global_step"] == STEPS
+        assert record["lr"] == pytest.approx(0.1 * 0.5 ** (STEPS // 3))
+
+
+def test_validation_is_sharded_and_sync_dist_metrics_are_averaged_over_ranks(spawned_fit):
+    validated = [set(record["validated"]) for record in spawned_fit.records]
+    assert validated[0].isdisjoint(validated[1]) and validated[0] | validated[1] == set(range(SAMPLES))
+    assert spawned_fit.trainer.callback_metrics["val/rank"].item() == 0.5
+    assert spawned_fit.trainer.callback_metrics["val/rank_here"].item() == 0.0  # rank zero's own
+
+
+def test_a_spawned_validate_returns_the_metrics_reduced_over_ranks(spawned_fit):
+    assert spawned_fit.validated == [{"val/rank": 0.5, "val/rank_here": 0.0}]
+
+
+def test_the_trained_weights_and_counters_come_back_to_the_caller(spawned_fit):
+    for key, value in spawned_fit.model.state_dict().items():
+        assert value.tolist() == spawned_fit.records[0]["state_dict"][key] == spawned_fit.records[1]["state_dict"][key]
+    assert spawned_fit.trainer.global_step == STEPS
+    assert spawned_fit.trainer.current_epoch == EPOCHS
+
+
+def test_only_rank_zero_prints_and_writes_logs_and_checkpoints(spawned_fit):
+    assert spawned_fit.stderr.count("DDP: 2 processes") == 2  # fit, then validate
+    assert spawned_fit.stderr.count("Epoch 1/2") == 1
+    versions = list((spawned_fit.out / "cadence_logs").iterdir())
+    assert [path.name for path in versions] == ["version_0"]
+    rows = spawned_fit.csv_after_fit.splitlines()[1:]
+    written = [tuple(row.split(",")[:2]) for row in rows]
+    assert len(written) == len(set(written))  # each (step, metric) once: one writer
+    checkpoint = torch.load(versions[0] / "checkpoints" / "last.ckpt", weights_only=True)
+    assert set(checkpoint["state_dict"]) == {"layer.weight", "layer.bias"}  # no wrapper prefixes
+    torch.testing.assert_close(checkpoint["state_dict"]["layer.weight"], spawned_fit.model.layer.weight)
+
+
+# --- faults --------------------------------------------------------------------------------------
+class Misbehaves(TrainingModule):
+    """At training batch 2, rank 1 raises, stalls or logs a key rank 0 does not, or rank 0 sends
+    SIGTERM to the launching process (a scheduler preempting the job)."""
+
+    def __init__(self, what: str, out_dir: str) -> None:
+        super().__init__()
+        self.what, self.out_dir = what, out_dir
+        self.layer = nn.Linear(4, 2)
+
+    def setup(self, stage):
+        Path(self.out_dir, f"pid{self.trainer.global_rank}").write_text(str(os.getpid()))
+
+    def training_step(self, batch, batch_idx):
+        _, x, y = batch
+        if self.what == "signal" and self.trainer.global_rank == 0 and batch_idx == 2 and self.current_epoch == 0:
+            os.kill(os.getppid(), signal.SIGTERM)
+        if self.trainer.global_rank == 1 and batch_idx == 2:
+            if self.what == "raise":
+                raise ValueError("rank 1 fails at batch 2")
+            if self.what == "stall":
+                time.sleep(60)
+            if self.what == "log":
+                self.log("train/only_on_rank_1", 1.0, sync_dist=True)
+        return F.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def fit_misbehaving(what: str, out_dir: Path, **ddp_options) -> None:
+    trainer = Trainer(strategy=DDP(devices=WORLD_SIZE, **ddp_options), max_epochs=1, default_root_dir=out_dir,
+                      enable_progress_bar=False, logger=False, enable_checkpointing=False, log_every_n_steps=4)
+    trainer.fit(Misbehaves(what, str(out_dir)), DataLoader(IndexedRegression(), batch_size=8))
+
+
+def test_a_rank_that_raises_stops_every_rank_and_the_caller_gets_its_traceback(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="DDP rank 1 of 2 failed, so every rank was stopped") as raised:
+        fit_misbehaving("raise", tmp_path)
+    assert time.monotonic() - started < 30
+    message = str(raised.value)
+    assert "ValueError: rank 1 fails at batch 2" in message
+    assert "in training_step" in message  # the failing rank's traceback, not the others' broken pipes
+    assert multiprocessing.active_children() == []
+    for rank in range(WORLD_SIZE):
+        pid = int((tmp_path / f"pid{rank}").read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_collective_timeout_names_the_rank_that_fell_behind_and_where(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="Rank 1 fell behind: it was in training_step at training batch 2"):
+        fit_misbehaving("stall", tmp_path, timeout=3)
+    assert time.monotonic() - started < 30
+    assert multiprocessing.active_children() == []
+
+
+def test_a_sync_dist_key_logged_on_one_rank_only_is_an_error_naming_key_and_rank(tmp_path):
+    with pytest.raises(RuntimeError, match=r'"train/only_on_rank_1", ..., sync_dist=True\) was called on '
+                                           r"rank\(s\) \[1\] but not on rank\(s\) \[0\]"):
+        fit_misbehaving("log", tmp_path)
+
+
+def test_a_sigterm_to_the_launching_process_lets_every_rank_save_and_stop(tmp_path):
+    # The launcher passes the signal on to the workers; they agree at the next log step (4), write
+    # last.ckpt and stop; fit then exits with 128 + SIGTERM, as trainer/preemption.py promises.
+    trainer = Trainer(strategy=DDP(devices=WORLD_SIZE), max_epochs=3, default_root_dir=tmp_path,
+                      enable_progress_bar=False, logger=False, enable_checkpointing=False, log_every_n_steps=4)
+    with pytest.raises(SystemExit) as exited:
+        trainer.fit(Misbehaves("signal", str(tmp_path)), DataLoader(IndexedRegression(), batch_size=8))
+    assert exited.value.code == 128 + signal.SIGTERM
+    assert trainer.global_step == 4  # of 12
+    assert (trainer.log_dir / "checkpoints" / "last.ckpt").is_file()
+    assert multiprocessing.active_children() == []
+
+
+class LocalDataset(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        return torch.zeros(4), torch.zeros(2)
+
+
+def _unpicklable(kind: str):
+    model, loader = Misbehaves("nothing", "."), DataLoader(IndexedRegression(), batch_size=8)
+    if kind == "model":
+        model.transform = lambda x: x
+    elif kind == "dataset":
+        class Local(LocalDataset):
+            pass
+
+        loader = DataLoader(Local(), batch_size=8)
+    else:
+        loader = DataLoader(IndexedRegression(), batch_size=8, collate_fn=lambda items: items)
+    return model, loader
+
+
+@pytest.mark.parametrize(("kind", "culprit"), [("model", "module.transform"), ("dataset", "loader.dataset"),
+                                               ("collate_fn", "loader.collate_fn")])
+def test_an_unpicklable_model_or_loader_is_named_before_any_process_starts(tmp_path, kind, culprit):
+    model, loader = _unpicklable(kind)
+    trainer = Trainer(strategy=DDP(devices=WORLD_SIZE), max_epochs=1, default_root_dir=tmp_path, logger=False)
+    with pytest.raises(ValueError, match=rf"`{culprit}` cannot be pickled .* module level .* torchrun"):
+        trainer.fit(model, loader)
+    assert multiprocessing.active_children() == []
+
+
+# --- torchrun ------------------------------------------------------------------------------------
+TORCHRUN_SCRIPT = '''
+import json, sys
+from pathlib import Path
+import torch, torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from trainer import Trainer, TrainingModule
+
+class Regression(TrainingModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self.layer(x), y)
+    def test_step(self, batch, batch_idx):
+        self.log("test/rank", torch.tensor(float(self.trainer.global_rank)), sync_dist=True)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4, generator=generator), torch.randn(64, 2, generator=generator))
+    model = Regression()
+    trainer = Trainer(strategy="ddp", max_epochs=2, default_root_dir=out, enable_progress_bar=False, seed=7)
+    trainer.fit(model, DataLoader(data, batch_size=8, shuffle=True))
+    tested = trainer.test(model, DataLoader(data, batch_size=8))
+    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
+        "world_size": trainer.world_size, "log_dir": str(trainer.log_dir), "tested": tested,
+        "global_step": trainer.global_step, "weight": model.layer.weight.tolist()}))
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_the_same_script_joins_a_two_node_torchrun_group(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=cadence-test", str(script), str(tmp_path)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        outputs = [node.communicate(timeout=150)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
+    records = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert [record["world_size"] for record in records] == [2, 2]
+    assert records[0]["weight"] == records[1]["weight"]
+    assert records[0]["global_step"] == 8  # 64 samples / (2 ranks * 8) * 2 epochs
+    assert records[0]["log_dir"] == records[1]["log_dir"]  # rank zero's, broadcast
+    assert records[0]["tested"] == records[1]["tested"] == [{"test/rank": 0.5}]  # a second stage re-joins
+    assert "".join(outputs).count("DDP: 2 processes on 2 machine(s), joined from torchrun") == 2  # fit, test

@@ -1,0 +1,210 @@
+"""DDP before any process starts: choosing it, refusing what cannot work, and sharding loaders.
+
+Nothing here spawns a process. Where a check needs GPUs this machine lacks, the test mocks the
+``torch.cuda`` queries, never Cadence's own code.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import signal
+import socket
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from strategies import DDP, resolve_strategy
+from strategies.loaders import shard_dataloader
+from strategies.spawn import failure_message, host_store
+from trainer.metrics import MetricSpec, check_same_sync_keys
+from trainer import Trainer
+
+TORCHRUN_ENVIRONMENT = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
+
+
+@pytest.fixture
+def plain_process(monkeypatch):
+    """A process that torchrun did not start (the test runner may itself run under one)."""
+    for name in TORCHRUN_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_ddp_and_several_devices_choose_the_ddp_strategy(plain_process):
+    assert isinstance(resolve_strategy("ddp", devices=2), DDP)
+    assert isinstance(resolve_strategy("auto", devices=2), DDP)
+    trainer = Trainer(strategy="ddp", devices=2, logger=False)
+    assert trainer.world_size == 2 and trainer.global_rank == 0 and trainer.is_global_zero
+    assert trainer.strategy.launches_subprocesses
+
+
+def test_under_torchrun_ddp_joins_instead_of_spawning(monkeypatch):
+    for name, value in TORCHRUN_ENVIRONMENT.items():
+        monkeypatch.setenv(name, value)
+    strategy = DDP()
+    strategy.validate()
+    assert not strategy.launches_subprocesses
+    assert strategy.world_size == 2 and strategy.num_processes == 2
+
+
+def test_auto_under_torchrun_joins_the_group(monkeypatch):
+    for name, value in TORCHRUN_ENVIRONMENT.items():
+        monkeypatch.setenv(name, value)
+    assert isinstance(Trainer(logger=False).strategy, DDP)
+
+
+def test_torchrun_and_devices_that_disagree_is_an_error(monkeypatch):
+    for name, value in TORCHRUN_ENVIRONMENT.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=r"DDP\(devices=4\) but torchrun started 2 processes on this machine"):
+        Trainer(strategy=DDP(devices=4))
+
+
+def test_nccl_without_gpus_is_an_error_before_anything_starts(plain_process, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r'backend="nccl"\) trains on CUDA GPUs, but PyTorch sees none.*backend="gloo"'):
+        Trainer(strategy=DDP(devices=2, backend="nccl"))
+
+
+def test_more_gpus_than_the_machine_has_is_an_error_naming_the_visible_ones(plain_process, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"devices=4 asks for 4 CUDA devices; 1 is visible \(cuda:0\)"):
+        Trainer(strategy=DDP(devices=4))
+
+
+def test_a_master_port_in_use_is_an_error_before_any_worker_starts(plain_process, monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        with pytest.raises(ValueError, match=rf"MASTER_PORT={port} is already in use on 127.0.0.1.*Unset MASTER_PORT"):
+            Trainer(strategy=DDP(devices=2))
+
+
+def test_a_master_port_that_is_not_a_number_is_an_error(plain_process, monkeypatch):
+    monkeypatch.setenv("MASTER_PORT", "twenty")
+    with pytest.raises(ValueError, match=r"MASTER_PORT='twenty' is not a port number"):
+        Trainer(strategy=DDP(devices=2))
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"devices": 0}, r"DDP\(devices=0\): use an int >= 1"),
+    ({"devices": "all"}, r"DDP\(devices='all'\): use an int >= 1"),
+    ({"backend": "tcp"}, r'DDP\(backend="tcp"\) is not a torch.distributed backend'),
+    ({"start_method": "thread"}, r'DDP\(start_method="thread"\): use one of'),
+])
+def test_bad_ddp_arguments_are_named_with_what_would_work(plain_process, options, message):
+    with pytest.raises(ValueError, match=message):
+        Trainer(strategy=DDP(**options))
+
+
+def test_a_timeout_that_is_not_positive_is_an_error():
+    with pytest.raises(ValueError, match=r"DDP\(timeout=0\): use a number of seconds > 0"):
+        DDP(timeout=0)
+
+
+def test_a_script_that_trains_at_import_time_is_told_to_guard_it(plain_process, monkeypatch):
+    # What a spawned worker sees while it imports a script without `if __name__ == "__main__":`.
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    with pytest.raises(RuntimeError, match=r'importing your script called fit again.*if __name__ == "__main__":'):
+        DDP(devices=2).launch(print)
+
+
+def test_a_worker_killed_without_a_python_error_is_reported_with_a_likely_cause():
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=5), wait_for_workers=False)
+    killed = mp.ProcessExitedException("process 1 terminated with signal SIGKILL", error_index=1, error_pid=4321,
+                                       exit_code=-signal.SIGKILL, signal_name="SIGKILL")
+    message = failure_message(store, 2, killed)
+    assert message.startswith("DDP rank 1 of 2 (pid 4321) ended without reporting an error")
+    assert "out-of-memory killer" in message
+
+
+def test_a_port_taken_between_the_check_and_the_launch_is_a_clear_error():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match=rf"could not open its meeting point on 127.0.0.1:{port}.*Unset MASTER_PORT"):
+            host_store("127.0.0.1", port, datetime.timedelta(seconds=5))
+
+
+def test_collectives_outside_a_running_stage_say_so():
+    with pytest.raises(RuntimeError, match=r"DDP.barrier was called outside a running stage"):
+        DDP().barrier()
+    with pytest.raises(ValueError, match=r'all_reduce\(op="avg"\): use "mean", "sum", "max" or "min"'):
+        DDP().all_reduce(torch.ones(1), op="avg")
+
+
+def test_a_sync_dist_key_logged_as_a_tensor_on_one_rank_and_a_number_on_another_is_an_error():
+    spec = MetricSpec(prog_bar=False, on_step=True, on_epoch=False, sync_dist=True, reduce_fx="mean")
+    on_rank_1 = (("val/acc", False),)  # rank 1 logged a Python float
+    with pytest.raises(RuntimeError, match=r'"val/acc", ..., sync_dist=True\) got a tensor on rank\(s\) \[0\] and a Python number'):
+        check_same_sync_keys({"val/acc": (torch.tensor(0.5), spec)}, lambda mine: [mine, on_rank_1])
+
+
+# --- sharding loaders ------------------------------------------------------------------------------
+def _collate(items):
+    return torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
+
+
+def _seed_worker(worker_id):
+    pass
+
+
+def test_sharding_keeps_the_loaders_settings_and_gives_ranks_disjoint_samples():
+    data = TensorDataset(torch.arange(20.0).unsqueeze(1), torch.zeros(20, 1))
+    generator = torch.Generator().manual_seed(3)
+    loader = DataLoader(data, batch_size=3, shuffle=True, drop_last=True, num_workers=1, collate_fn=_collate,
+                        pin_memory=False, worker_init_fn=_seed_worker, generator=generator, persistent_workers=True)
+    shards = [shard_dataloader(loader, rank=rank, world_size=2, shuffle=True, seed=5) for rank in range(2)]
+    for shard in shards:
+        assert isinstance(shard.sampler, DistributedSampler) and shard.sampler.shuffle
+        assert (shard.batch_size, shard.drop_last, shard.num_workers) == (3, True, 1)
+        assert shard.collate_fn is _collate and shard.worker_init_fn is _seed_worker
+        assert shard.generator is generator and shard.persistent_workers
+        assert len(shard) == 3  # 10 samples each, in whole batches of 3
+    indices = [list(shard.sampler) for shard in shards]
+    assert set(indices[0]).isdisjoint(indices[1]) and len(indices[0]) == len(indices[1]) == 10
+
+
+def test_sharding_an_evaluation_loader_keeps_its_order():
+    loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2)
+    shard = shard_dataloader(loader, rank=1, world_size=2, shuffle=False)
+    assert list(shard.sampler) == [1, 3, 5, 7]
+
+
+def test_sharding_a_loader_built_from_a_batch_sampler_keeps_its_batch_size():
+    data = TensorDataset(torch.arange(8.0))
+    loader = DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data), batch_size=2, drop_last=False))
+    shard = shard_dataloader(loader, rank=0, world_size=2, shuffle=True)
+    assert isinstance(shard.batch_sampler.sampler, DistributedSampler)
+    assert shard.batch_sampler.batch_size == 2 and len(shard) == 2
+
+
+def test_a_loader_with_its_own_distributed_sampler_is_kept():
+    data = TensorDataset(torch.arange(8.0))
+    loader = DataLoader(data, sampler=DistributedSampler(data, num_replicas=2, rank=1), batch_size=2)
+    assert shard_dataloader(loader, rank=1, world_size=2, shuffle=True) is loader
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(4))
+
+
+def test_a_loader_that_cannot_be_sharded_warns_that_every_rank_sees_all_of_it():
+    loader = DataLoader(Stream(), batch_size=2)
+    with pytest.warns(UserWarning, match="DDP cannot give each rank its own share of this loader: its dataset is an IterableDataset"):
+        assert shard_dataloader(loader, rank=0, world_size=2, shuffle=True) is loader
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # other ranks stay quiet
+        shard_dataloader(loader, rank=1, world_size=2, shuffle=True, warn=False)

@@ -1,9 +1,13 @@
-"""Seeding: Python, NumPy, torch and every CUDA device, and DataLoader workers per worker and rank."""
+"""Seeding and RNG state: Python, NumPy, torch and every CUDA device; DataLoader workers per worker
+and rank; the RNG states a checkpoint keeps, and a context that keeps them unchanged."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
+import warnings
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -67,7 +71,8 @@ def capture_rng_state() -> dict:
             "cached_gaussian": float(numpy_state[4]),
         },
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # Only once CUDA is in use: asking earlier would create a context on every device.
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
     }
 
 
@@ -82,4 +87,27 @@ def restore_rng_state(state: dict) -> None:
     ))
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        if len(state["cuda"]) != torch.cuda.device_count():
+            warnings.warn(
+                f"The RNG states are of {len(state['cuda'])} CUDA devices, but {torch.cuda.device_count()} "
+                "are visible; the devices both have are restored, so random draws on CUDA may differ "
+                "from the run that saved them. Resume with the same CUDA_VISIBLE_DEVICES to continue exactly.",
+                stacklevel=2,
+            )
+        for device, device_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(device_state, device)
+
+
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Run the body, then put every global RNG back as it was.
+
+    The Trainer validates inside this context, so validating (whose DataLoader draws a worker
+    seed from torch's RNG) changes nothing the training run draws afterwards: a run with
+    validation trains the same weights as one without, and a resumed run continues exactly.
+    """
+    state = capture_rng_state()
+    try:
+        yield
+    finally:
+        restore_rng_state(state)

@@ -1,0 +1,136 @@
+"""A small training run that the resume and preemption tests start in a child process and kill.
+
+    python tests/run_resumable.py ROOT [--kill-at-step N | --kill-while-saving-step N | --ready-at-step N]
+
+Every run calls ``fit(..., ckpt_path="last")``, so running the same command again resumes; the
+final weights go to ``ROOT/final.pt``. The run has everything exact resume must survive: a
+shuffled loader with two worker processes, dropout, an LR scheduler stepped per optimizer step,
+gradient accumulation, and validation right after some checkpoints (3 epochs of 10 batches,
+5 optimizer steps each; a checkpoint every 4 steps, so steps 4 and 12 are followed by
+validation in the same batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from callbacks import Callback, ModelCheckpoint  # noqa: E402
+from trainer import Trainer, TrainingModule, seed_everything  # noqa: E402
+
+
+class Net(TrainingModule):
+    def __init__(self, lr: float = 0.05) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 2))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.mse_loss(self.net(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val/loss", F.mse_loss(self.net(x), y))
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.8)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def loaders() -> tuple[DataLoader, DataLoader]:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(56, 4, generator=generator)
+    y = x @ torch.randn(4, 2, generator=generator)
+    train = DataLoader(TensorDataset(x[:40], y[:40]), batch_size=4, shuffle=True, num_workers=2)
+    return train, DataLoader(TensorDataset(x[40:], y[40:]), batch_size=8)
+
+
+def train(root: str | os.PathLike, callbacks: list[Callback] = ()) -> Net:
+    """Build the model and fit it, resuming from ROOT's last.ckpt when there is one."""
+    seed_everything(0)
+    model = Net()
+    trainer = Trainer(
+        strategy="cpu", max_epochs=3, accumulate_grad_batches=2, val_check_interval=4, log_every_n_steps=3,
+        default_root_dir=root, enable_progress_bar=False, seed=7,
+        callbacks=[ModelCheckpoint(every_n_train_steps=4, every_n_epochs=None), *callbacks],
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*found no last.ckpt.*")  # the first run starts fresh
+        trainer.fit(model, *loaders(), ckpt_path="last")
+    return model
+
+
+class KillAtStep(Callback):
+    """SIGKILL this process right after optimizer step ``step``: no cleanup of any kind runs."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_while_saving(step: int) -> None:
+    """SIGKILL this process halfway through writing the checkpoint of ``step``."""
+    save = torch.save
+
+    def dying_save(state, file, *args, **kwargs):
+        if isinstance(state, dict) and state.get("loops", {}).get("global_step") == step:
+            file.write(b"PK\x03\x04 half a checkpoint")
+            file.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        save(state, file, *args, **kwargs)
+
+    torch.save = dying_save
+
+
+class ReadyAtStep(Callback):
+    """Print "ready" after optimizer step ``step``, then slow down so a signal finds the run training."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and batch_idx % 2 == 1:
+            print("ready", flush=True)
+        if trainer.global_step >= self.step:
+            time.sleep(0.05)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("root")
+    parser.add_argument("--kill-at-step", type=int)
+    parser.add_argument("--kill-while-saving-step", type=int)
+    parser.add_argument("--ready-at-step", type=int)
+    args = parser.parse_args()
+    callbacks: list[Callback] = []
+    if args.kill_at_step is not None:
+        callbacks.append(KillAtStep(args.kill_at_step))
+    if args.kill_while_saving_step is not None:
+        kill_while_saving(args.kill_while_saving_step)
+    if args.ready_at_step is not None:
+        callbacks.append(ReadyAtStep(args.ready_at_step))
+    model = train(args.root, callbacks)
+    torch.save(model.state_dict(), Path(args.root) / "final.pt")
+
+
+if __name__ == "__main__":
+    main()

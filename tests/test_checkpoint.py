@@ -1,0 +1,227 @@
+"""Checkpoint files: what they hold, how they load, and every way a bad one fails clearly.
+
+A checkpoint must hold the whole state as tensors and plain data (so ``weights_only=True`` loads
+it), be written atomically (a full disk or a kill leaves the previous file whole), and every bad
+input (a file that would run code, a truncated one, a missing path, another model's weights)
+must fail naming the file, before anything is lost.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from callbacks import Callback, ModelCheckpoint
+from trainer import TrainingModule
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+class Regressor(TrainingModule):
+    def __init__(self, hidden: int = 8, lr: float = 0.1, data_dir: Path = Path("/data"), color: Color = Color.RED,
+                 activation: nn.Module | None = None) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, 2))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.mse_loss(self.net(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 2)}
+
+
+class OtherModel(Regressor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(2, 2)
+
+
+@pytest.fixture
+def checkpoint(make_trainer, regression_loader, tmp_path):
+    """A checkpoint written by ModelCheckpoint after one epoch of 8 batches."""
+    trainer = make_trainer(max_epochs=1, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt")])
+    trainer.fit(Regressor(activation=nn.Tanh()), regression_loader)
+    return tmp_path / "ckpt" / "last.ckpt"
+
+
+def test_a_checkpoint_holds_the_whole_training_state_as_plain_data(checkpoint):
+    state = torch.load(checkpoint, weights_only=True)  # loads without running any code
+    assert state["loops"] == {"epoch": 1, "batches_done": 0, "global_step": 8, "train_batches_seen": 8, "world_size": 1}
+    assert set(state["state_dict"]) == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
+    assert state["optimizer_states"][0]["state"][0]["step"] == 8
+    assert state["lr_schedulers"][0]["last_epoch"] == 1  # stepped once per epoch
+    (rank_zero,) = state["rng"]  # one entry per process
+    assert set(rank_zero["now"]) == {"python", "numpy", "torch", "cuda"}
+    assert rank_zero["epoch_start"] is not None  # the RNG the epoch's shuffle was drawn from
+    assert "ModelCheckpoint{monitor=None, mode='min'}" in state["callbacks"]
+    assert state["hyper_parameters"] == {"hidden": 8, "lr": 0.1, "data_dir": "/data", "color": "red", "activation": "Tanh()"}
+    assert set(state["versions"]) == {"torch", "python", "cadence"}
+
+
+def test_a_checkpoint_that_would_run_code_when_loaded_is_refused(make_trainer, regression_loader, tmp_path):
+    class RunsCode:
+        def __reduce__(self):
+            return (print, ("this must never print",))
+
+    path = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "payload": RunsCode()}, path)
+    with pytest.raises(ValueError, match=rf"Refusing to load checkpoint {path}: it contains a pickled print, "
+                                         r"which would run code"):
+        make_trainer(max_epochs=1).fit(Regressor(), regression_loader, ckpt_path=path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_a_truncated_or_corrupted_checkpoint_fails_naming_the_file(checkpoint, make_trainer, regression_loader, damage):
+    data = checkpoint.read_bytes()
+    checkpoint.write_bytes({"truncated": data[: len(data) // 2], "garbage": os.urandom(300), "empty": b""}[damage])
+    with pytest.raises(ValueError, match=rf"Checkpoint {checkpoint} is truncated or corrupted .* Use an earlier checkpoint"):
+        make_trainer(max_epochs=2).fit(Regressor(), regression_loader, ckpt_path=checkpoint)
+
+
+def test_a_missing_checkpoint_fails_before_anything_starts(make_trainer, regression_loader, tmp_path):
+    trainer = make_trainer(max_epochs=1)
+    with pytest.raises(FileNotFoundError, match=rf"Checkpoint {tmp_path / 'nope.ckpt'} does not exist"):
+        trainer.fit(Regressor(), regression_loader, ckpt_path=tmp_path / "nope.ckpt")
+    with pytest.raises(FileNotFoundError, match=rf"Checkpoint {tmp_path} is a directory"):
+        trainer.fit(Regressor(), regression_loader, ckpt_path=tmp_path)
+    with pytest.raises(TypeError, match=r"Trainer.fit\(ckpt_path=3\): pass a checkpoint path, \"last\" or None"):
+        trainer.fit(Regressor(), regression_loader, ckpt_path=3)
+    assert trainer.global_step == 0 and not (tmp_path / "cadence_logs").exists()
+
+
+def test_a_checkpoint_of_another_model_names_the_missing_and_unexpected_keys(checkpoint, make_trainer, regression_loader):
+    with pytest.raises(ValueError, match=rf"Checkpoint {checkpoint} does not fit OtherModel: missing keys "
+                                         r"\[head.bias, head.weight\], unexpected keys \[none\]"):
+        make_trainer(max_epochs=2).fit(OtherModel(), regression_loader, ckpt_path=checkpoint)
+
+
+def test_a_checkpoint_of_other_shapes_names_them_and_the_hyperparameters_that_wrote_it(checkpoint, make_trainer, regression_loader):
+    with pytest.raises(ValueError, match=r"shapes differ for \[net.0.weight: checkpoint \(8, 4\), model \(16, 4\), .*'hidden': 8"):
+        make_trainer(max_epochs=2).fit(Regressor(hidden=16), regression_loader, ckpt_path=checkpoint)
+
+
+def test_a_file_without_training_state_cannot_resume_training(make_trainer, regression_loader, tmp_path):
+    weights, other = tmp_path / "weights.pt", tmp_path / "other.pt"
+    torch.save({"state_dict": Regressor().state_dict()}, weights)
+    torch.save(Regressor().state_dict(), other)
+    with pytest.raises(ValueError, match=rf"Checkpoint {weights} holds weights but not the training state"):
+        make_trainer(max_epochs=1).fit(Regressor(), regression_loader, ckpt_path=weights)
+    with pytest.raises(ValueError, match=rf"{other} is not a Cadence checkpoint: it has no 'state_dict'"):
+        make_trainer(max_epochs=1).fit(Regressor(), regression_loader, ckpt_path=other)
+
+
+def test_a_checkpoint_from_a_newer_cadence_is_refused(checkpoint, make_trainer, regression_loader):
+    state = torch.load(checkpoint, weights_only=True)
+    torch.save(dict(state, format=99), checkpoint)
+    with pytest.raises(ValueError, match=r"has format 99, newer than this Cadence reads \(1\).*Upgrade torchcadence"):
+        make_trainer(max_epochs=2).fit(Regressor(), regression_loader, ckpt_path=checkpoint)
+
+
+def test_validate_with_a_checkpoint_loads_its_weights_only(checkpoint, make_trainer, regression_loader):
+    model = Regressor()
+    make_trainer().validate(model, regression_loader, ckpt_path=checkpoint)
+    saved = torch.load(checkpoint, weights_only=True)["state_dict"]
+    assert all(torch.equal(value, saved[key]) for key, value in model.state_dict().items())
+
+
+class SaveAtStep(Callback):
+    """``trainer.save_checkpoint`` once, after the first batch at which optimizer step ``step`` is done."""
+
+    def __init__(self, path: Path, step: int) -> None:
+        self.path, self.step, self.saved = path, step, False
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and not self.saved:
+            self.saved = True
+            trainer.save_checkpoint(self.path)
+
+
+def test_a_full_disk_leaves_the_previous_checkpoint_intact_and_says_so(make_trainer, regression_loader, tmp_path, monkeypatch):
+    path = tmp_path / "state.ckpt"
+    make_trainer(max_epochs=1, callbacks=[SaveAtStep(path, 2)]).fit(Regressor(), regression_loader)
+    before = path.read_bytes()
+    save = torch.save
+
+    def disk_fills(state, file, *args, **kwargs):
+        file.write(b"the first bytes")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", disk_fills)
+    with pytest.raises(OSError, match=rf"Could not write the checkpoint {path} .*; the previous checkpoint {path} "
+                                      r"is intact. The disk is full"):
+        make_trainer(max_epochs=1, callbacks=[SaveAtStep(path, 4)]).fit(Regressor(), regression_loader)
+    monkeypatch.setattr(torch, "save", save)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []  # no temporary left behind
+
+
+def test_a_temporary_left_by_a_killed_write_is_removed_by_the_next_write(make_trainer, regression_loader, tmp_path):
+    stale = tmp_path / ".state.ckpt.k1ll3d.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    make_trainer(max_epochs=1, callbacks=[SaveAtStep(tmp_path / "state.ckpt", 2)]).fit(Regressor(), regression_loader)
+    assert not stale.exists() and (tmp_path / "state.ckpt").is_file()
+
+
+class UnsafeState(Callback):
+    def state_dict(self):
+        return {"scale": np.float64(2.0)}
+
+
+def test_state_that_would_not_load_safely_is_refused_before_writing(make_trainer, regression_loader, tmp_path):
+    trainer = make_trainer(max_epochs=1, callbacks=[UnsafeState(), SaveAtStep(tmp_path / "state.ckpt", 2)])
+    with pytest.raises(TypeError, match=r"checkpoint\['callbacks'\]\['UnsafeState'\]\['scale'\] is a numpy.float64. "
+                                        r"A checkpoint holds only tensors and plain data"):
+        trainer.fit(Regressor(), regression_loader)
+    assert not (tmp_path / "state.ckpt").exists()
+
+
+def test_save_checkpoint_outside_a_run_says_how_to_save(make_trainer, regression_loader, tmp_path):
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(Regressor(), regression_loader)
+    with pytest.raises(RuntimeError, match=r"save_checkpoint runs during fit/validate/test/predict .* torch.save\(model.state_dict"):
+        trainer.save_checkpoint(tmp_path / "after.ckpt")
+
+
+def test_a_different_number_of_optimizers_is_an_error(checkpoint, make_trainer, regression_loader):
+    class TwoOptimizers(Regressor):
+        def configure_optimizers(self):
+            return [torch.optim.SGD(self.parameters(), lr=0.1)]
+
+    with pytest.raises(ValueError, match=rf"Checkpoint {checkpoint} has 1 LR schedulers, but configure_optimizers returned 0"):
+        make_trainer(max_epochs=2).fit(TwoOptimizers(), regression_loader, ckpt_path=checkpoint)
+
+
+def test_ckpt_path_last_starts_fresh_when_there_is_none_but_validate_needs_one(make_trainer, regression_loader, tmp_path):
+    trainer = make_trainer(max_epochs=1)
+    with pytest.warns(UserWarning, match=r'fit\(ckpt_path="last"\) found no last.ckpt in .*; training starts from scratch'):
+        trainer.fit(Regressor(), regression_loader, ckpt_path="last")
+    assert trainer.global_step == 8
+    with pytest.raises(FileNotFoundError, match=r'Trainer.validate\(ckpt_path="last"\) found no last.ckpt'):
+        trainer.validate(Regressor(), regression_loader, ckpt_path="last")
+
+
+def test_a_checkpoint_inside_an_accumulation_window_warns_that_it_is_not_exact(make_trainer, regression_loader, tmp_path):
+    class SaveAtBatch(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if batch_idx == 4:  # the first batch of the second window of 4
+                trainer.save_checkpoint(tmp_path / "state.ckpt")
+
+    trainer = make_trainer(max_epochs=1, accumulate_grad_batches=4, callbacks=[SaveAtBatch()])
+    with pytest.warns(UserWarning, match=r"save_checkpoint after batch 4, inside an accumulation window of 4 batches: the "
+                                         r"gradients accumulated so far are not saved"):
+        trainer.fit(Regressor(), regression_loader)

@@ -1,0 +1,130 @@
+"""Determinism: the same seed trains the same weights, bit for bit, with DataLoader workers.
+
+``Trainer(seed=...)`` seeds Python, NumPy and torch at the start of ``fit`` and gives every
+DataLoader worker its own seed (per worker and per rank); ``deterministic=True`` also asks
+PyTorch for deterministic kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from trainer import Trainer, TrainingModule, seed_everything
+
+
+class Augmented(Dataset):
+    """Regression samples with noise drawn from torch, NumPy and Python in whichever process reads them."""
+
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(48, 4, generator=generator)
+        self.y = self.x @ torch.randn(4, 2, generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index):
+        noise = 0.01 * (torch.rand(4) + float(np.random.rand()) + random.random())
+        return self.x[index] + noise, self.y[index]
+
+
+class Dropout(TrainingModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 32), nn.Dropout(0.5), nn.Linear(32, 2))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val/loss", F.mse_loss(self.net(x), y))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+@pytest.fixture
+def restores_global_determinism(monkeypatch):
+    """deterministic=True changes process-wide settings; put them back for the other tests."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    yield
+    torch.use_deterministic_algorithms(before[0])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1:]
+
+
+def train(make_trainer, seed: int, validate: bool = False, **kwargs) -> dict[str, torch.Tensor]:
+    seed_everything(0)  # the same initial weights every time; the Trainer's seed does the rest
+    model = Dropout()
+    loader = DataLoader(Augmented(), batch_size=8, shuffle=True, num_workers=2)
+    val_loader = DataLoader(Augmented(), batch_size=16, num_workers=2) if validate else None
+    make_trainer(max_epochs=2, seed=seed, limit_val_batches=None if validate else 0, **kwargs).fit(model, loader, val_loader)
+    return model.state_dict()
+
+
+def same(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(first[key], second[key]) for key in first)
+
+
+def test_the_same_seed_trains_bit_identical_weights_and_another_seed_does_not(make_trainer, restores_global_determinism):
+    first = train(make_trainer, seed=1, deterministic=True)
+    assert torch.are_deterministic_algorithms_enabled()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
+    assert same(first, train(make_trainer, seed=1, deterministic=True))
+    assert not same(first, train(make_trainer, seed=2, deterministic=True))
+
+
+def test_validating_does_not_change_the_trained_weights(make_trainer):
+    # Validation draws a worker seed from torch's RNG; the Trainer puts the RNG back afterwards.
+    assert same(train(make_trainer, seed=3), train(make_trainer, seed=3, validate=True, val_check_interval=2))
+
+
+class Draws(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index):
+        return torch.tensor([torch.rand(()).item(), float(np.random.rand()), random.random()])
+
+
+class Collects(TrainingModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, 1)
+        self.draws: list[torch.Tensor] = []
+
+    def training_step(self, batch, batch_idx):
+        self.draws.append(batch)
+        return self.layer(batch).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_each_dataloader_worker_draws_its_own_random_numbers_reproducibly(make_trainer):
+    def draws() -> torch.Tensor:
+        module = Collects()
+        make_trainer(max_epochs=1, seed=4).fit(module, DataLoader(Draws(), batch_size=2, num_workers=2))
+        return torch.cat(module.draws)
+
+    first = draws()
+    for column in range(3):  # torch, NumPy and Python: no two samples (in either worker) alike
+        assert len(set(first[:, column].tolist())) == 8
+    assert torch.equal(first, draws())
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 1.5, True])
+def test_a_seed_outside_the_range_is_refused(seed):
+    with pytest.raises(ValueError, match=rf"seed_everything\(seed={seed!r}\): use an int in \[0, 2\*\*32 - 1\]"):
+        Trainer(strategy="cpu", seed=seed, logger=False)

@@ -1,0 +1,161 @@
+"""Preemption: SIGTERM/SIGUSR1 finish the step, save last.ckpt, flush the logs and end the process.
+
+``fit`` then raises ``SystemExit(128 + signal)``; running the same command again resumes. The
+subprocess test signals the whole process group, as a scheduler does, so the DataLoader workers
+get the signal too and must survive it until the step is done.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import run_resumable
+from callbacks import Callback, CSVLogger, ModelCheckpoint
+from strategies import DDP
+from trainer import TrainingModule
+from trainer.preemption import workers_ignore_preemption
+
+
+class Regressor(TrainingModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.mse_loss(self.layer(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class SignalAt(Callback):
+    """Send ``number`` to this process after training batch ``batch_idx`` of the first epoch."""
+
+    def __init__(self, number: int, batch_idx: int) -> None:
+        self.number, self.batch_idx = number, batch_idx
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.current_epoch == 0 and batch_idx == self.batch_idx:
+            os.kill(os.getpid(), self.number)
+
+
+def test_sigterm_to_the_whole_job_saves_and_the_same_command_resumes_bit_identically(tmp_path):
+    reference = run_resumable.train(tmp_path / "uninterrupted").state_dict()
+    root = tmp_path / "preempted"
+    child = subprocess.Popen([sys.executable, run_resumable.__file__, str(root), "--ready-at-step", "3"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    if child.stdout.readline() != "ready\n":
+        child.kill()
+        pytest.fail(f"the child failed before training: {child.communicate()[1]}")
+    os.killpg(child.pid, signal.SIGTERM)  # the main process and its two DataLoader workers
+    _, stderr = child.communicate(timeout=60)
+    assert child.returncode == 128 + signal.SIGTERM, stderr
+    assert "SIGTERM received; stopped after global step" in stderr and 'ckpt_path="last") to resume' in stderr
+    version = root / "cadence_logs" / "version_0"
+    saved = torch.load(version / "checkpoints" / "last.ckpt", weights_only=True)["loops"]
+    assert saved["global_step"] >= 3 and saved["batches_done"] % 2 == 0  # a whole accumulation window
+    assert f"{saved['global_step']},train/loss," in (version / "metrics.csv").read_text()  # logs flushed
+    resumed = run_resumable.train(root)  # the same command again
+    assert all(torch.equal(resumed.state_dict()[key], value) for key, value in reference.items())
+    assert [path.name for path in (root / "cadence_logs").iterdir()] == ["version_0"]
+
+
+def test_sigusr1_finishes_the_accumulation_window_then_saves_and_exits(make_trainer, regression_loader, tmp_path, capsys):
+    handler_before = signal.getsignal(signal.SIGUSR1)
+    trainer = make_trainer(max_epochs=2, accumulate_grad_batches=3, log_every_n_steps=100, logger=CSVLogger(),
+                           callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt"), SignalAt(signal.SIGUSR1, 3)])
+    with pytest.raises(SystemExit) as exited:
+        trainer.fit(Regressor(), regression_loader)
+    assert exited.value.code == 128 + signal.SIGUSR1
+    assert trainer.should_stop and trainer.global_step == 2  # batches 3-5 form the window the signal came in
+    loops = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["loops"]
+    assert (loops["epoch"], loops["batches_done"], loops["global_step"]) == (0, 6, 2)
+    assert "2,train/loss," in (trainer.log_dir / "metrics.csv").read_text()  # logged after the last log step
+    assert "SIGUSR1 received; stopped after global step 2 (epoch 0, batch 5)" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGUSR1) is handler_before
+
+
+def test_without_a_model_checkpoint_the_state_goes_to_the_log_directory(make_trainer, regression_loader):
+    trainer = make_trainer(max_epochs=1, callbacks=[SignalAt(signal.SIGTERM, 1)])
+    with pytest.raises(SystemExit):
+        trainer.fit(Regressor(), regression_loader)
+    assert torch.load(trainer.log_dir / "checkpoints" / "last.ckpt", weights_only=True)["loops"]["global_step"] == 2
+
+
+def test_handlers_are_restored_after_a_failed_fit_and_not_installed_off_the_main_thread(make_trainer, regression_loader):
+    class Fails(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # installed while fit runs
+            raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        make_trainer(max_epochs=1, callbacks=[Fails()]).fit(Regressor(), regression_loader)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+    seen = []
+
+    class Observes(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    thread = threading.Thread(target=make_trainer(max_epochs=1, callbacks=[Observes()]).fit, args=(Regressor(), regression_loader))
+    thread.start()
+    thread.join()
+    assert seen == [signal.SIG_DFL] * 8  # Python allows handlers in the main thread only: fit runs without
+
+
+def test_dataloader_workers_ignore_a_schedulers_sigterm_but_end_on_their_parents():
+    data = TensorDataset(torch.arange(64.0))
+    loader = DataLoader(data, batch_size=8, num_workers=2, worker_init_fn=workers_ignore_preemption(None))
+    iterator = iter(loader)
+    next(iterator)
+    for worker, name in zip(iterator._workers, ("TERM", "USR1")):
+        subprocess.run(["kill", f"-{name}", str(worker.pid)], check=True)  # sent by another process
+    time.sleep(0.3)
+    assert [worker.is_alive() for worker in iterator._workers] == [True, True]
+    assert len(list(iterator)) == 7  # the epoch completes
+    iterator = iter(loader)
+    next(iterator)
+    iterator._workers[0].terminate()  # the parent's SIGTERM (DataLoader shutdown, exit cleanup)
+    iterator._workers[0].join(timeout=5)
+    assert not iterator._workers[0].is_alive()
+    iterator._shutdown_workers()
+
+
+class SignalsOnRankOne(Regressor):
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_rank == 1 and self.current_epoch == 0 and batch_idx == 1:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return super().training_step(batch, batch_idx)
+
+
+def test_under_ddp_a_signal_on_one_rank_stops_every_rank_after_the_same_batch(tmp_path, regression_data):
+    trainer = make_ddp_trainer(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        trainer.fit(SignalsOnRankOne(), DataLoader(regression_data, batch_size=4))
+    assert exited.value.code == 128 + signal.SIGTERM  # the caller's rank zero stopped for another rank's signal
+    assert trainer.global_step == 3  # the ranks agreed at the next log step (batch 2 of 8 per rank)
+    saved = torch.load(trainer.log_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["loops"]["global_step"] == 3 and len(saved["rng"]) == 2  # every rank's RNG states
+
+
+def make_ddp_trainer(root: Path):
+    from trainer import Trainer
+
+    return Trainer(strategy=DDP(devices=2), max_epochs=2, log_every_n_steps=3, default_root_dir=root,
+                   enable_progress_bar=False, logger=False)

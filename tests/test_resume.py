@@ -1,0 +1,177 @@
+"""Exact resume: a run killed at any instant and resumed ends with bit-identical weights.
+
+The kill tests run ``tests/run_resumable.py`` in a child process and SIGKILL it (no cleanup of
+any kind runs), then resume here with the same code; the uninterrupted run is the reference. The
+in-process tests cover what the child does not: a loader with its own generator, persistent
+workers, and that the batches already trained are skipped without being fetched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+import run_resumable
+from callbacks import Callback
+from strategies import DDP
+from trainer import Trainer, TrainingModule, seed_everything
+
+SCRIPT = Path(run_resumable.__file__)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[str, torch.Tensor]:
+    return run_resumable.train(tmp_path_factory.mktemp("uninterrupted")).state_dict()
+
+
+def run_child(root: Path, *options: str) -> int:
+    """Run the script in its own process group; once it dies, SIGKILL its DataLoader workers too
+    (as losing the node would). Returns the child's exit status."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "child.log", "w") as log:
+        child = subprocess.Popen([sys.executable, str(SCRIPT), str(root), *options], stdout=log, stderr=log,
+                                 start_new_session=True)
+        status = child.wait(timeout=120)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+    return status
+
+
+def assert_same_weights(model: nn.Module, reference: dict[str, torch.Tensor]) -> None:
+    state = model.state_dict()
+    assert state.keys() == reference.keys()
+    for key, value in reference.items():
+        assert torch.equal(state[key], value), key
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_to_bit_identical_weights(tmp_path, uninterrupted):
+    assert run_child(tmp_path, "--kill-at-step", "14") == -signal.SIGKILL  # after step 12's checkpoint, mid-epoch 2
+    checkpoints = tmp_path / "cadence_logs" / "version_0" / "checkpoints"
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["loops"]["global_step"] == 12
+    resumed = run_resumable.train(tmp_path)  # the same code again: fit(ckpt_path="last")
+    assert_same_weights(resumed, uninterrupted)
+    assert [path.name for path in (tmp_path / "cadence_logs").iterdir()] == ["version_0"]  # one run, one directory
+
+
+def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(tmp_path, uninterrupted):
+    assert run_child(tmp_path, "--kill-while-saving-step", "12") == -signal.SIGKILL
+    checkpoints = tmp_path / "cadence_logs" / "version_0" / "checkpoints"
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["loops"]["global_step"] == 8  # whole
+    assert len(list(checkpoints.glob(".*.tmp"))) == 1  # the half-written file never replaced it
+    resumed = run_resumable.train(tmp_path)
+    assert_same_weights(resumed, uninterrupted)
+    assert list(checkpoints.glob(".*.tmp")) == []  # removed by the next write
+
+
+class Counted(Dataset):
+    """64 regression samples that count how often each is read."""
+
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(64, 4, generator=generator)
+        self.y = self.x @ torch.randn(4, 2, generator=generator)
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index):
+        self.reads += 1
+        return self.x[index], self.y[index]
+
+
+class Dropout(TrainingModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.5), nn.Linear(16, 2))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+
+class SaveAtStep(Callback):
+    """``trainer.save_checkpoint`` after the batch that makes optimizer step ``step``."""
+
+    def __init__(self, path: Path, step: int, window: int = 1) -> None:
+        self.path, self.step, self.window = path, step, window
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and (batch_idx + 1) % self.window == 0:
+            trainer.save_checkpoint(self.path)
+
+
+def fresh_model() -> Dropout:
+    seed_everything(0)
+    return Dropout()
+
+
+LOADERS = {
+    "own generator": lambda data: DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3)),
+    "persistent workers": lambda data: DataLoader(data, batch_size=8, shuffle=True, num_workers=2, persistent_workers=True),
+}
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_fit_from_a_mid_epoch_checkpoint_continues_exactly(make_trainer, tmp_path, loader):
+    path = tmp_path / "step11.ckpt"  # epoch 1, after batch 2: the shuffle has advanced once
+    reference = fresh_model()
+    make_trainer(max_epochs=3, seed=5, callbacks=[SaveAtStep(path, 11)]).fit(reference, LOADERS[loader](Counted()))
+    resumed = fresh_model()
+    make_trainer(max_epochs=3, seed=5).fit(resumed, LOADERS[loader](Counted()), ckpt_path=path)
+    assert_same_weights(resumed, reference.state_dict())
+
+
+def test_resuming_skips_the_trained_batches_without_reading_them(make_trainer, tmp_path):
+    path = tmp_path / "step3.ckpt"
+    make_trainer(max_epochs=1, callbacks=[SaveAtStep(path, 3)]).fit(fresh_model(), DataLoader(Counted(), batch_size=8, shuffle=True))
+    data = Counted()
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(fresh_model(), DataLoader(data, batch_size=8, shuffle=True), ckpt_path=path)
+    assert trainer.global_step == 8
+    assert data.reads == 64 - 3 * 8  # the first three batches were skipped as indices
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        data = Counted()
+        return iter(zip(data.x, data.y))
+
+
+def test_an_iterable_dataset_resumes_by_reading_and_dropping_the_trained_batches(make_trainer, tmp_path):
+    path = tmp_path / "step3.ckpt"
+    make_trainer(max_epochs=1, callbacks=[SaveAtStep(path, 3)]).fit(fresh_model(), DataLoader(Stream(), batch_size=8))
+    trainer = make_trainer(max_epochs=1)
+    with pytest.warns(UserWarning, match=r"Resuming mid-epoch on a DataLoader without a batch sampler .* the 3 batches "
+                                         r"already trained are fetched and dropped"):
+        trainer.fit(fresh_model(), DataLoader(Stream(), batch_size=8), ckpt_path=path)
+    assert trainer.global_step == 8
+
+
+def test_a_ddp_run_resumes_mid_epoch_exactly_with_each_ranks_rng(tmp_path):
+    # Two gloo ranks, each with its own shard of the shuffle and its own dropout masks.
+    def fit(callbacks=(), ckpt_path=None) -> Dropout:
+        model = fresh_model()
+        trainer = Trainer(strategy=DDP(devices=2), max_epochs=2, accumulate_grad_batches=2, seed=3,
+                          default_root_dir=tmp_path, enable_progress_bar=False, logger=False,
+                          enable_checkpointing=False, callbacks=list(callbacks))
+        trainer.fit(model, DataLoader(Counted(), batch_size=4, shuffle=True), ckpt_path=ckpt_path)
+        return model
+
+    path = tmp_path / "step6.ckpt"  # epoch 1, after batch 3 of 8 on each rank
+    reference = fit([SaveAtStep(path, 6, window=2)])
+    assert len(torch.load(path, weights_only=True)["rng"]) == 2
+    assert_same_weights(fit(ckpt_path=path), reference.state_dict())

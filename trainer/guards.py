@@ -1,0 +1,64 @@
+"""The non-finite loss guard: find the first NaN or infinite training loss without a per-step sync.
+
+The loop appends each step's detached loss to a list (no device work, no host sync). With
+``Trainer(on_nonfinite_loss="raise")``, the default, the list is checked with one host sync at
+each log step, at the end of each epoch and before each checkpoint is written, so no checkpoint
+ever holds the weights a non-finite loss produced; the error names the first bad batch exactly
+and the last checkpoint written before it. ``"skip"`` must decide before each optimizer step, so
+it costs one host sync per step: a window whose loss is not finite has its gradients dropped and
+its step skipped. ``"ignore"`` checks nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+NONFINITE_LOSS_MODES = ("raise", "skip", "ignore")
+
+#: One training batch's loss as the loop records it: (detached loss, batch_idx, global_step).
+RecordedLoss = tuple[torch.Tensor, int, int]
+
+
+def check_nonfinite_mode(mode: Any) -> None:
+    if mode not in NONFINITE_LOSS_MODES:
+        raise ValueError(
+            f"Trainer(on_nonfinite_loss={mode!r}): use 'raise' (stop with an error, the default), "
+            "'skip' (drop the step; one host sync per step) or 'ignore'."
+        )
+
+
+def first_nonfinite(losses: list[RecordedLoss]) -> tuple[float, int, int] | None:
+    """``(value, batch_idx, global_step)`` of the first NaN or infinite loss in ``losses``, or None.
+
+    One host sync for the whole list (two when one is found).
+    """
+    if not losses:
+        return None
+    finite = torch.isfinite(torch.stack([loss for loss, _, _ in losses]))
+    if bool(finite.all()):
+        return None
+    index = int((~finite).nonzero()[0, 0])
+    loss, batch_idx, global_step = losses[index]
+    return float(loss), batch_idx, global_step
+
+
+def nonfinite_loss_error(bad: tuple[float, int, int] | None, epoch: int, last_checkpoint: tuple[str, int] | None) -> FloatingPointError:
+    """The error for a non-finite loss; ``bad`` is None on a rank that saw only finite losses."""
+    if bad is None:
+        what = "Another process saw a non-finite training loss (see its error)"
+    else:
+        value, batch_idx, global_step = bad
+        what = f"The training loss is {value} at epoch {epoch}, batch {batch_idx} (global step {global_step})"
+    if last_checkpoint is None:
+        saved = "No checkpoint was written before it."
+    else:
+        saved = (f"The last good checkpoint is {last_checkpoint[0]} (global step {last_checkpoint[1]}); "
+                 "resume from it with fit(..., ckpt_path=...) once the cause is fixed.")
+    return FloatingPointError(
+        f"{what}. Training stopped; no checkpoint holds the weights it produced. {saved} Common causes: "
+        "a learning rate too high, no gradient clipping (gradient_clip_val), float16 without loss "
+        "scaling, bad samples (NaN/inf in the data). Trainer(on_nonfinite_loss='skip') skips such "
+        "steps instead."
+    )

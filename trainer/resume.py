@@ -1,0 +1,135 @@
+"""Exact mid-epoch resume: where the data of an epoch comes from, and how to continue it.
+
+The order of an epoch's batches is drawn when its sampler starts iterating (a ``RandomSampler``
+draws a seed from torch's RNG, or from its own generator). :class:`ResumableBatchSampler` wraps
+the training loader's batch sampler, records the RNG state at that instant every epoch, and on
+resume replays the draw from the recorded state and skips the batches already trained as lists
+of indices: resuming costs O(batches skipped) index arithmetic, never a fetched or collated batch.
+It then sets the global RNG to the checkpoint's, so dropout and in-process augmentation continue
+exactly where the killed run stopped.
+
+Not covered: randomness inside DataLoader *worker* processes (augmentation in ``__getitem__`` with
+``num_workers > 0``). Workers receive batches round-robin, so after a skip each worker sees
+different samples than it would have, and its RNG stream differs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from trainer.data import rebuild_dataloader
+from trainer.seed import capture_rng_state, restore_rng_state
+
+
+class ResumableBatchSampler:
+    """A batch sampler that records the RNG its epoch starts from and can replay an epoch.
+
+    Args:
+        batch_sampler: the loader's batch sampler (a ``BatchSampler`` or the user's own).
+    """
+
+    def __init__(self, batch_sampler: Any) -> None:
+        self.batch_sampler = batch_sampler
+        self.epoch_start_rng: dict | None = None  # recorded when an epoch's iteration begins
+        self._replay: tuple[dict, int, dict] | None = None
+
+    @property
+    def sampler(self) -> Any:
+        """The wrapped sampler's sampler, so ``set_epoch`` reaches a ``DistributedSampler``."""
+        return getattr(self.batch_sampler, "sampler", None)
+
+    def replay(self, epoch_start_rng: dict, skip: int, rng_after: dict) -> None:
+        """Make the next epoch redraw its order from ``epoch_start_rng``, drop its first ``skip``
+        batches, then set the global RNG to ``rng_after`` (the checkpoint's)."""
+        self._replay = (epoch_start_rng, skip, rng_after)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._replay is None:
+            self.epoch_start_rng = _capture(self.batch_sampler)
+            yield from self.batch_sampler
+            return
+        epoch_start_rng, skip, rng_after = self._replay
+        self._replay = None
+        _restore(self.batch_sampler, epoch_start_rng)
+        self.epoch_start_rng = epoch_start_rng
+        iterator = iter(self.batch_sampler)
+        for _ in range(skip):  # indices only: no sample is read
+            if next(iterator, None) is None:
+                break
+        # Runs when the loader asks for its first batch of indices, so the loader's own draws at
+        # iter() (a worker seed) and the epoch-start hooks are overwritten too.
+        restore_rng_state(rng_after)
+        yield from iterator
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+
+def resumable(loader: Any) -> tuple[Any, ResumableBatchSampler | None]:
+    """``loader`` with its batch sampler wrapped in a :class:`ResumableBatchSampler`, and the wrapper.
+
+    Loaders that have no batch sampler (an IterableDataset, ``batch_size=None``, or not a
+    DataLoader) come back unchanged with None; resuming them fetches and drops batches.
+    """
+    if (not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset)
+            or loader.batch_sampler is None):
+        return loader, None
+    if isinstance(loader.batch_sampler, ResumableBatchSampler):
+        return loader, loader.batch_sampler
+    sampler = ResumableBatchSampler(loader.batch_sampler)
+    return rebuild_dataloader(loader, batch_sampler=sampler), sampler
+
+
+def resume_iterator(loader: Any, sampler: ResumableBatchSampler | None, skip: int, rng: dict) -> Iterator[Any]:
+    """An iterator over ``loader`` that starts after its first ``skip`` batches of the epoch.
+
+    Args:
+        loader: the training loader (as returned by :func:`resumable`).
+        sampler: its wrapper, or None when it has none.
+        skip: the batches of this epoch already trained.
+        rng: this rank's ``{"now": ..., "epoch_start": ...}`` RNG states from the checkpoint.
+    """
+    if sampler is not None and rng.get("epoch_start") is not None:
+        sampler.replay(rng["epoch_start"], skip, rng["now"])
+        return iter(loader)
+    warnings.warn(
+        f"Resuming mid-epoch on a {type(loader).__name__} without a batch sampler (an IterableDataset, "
+        f"batch_size=None, or not a DataLoader): the {skip} batches already trained are fetched and "
+        "dropped, and a loader that shuffles may not repeat the killed run's order.",
+        stacklevel=3,
+    )
+    iterator = iter(loader)
+    for _ in range(skip):
+        next(iterator, None)
+    restore_rng_state(rng["now"])
+    return iterator
+
+
+# A sampler may draw from its own generator instead of the global RNG (RandomSampler(generator=g),
+# DataLoader(shuffle=True, generator=g)); those states are recorded with the global ones.
+def _generators(batch_sampler: Any) -> list[torch.Generator]:
+    found: dict[int, torch.Generator] = {}
+    for owner in (batch_sampler, getattr(batch_sampler, "sampler", None)):
+        generator = getattr(owner, "generator", None)
+        if isinstance(generator, torch.Generator):
+            found.setdefault(id(generator), generator)
+    return list(found.values())
+
+
+def _capture(batch_sampler: Any) -> dict:
+    state = capture_rng_state()
+    state["generators"] = [generator.get_state() for generator in _generators(batch_sampler)]
+    return state
+
+
+def _restore(batch_sampler: Any, state: dict) -> None:
+    restore_rng_state(state)
+    generators = _generators(batch_sampler)
+    if len(generators) == len(state.get("generators", [])):
+        for generator, generator_state in zip(generators, state["generators"]):
+            generator.set_state(generator_state)

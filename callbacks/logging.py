@@ -42,6 +42,7 @@ class AsyncLogger(Callback):
         if not trainer.is_global_zero or self._thread is not None:
             return
         self.directory = self.save_dir or trainer.log_dir
+        self.hparams = dict(getattr(module, "hparams", {}))
         self._queue = queue.Queue()
         self._thread = threading.Thread(target=self._drain, name=f"cadence-{type(self).__name__}", daemon=True)
         self._thread.start()
@@ -104,6 +105,8 @@ class CSVLogger(AsyncLogger):
         self._writer = csv.writer(self._file)
         if new:
             self._writer.writerow(["step", "metric", "value"])
+        if self.hparams:
+            write_hparams(directory, self.hparams)
 
     def write(self, metrics: dict[str, float], step: int) -> None:
         for name, value in metrics.items():

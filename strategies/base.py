@@ -83,6 +83,17 @@ class Strategy:
         """Return the user's module from what ``setup_module`` returned."""
         return model
 
+    def check_placement(self, module: nn.Module) -> None:
+        """Before the first step: raise if a parameter left the device after the model moved there."""
+        for name, parameter in module.named_parameters():
+            device = parameter.device
+            if device.type != self.device.type or (self.device.index is not None and device.index != self.device.index):
+                raise RuntimeError(
+                    f"Parameter {name!r} is on {device}, but this run trains on {self.device}. Something moved "
+                    "it after the Trainer placed the model (a hook or callback calling .to()/.cpu()). Create "
+                    "parameters in __init__ or setup() and let the strategy move the model."
+                )
+
     def setup_dataloader(self, dataloader: Any, *, shuffle: bool) -> Any:
         """Return the loader this process iterates (DDP gives each rank its shard here)."""
         return dataloader

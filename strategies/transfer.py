@@ -16,9 +16,14 @@ import torch
 def move_to_device(batch: Any, device: torch.device) -> Any:
     """Return ``batch`` with every tensor inside it on ``device``; other values are kept as is."""
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
+        # Already there (CPU training, a loader that yields device tensors): .to() would return
+        # the same tensor; skipping it saves a dispatcher call per tensor per step.
+        return batch if batch.device == device else batch.to(device, non_blocking=True)
     if isinstance(batch, (list, tuple)):
-        moved = [move_to_device(item, device) for item in batch]
+        # A tensor already on the device is kept inline, without a call: most batches are a list
+        # or tuple of tensors, and this runs every step.
+        moved = [item if isinstance(item, torch.Tensor) and item.device == device else move_to_device(item, device)
+                 for item in batch]
         if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
             return type(batch)(*moved)
         return type(batch)(moved)

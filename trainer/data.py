@@ -9,6 +9,9 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
+# Lives with the strategies, which rebuild loaders to shard them; re-exported for the loop.
+from strategies.loaders import rebuild_dataloader  # noqa: F401
+
 
 def loader_length(loader: Any) -> int | None:
     """The number of batches of ``loader``, or None when it cannot tell (an IterableDataset)."""
@@ -52,38 +55,3 @@ def limited_length(length: int | None, limit: Any) -> int | None:
             )
         return int(length * limit) if limit < 1.0 else length
     return limit if length is None else min(length, limit)
-
-
-def rebuild_dataloader(loader: DataLoader, **changes: Any) -> DataLoader:
-    """A new DataLoader over the same dataset with the same settings except ``changes``.
-
-    ``changes`` may set ``sampler`` or ``batch_sampler``; the batch size, shuffle and drop_last
-    of the original then live in the new sampler, as DataLoader requires.
-    """
-    settings = dict(
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        generator=loader.generator,
-        prefetch_factor=loader.prefetch_factor,
-        persistent_workers=loader.persistent_workers,
-        pin_memory_device=loader.pin_memory_device,
-        batch_size=loader.batch_size,
-        sampler=loader.sampler,
-    )
-    if loader.num_workers == 0:
-        settings.pop("prefetch_factor")
-        settings.pop("persistent_workers")
-    if "batch_sampler" in changes or loader.batch_size is None:
-        # DataLoader refuses batch_size, shuffle, sampler and drop_last beside a batch_sampler.
-        settings.pop("batch_size")
-        settings.pop("drop_last")
-        settings.pop("sampler")
-        if "batch_sampler" not in changes and loader.batch_sampler is not None:
-            settings["batch_sampler"] = loader.batch_sampler
-    settings.update(changes)
-    return DataLoader(loader.dataset, **settings)

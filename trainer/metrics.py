@@ -121,10 +121,13 @@ class MetricStore:
 
     Args:
         reduce: ``strategy.all_reduce``; called at read time for ``sync_dist`` metrics.
+        gather: ``strategy.all_gather_object``; checks that every rank logged the same
+            ``sync_dist`` keys before they are reduced.
     """
 
-    def __init__(self, reduce: Any) -> None:
+    def __init__(self, reduce: Any, gather: Any = None) -> None:
         self.reduce = reduce
+        self.gather = gather if gather is not None else _gather_alone
         self.train = StageMetrics(default_on_step=True)
         self.evaluation = StageMetrics(default_on_step=False)
         self.current = self.train
@@ -145,7 +148,7 @@ class MetricStore:
     def send_step_values(self, step: int) -> None:
         """At a log step: start a non-blocking copy of this step's values to the host."""
         values = self.train.take_step_values()
-        self._pending = _HostCopy(step, {_key(n, s, "step"): (v, s) for n, (v, s) in values.items()}, self.reduce)
+        self._pending = _HostCopy(step, {_key(n, s, "step"): (v, s) for n, (v, s) in values.items()}, self.reduce, self.gather)
 
     def receive(self) -> tuple[int, dict[str, float], dict[str, MetricSpec]] | None:
         """``(step, values, specs)`` of the last ``send_step_values``, or None if nothing is pending."""
@@ -157,27 +160,30 @@ class MetricStore:
     def read_epoch_values(self, stage_metrics: StageMetrics) -> tuple[dict[str, float], dict[str, MetricSpec]]:
         """At the end of an epoch or evaluation: the reduced epoch values on the host, now."""
         values = stage_metrics.take_epoch_values()
-        copy = _HostCopy(-1, {_key(n, s, "epoch"): (v, s) for n, (v, s) in values.items()}, self.reduce)
+        copy = _HostCopy(-1, {_key(n, s, "epoch"): (v, s) for n, (v, s) in values.items()}, self.reduce, self.gather)
         return copy.values(), copy.specs
 
 
 class _HostCopy:
     """Metric values on their way to the host: one stacked tensor, copied without blocking."""
 
-    def __init__(self, step: int, named: dict[str, tuple[Any, MetricSpec]], reduce: Any) -> None:
+    def __init__(self, step: int, named: dict[str, tuple[Any, MetricSpec]], reduce: Any, gather: Any) -> None:
         self.step = step
         self.specs = {key: spec for key, (_, spec) in named.items()}
+        check_same_sync_keys(named, gather)
         self.numbers = {key: float(value) for key, (value, _) in named.items() if not isinstance(value, torch.Tensor)}
         self.tensor_keys = [key for key, (value, _) in named.items() if isinstance(value, torch.Tensor)]
         self.host: torch.Tensor | None = None
         self.ready: Any = None
+        # Reduced in sorted key order, so every rank's collectives pair up with the same key's.
+        for key in sorted(self.numbers):
+            if self.specs[key].sync_dist:
+                self.numbers[key] = float(reduce(torch.tensor(self.numbers[key]), self.specs[key].reduce_fx))
         if not self.tensor_keys:
             return
-        tensors = []
-        for key in self.tensor_keys:
-            value, spec = named[key]
-            value = value.detach().reshape(()).float()
-            tensors.append(reduce(value, spec.reduce_fx) if spec.sync_dist else value)
+        reduced = {key: reduce(named[key][0].detach().reshape(()).float(), self.specs[key].reduce_fx)
+                   for key in sorted(self.tensor_keys) if self.specs[key].sync_dist}
+        tensors = [reduced[key] if key in reduced else named[key][0].detach().reshape(()).float() for key in self.tensor_keys]
         stacked = torch.stack(tensors)
         if stacked.device.type == "cuda":
             self.host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
@@ -194,3 +200,37 @@ class _HostCopy:
         values = dict(zip(self.tensor_keys, self.host.tolist())) if self.host is not None else {}
         values.update(self.numbers)
         return values
+
+
+def _gather_alone(obj: Any) -> list[Any]:
+    return [obj]
+
+
+def check_same_sync_keys(named: dict[str, tuple[Any, MetricSpec]], gather: Any) -> None:
+    """Raise on every rank if the ranks logged different ``sync_dist`` keys.
+
+    Each key is one collective; a key that only some ranks log would pair one rank's reduction
+    with another's next collective and hang. One small gather per read (log steps, epoch ends)
+    catches it first and names the key and the rank.
+    """
+    mine = tuple(sorted((key, isinstance(value, torch.Tensor)) for key, (value, spec) in named.items() if spec.sync_dist))
+    everyone = gather(mine)
+    if all(keys == mine for keys in everyone):
+        return
+    logged = [dict(keys) for keys in everyone]
+    for key in sorted(set().union(*logged)):
+        have = [rank for rank, keys in enumerate(logged) if key in keys]
+        lacking = [rank for rank, keys in enumerate(logged) if key not in keys]
+        if lacking:
+            raise RuntimeError(
+                f'self.log("{key}", ..., sync_dist=True) was called on rank(s) {have} but not on rank(s) '
+                f"{lacking}. Every rank must log the same sync_dist keys at the same steps, or the "
+                "reductions cannot pair up. Log it on every rank, or with sync_dist=False if it is rank-local."
+            )
+        kinds = {logged[rank][key] for rank in have}
+        if len(kinds) > 1:
+            tensors = [rank for rank in have if logged[rank][key]]
+            raise RuntimeError(
+                f'self.log("{key}", ..., sync_dist=True) got a tensor on rank(s) {tensors} and a Python number '
+                "on the others. Log the same type on every rank."
+            )

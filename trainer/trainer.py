@@ -14,8 +14,8 @@ import contextlib
 import dataclasses
 import math
 import os
-import platform
 import sys
+import types
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,11 +28,16 @@ import strategies as strategies_package
 from callbacks import Callback
 from strategies import Strategy
 from trainer import checkpoint as checkpoint_io
-from trainer.data import check_limit, limited_length, loader_length, rebuild_dataloader
+from trainer.arguments import check_trainer_arguments, loss_of, require_training_module
+from trainer.data import limited_length, loader_length, rebuild_dataloader
 from trainer.metrics import MetricStore
 from trainer.module import TrainingModule
+from trainer.guards import first_nonfinite, nonfinite_loss_error
 from trainer.optim import SchedulerConfig, parse_optimizers
-from trainer.seed import capture_rng_state, restore_rng_state, seed_everything, seed_worker_of_rank
+from trainer.preemption import Preemption, workers_ignore_preemption
+from trainer.resume import resumable, resume_iterator
+from trainer.seed import preserved_rng, seed_everything, seed_worker_of_rank
+from trainer.state import checkpoint_state, handoff_state, receive_handoff, restore
 
 STAGES = ("fit", "validate", "test", "predict")
 
@@ -43,6 +48,13 @@ class Trainer:
     Args mean what they mean in PyTorch Lightning; the ones Cadence adds:
         seed: seed Python, NumPy, torch and DataLoader workers (per worker and per rank) first.
         deterministic: also ask PyTorch for deterministic kernels (slower on GPUs).
+        on_nonfinite_loss: a NaN or infinite training loss ``"raise"``s an error naming the batch
+            and the last good checkpoint (checked at log steps: no per-step sync), or ``"skip"``s
+            that optimizer step (one host sync per step; counted in ``num_skipped_steps``), or
+            is ``"ignore"``d.
+
+    SIGTERM and SIGUSR1 during ``fit`` save ``last.ckpt`` at the end of the current step and end
+    the process (see ``trainer/preemption.py``); ``fit(ckpt_path="last")`` resumes.
 
     Example::
 
@@ -75,29 +87,17 @@ class Trainer:
         logger: bool | Callback | list[Callback] = True,
         seed: int | None = None,
         deterministic: bool = False,
+        on_nonfinite_loss: str = "raise",
     ) -> None:
-        _check_positive_int(max_epochs, "max_epochs", allow_none=True)
-        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < -1 or max_steps == 0:
-            raise ValueError(f"Trainer(max_steps={max_steps!r}): use -1 (no limit) or an int >= 1.")
-        _check_positive_int(accumulate_grad_batches, "accumulate_grad_batches")
-        _check_positive_int(log_every_n_steps, "log_every_n_steps")
-        _check_positive_int(check_val_every_n_epoch, "check_val_every_n_epoch", allow_none=True)
-        if gradient_clip_val is not None and (not isinstance(gradient_clip_val, (int, float)) or gradient_clip_val <= 0):
-            raise ValueError(f"Trainer(gradient_clip_val={gradient_clip_val!r}): use a positive number or None.")
-        if gradient_clip_algorithm not in ("norm", "value"):
-            raise ValueError(f'Trainer(gradient_clip_algorithm="{gradient_clip_algorithm}"): use "norm" or "value".')
-        if isinstance(val_check_interval, bool) or not isinstance(val_check_interval, (int, float)) or val_check_interval <= 0 or (
-            isinstance(val_check_interval, float) and val_check_interval > 1.0
-        ):
-            raise ValueError(
-                f"Trainer(val_check_interval={val_check_interval!r}): use a float in (0.0, 1.0] (a share "
-                "of the epoch) or an int >= 1 (a number of training batches)."
-            )
-        for name, value in (("limit_train_batches", limit_train_batches), ("limit_val_batches", limit_val_batches),
-                            ("limit_test_batches", limit_test_batches), ("limit_predict_batches", limit_predict_batches)):
-            check_limit(value, name)
-        if isinstance(num_sanity_val_steps, bool) or not isinstance(num_sanity_val_steps, int) or num_sanity_val_steps < -1:
-            raise ValueError(f"Trainer(num_sanity_val_steps={num_sanity_val_steps!r}): use an int >= 0, or -1 for all.")
+        limits = {"train": limit_train_batches, "validate": limit_val_batches,
+                  "test": limit_test_batches, "predict": limit_predict_batches}
+        check_trainer_arguments(
+            max_epochs=max_epochs, max_steps=max_steps, accumulate_grad_batches=accumulate_grad_batches,
+            log_every_n_steps=log_every_n_steps, check_val_every_n_epoch=check_val_every_n_epoch,
+            gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
+            val_check_interval=val_check_interval, limits=limits, num_sanity_val_steps=num_sanity_val_steps,
+            on_nonfinite_loss=on_nonfinite_loss,
+        )
         if seed is not None:
             seed_everything(seed)  # validates; seeded again at the start of each stage
 
@@ -110,13 +110,13 @@ class Trainer:
         self.gradient_clip_algorithm = gradient_clip_algorithm
         self.val_check_interval = val_check_interval
         self.check_val_every_n_epoch = check_val_every_n_epoch
-        self.limits = {"train": limit_train_batches, "validate": limit_val_batches,
-                       "test": limit_test_batches, "predict": limit_predict_batches}
+        self.limits = limits
         self.num_sanity_val_steps = num_sanity_val_steps
         self.log_every_n_steps = log_every_n_steps
         self.default_root_dir = Path(default_root_dir) if default_root_dir is not None else Path.cwd()
         self.seed = seed
         self.deterministic = deterministic
+        self.on_nonfinite_loss = on_nonfinite_loss
         self.callbacks = callbacks_package.default_callbacks(
             callbacks, enable_progress_bar=enable_progress_bar, enable_checkpointing=enable_checkpointing, logger=logger
         )
@@ -137,12 +137,18 @@ class Trainer:
         self.model: torch.nn.Module | None = None  # what the strategy wrapped (DDP), or the module
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_scheduler_configs: list[SchedulerConfig] = []
-        self.metrics = MetricStore(self.strategy.all_reduce)
-        self.batch_idx = 0  # index of the training batch being run, within its epoch
+        self.metrics = MetricStore(self.strategy.all_reduce, self.strategy.all_gather_object)
+        self.batch_idx = -1  # index of the training batch being run, within its epoch; -1 before the first
+        self.num_skipped_steps = 0  # optimizer steps skipped for a NaN/inf loss (on_nonfinite_loss="skip")
         self._resume_position: tuple[int, int] | None = None  # (epoch, batches to skip) after a restore
-        self._epoch_rng: dict | None = None  # RNG state just before the epoch's loader iterator
+        self._resume_rng: dict | None = None  # this rank's checkpointed RNG states, for the replay
+        self._train_sampler = None  # the training loader's ResumableBatchSampler (trainer/resume.py)
         self._in_epoch_end = False
+        self._step_hook_handles: list[Any] = []  # manual optimization's global_step counters
         self._train_batches_seen = 0  # training batches run since the first fit (log-step clock)
+        self._unchecked_losses: list = []  # (loss, batch_idx, global_step) since the last NaN check
+        self._last_checkpoint: tuple[str, int] | None = None  # (path, global step) last written or loaded
+        self._preemption = Preemption()
 
     # =========================================================================================
     # The public entry points
@@ -164,15 +170,19 @@ class Trainer:
                     -> backward (no all-reduce while accumulating)
                     -> every accumulate_grad_batches-th batch: on_before_optimizer_step, clip,
                        optimizer step, zero grad, step-interval schedulers
-                    -> on_train_batch_end -> every log_every_n_steps: on_log
+                    -> on_train_batch_end -> every log_every_n_steps: on_log, non-finite loss check
                     -> at val_check_interval: validation (on_validation_start ... on_validation_end)
+                    -> after SIGTERM/SIGUSR1, once the accumulation window ends: write last.ckpt, stop
                 epoch metrics -> on_log; epoch-interval schedulers
                 on_train_epoch_end
             on_train_end
             on_fit_end
             teardown (also after an error, which first calls on_exception)
+            SystemExit(128 + signal number) if a signal stopped the run
 
         Callbacks run in the order given, each before the module's hook of the same name.
+        ``ckpt_path`` is a checkpoint file, or "last" (``trainer/checkpoint.py``): the run then
+        continues exactly where that checkpoint was written, in the same log directory.
         """
         train_dataloaders = self._loader_or_hook(train_dataloaders, model, "train_dataloader", "fit")
         if val_dataloaders is None and _overrides(model, "val_dataloader"):
@@ -202,26 +212,44 @@ class Trainer:
         return self._launch("predict", model, dataloaders, None, ckpt_path)
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
-        """Write the whole training state to ``path`` atomically (rank zero writes; all ranks wait)."""
-        state = self._checkpoint_state()
+        """Write the whole training state to ``path`` atomically (rank zero writes; all ranks wait).
+
+        Call it on every rank, during a stage (from a callback or a module hook). A checkpoint
+        written at the end of a batch resumes after that batch; see ``trainer/checkpoint.py``.
+        """
+        if self.module is None:
+            raise RuntimeError(
+                "Trainer.save_checkpoint runs during fit/validate/test/predict (from a callback or a "
+                "module hook). After fit, save the weights with torch.save(model.state_dict(), path), "
+                "or use callbacks.ModelCheckpoint."
+            )
+        self._check_losses()  # never write weights that a non-finite loss produced
+        state = checkpoint_state(self)
+        error = None
         if self.strategy.is_global_zero:
-            checkpoint_io.save_atomic(state, path)
-        self.strategy.barrier("save_checkpoint")
+            try:
+                checkpoint_io.save_atomic(state, path)
+            except (OSError, TypeError) as failure:
+                error = failure
+        # Doubles as the barrier: every rank waits for the write and fails with it, so none is left
+        # waiting at the next collective.
+        if self.strategy.reduce_any(error is not None):
+            raise error or RuntimeError(f"Rank zero could not write the checkpoint {path}; see its error.")
+        self._last_checkpoint = (str(path), self.global_step)
 
     # =========================================================================================
     # Launch and per-process setup
     # =========================================================================================
     def _launch(self, stage: str, module: TrainingModule, loader: Any, val_loader: Any, ckpt_path: Any) -> Any:
-        if not isinstance(module, TrainingModule):
-            raise TypeError(
-                f"Trainer.{stage} needs a trainer.TrainingModule; got {type(module).__name__}. "
-                "Subclass TrainingModule and define training_step and configure_optimizers."
-            )
-        if self.log_dir is None:
-            self.log_dir = self._next_log_dir()
+        require_training_module(module, stage)
+        if ckpt_path is not None:  # before anything starts, so a wrong path costs nothing
+            ckpt_path = self._resolve_ckpt_path(ckpt_path, stage)
+        if self.log_dir is None:  # a resumed run keeps the version directory its checkpoint is in
+            self.log_dir = (self._log_dir_of(ckpt_path) if stage == "fit" else None) or self._next_log_dir()
         output, handoff = self.strategy.launch(self._run_stage, stage, module, loader, val_loader, ckpt_path)
         if handoff is not None:  # the work ran in other processes: bring its results here
-            self._receive_handoff(module, handoff)
+            receive_handoff(self, module, handoff)
+        self._preemption.exit_if_stopped()  # SystemExit(128 + signal) once a signal stopped fit
         return output
 
     def _run_stage(self, stage: str, module: TrainingModule, loader: Any, val_loader: Any, ckpt_path: Any) -> tuple[Any, Any]:
@@ -230,6 +258,7 @@ class Trainer:
         if stage != "fit":
             self.progress_bar_metrics = {}
         self.strategy.setup_environment()
+        self.log_dir = self.strategy.broadcast_object(self.log_dir)  # torchrun ranks each chose one; use rank zero's
         self.module = module
         module._trainer = self
         try:
@@ -242,14 +271,16 @@ class Trainer:
             for callback in self.callbacks:
                 callback.setup(self, module, stage)
             module.setup(stage)
+            self._hooks = _step_hooks(self.callbacks, module)
             self.model = self._setup_model(module, stage)
             if stage == "fit":
-                output = self._run_fit(module, loader, val_loader, ckpt_path)
+                with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
+                    output = self._run_fit(module, loader, val_loader, ckpt_path)
             else:
                 if ckpt_path is not None:
-                    self._restore(ckpt_path, weights_only=True)
+                    restore(self, ckpt_path, model_only=True)
                 output = self._run_evaluation(stage, loader)
-            handoff = self._handoff_state(module) if self.strategy.launches_subprocesses else None
+            handoff = handoff_state(self, module) if self.strategy.launches_subprocesses else None
             return output, handoff
         except BaseException as error:
             for callback in self.callbacks:
@@ -260,6 +291,9 @@ class Trainer:
                 callback.teardown(self, module, stage)
             module.teardown(stage)
             self.strategy.teardown()
+            for handle in self._step_hook_handles:
+                handle.remove()
+            self._step_hook_handles = []
             module._trainer = None
             self.module = self.model = None
 
@@ -289,8 +323,13 @@ class Trainer:
                     "accumulate_grad_batches and gradient_clip_val apply to automatic optimization only; "
                     "with self.automatic_optimization = False, accumulate and clip in training_step."
                 )
-            for optimizer in self.optimizers:  # global_step counts optimizer steps, as in Lightning
-                optimizer.register_step_post_hook(self._count_manual_step)
+            if self.on_nonfinite_loss == "skip":
+                raise ValueError(
+                    "Trainer(on_nonfinite_loss='skip') skips optimizer steps the Trainer takes; with "
+                    "self.automatic_optimization = False, check the loss in training_step instead."
+                )
+            # global_step counts optimizer steps, as in Lightning; the hooks go away at teardown.
+            self._step_hook_handles = [optimizer.register_step_post_hook(self._count_manual_step) for optimizer in self.optimizers]
         self._backward_owner = _single_owner(self.callbacks, "owns_backward")
         self._step_owner = _single_owner(self.callbacks, "owns_optimizer_step")
         self._clip_parameters = [p for group in self.optimizers[0].param_groups for p in group["params"]]
@@ -304,10 +343,13 @@ class Trainer:
     # =========================================================================================
     def _run_fit(self, module: TrainingModule, train_loader: Any, val_loader: Any, ckpt_path: Any) -> None:
         train_loader = self._prepare_loader(train_loader, "train", shuffle=True)
+        train_loader, self._train_sampler = resumable(train_loader)  # records each epoch's RNG for resuming
         val_loader = self._prepare_loader(val_loader, "validate", shuffle=False) if val_loader is not None else None
-        self.should_stop = False
+        if self.num_val_batches == 0:
+            val_loader = None  # limit_val_batches=0: no validation at all, hooks included (as in Lightning)
+        self.should_stop, self._resume_position, self._unchecked_losses = False, None, []
         if ckpt_path is not None:
-            self._restore(ckpt_path)
+            restore(self, ckpt_path)
         for callback in self.callbacks:
             callback.on_fit_start(self, module)
         module.on_fit_start()
@@ -316,6 +358,7 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_train_start(self, module)
         module.on_train_start()
+        self.strategy.check_placement(module)  # once, before the first step
         while not self._finished():
             self._run_train_epoch(train_loader, val_loader)
         for callback in self.callbacks:
@@ -333,10 +376,9 @@ class Trainer:
         )
 
     def _run_train_epoch(self, train_loader: Any, val_loader: Any) -> None:
-        module, strategy = self.module, self.strategy
+        module, strategy, hooks = self.module, self.strategy, self._hooks
         self.model.train()
         self.metrics.start_training()
-        self._in_epoch_end = False
         for callback in self.callbacks:
             callback.on_train_epoch_start(self, module)
         module.on_train_epoch_start()
@@ -347,14 +389,23 @@ class Trainer:
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
             self.batch_idx = batch_idx
             batch = strategy.batch_to_device(batch)
-            self._call_batch_start(batch, batch_idx)
+            for hook in hooks.batch_start:
+                hook(self, module, batch, batch_idx)
+            for hook in hooks.module_batch_start:
+                hook(batch, batch_idx)
             outputs = self._training_step(module, batch, batch_idx, num_batches)
-            self._call_batch_end(outputs, batch, batch_idx)
-            self._train_batches_seen += 1
+            self._train_batches_seen += 1  # first: a checkpoint written in on_train_batch_end counts this batch
+            for hook in hooks.batch_end:
+                hook(self, module, outputs, batch, batch_idx)
+            for hook in hooks.module_batch_end:
+                hook(outputs, batch, batch_idx)
             if self._train_batches_seen % self.log_every_n_steps == 0:
                 self._log_step()
-            if val_every is not None and ((batch_idx + 1) % val_every == 0 or batch_idx + 1 == num_batches):
+            if val_every is not None and self._validation_due(batch_idx, val_every, num_batches):
                 self._run_validation(val_loader)
+            if self._preemption.stop_now and self._ends_window(batch_idx, num_batches):  # a plain bool read
+                self._save_for_preemption()
+                return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
             if self.should_stop or (self.max_steps != -1 and self.global_step >= self.max_steps):
                 break
         if batch_idx == -1 and self._resume_position is None:
@@ -371,24 +422,21 @@ class Trainer:
         skip = 0
         if self._resume_position is not None and self._resume_position[0] == self.current_epoch:
             skip = self._resume_position[1]
-        if skip:
-            # Replay the RNG draws the loader made when this epoch began (shuffle order, worker
-            # seeds), skip the batches already trained at the sampler level, then continue from
-            # the state at the checkpoint.
-            resumed_rng = capture_rng_state()
-            restore_rng_state(self._epoch_rng)
-            iterator = iter(_skip_batches(loader, skip))
-            restore_rng_state(resumed_rng)
-        else:
-            self._epoch_rng = capture_rng_state()
-            iterator = iter(loader)
         limit = self.num_training_batches
-        for batch_idx in range(skip, limit if limit != math.inf else sys.maxsize):
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
+        if skip >= limit:  # the checkpoint was written after the epoch's last batch
+            return
+        # Resuming mid-epoch redraws the epoch's order from the RNG state it began with and skips
+        # the batches already trained as indices; nothing is fetched twice (trainer/resume.py).
+        iterator = resume_iterator(loader, self._train_sampler, skip, self._resume_rng) if skip else iter(loader)
+        # A limit below the loader's length stops without fetching another batch. Otherwise the
+        # loader runs out on its own, as in `for batch in loader`: a shuffling RandomSampler draws
+        # from its generator when it runs out, so stopping one next() early changes every later
+        # epoch's order.
+        stops_early = limit < (loader_length(loader) or math.inf)
+        for batch_idx, batch in enumerate(iterator, start=skip):
             yield batch_idx, batch
+            if stops_early and batch_idx + 1 >= limit:
+                return
 
     def _training_step(self, module: TrainingModule, batch: Any, batch_idx: int, num_batches: int | float) -> Any:
         """Forward and backward for one batch; an optimizer step at the end of each accumulation."""
@@ -398,19 +446,26 @@ class Trainer:
             return outputs
         accumulate = self.accumulate_grad_batches
         steps_now = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == num_batches
-        with self.strategy.no_backward_sync(self.model, enabled=not steps_now):
+        # Hot loop: the no-sync context matters only while accumulating (enabled=True); the shared
+        # null context stands for no_backward_sync(enabled=False) and saves a call and an object.
+        no_sync = self.strategy.no_backward_sync(self.model, enabled=True) if not steps_now else _NO_CONTEXT
+        with no_sync:
             with self._forward_context():
                 outputs = self.strategy.training_step(self.model, batch, batch_idx)
-            loss = _loss_of(outputs, batch_idx)
+            loss = loss_of(outputs, batch_idx)
             self.run_backward(loss / accumulate if accumulate > 1 else loss)
-        if steps_now:
+        # Checked later (log step, epoch end, checkpoint), so no host sync here.
+        self._unchecked_losses.append((loss.detach(), batch_idx, self.global_step))
+        if steps_now and (self.on_nonfinite_loss != "skip" or self._window_is_finite()):
             self._optimizer_step(module)
         return outputs
 
     def _forward_context(self) -> contextlib.AbstractContextManager:
-        contexts = [c for c in (callback.forward_context() for callback in self.callbacks) if c is not None]
+        if not self._hooks.forward_context:  # hot loop: the common case, no callback wraps the forward
+            return _NO_CONTEXT
+        contexts = [context for hook in self._hooks.forward_context if (context := hook()) is not None]
         if not contexts:
-            return contextlib.nullcontext()
+            return _NO_CONTEXT
         if len(contexts) == 1:
             return contexts[0]
         stack = contextlib.ExitStack()
@@ -433,9 +488,10 @@ class Trainer:
 
     def _optimizer_step(self, module: TrainingModule) -> None:
         optimizer = self.optimizers[0]
-        for callback in self.callbacks:
-            callback.on_before_optimizer_step(self, module, optimizer)
-        module.on_before_optimizer_step(optimizer)
+        for hook in self._hooks.before_optimizer_step:
+            hook(self, module, optimizer)
+        for hook in self._hooks.module_before_optimizer_step:
+            hook(optimizer)
         if self.gradient_clip_val is not None:
             if self.gradient_clip_algorithm == "norm":
                 torch.nn.utils.clip_grad_norm_(self._clip_parameters, self.gradient_clip_val)
@@ -448,7 +504,7 @@ class Trainer:
             stepped = True
         optimizer.zero_grad(set_to_none=True)
         self.global_step += 1
-        if stepped:
+        if stepped and self.lr_scheduler_configs:
             self._step_schedulers("step")
 
     def _step_schedulers(self, interval: str) -> None:
@@ -466,16 +522,6 @@ class Trainer:
             else:
                 config.scheduler.step()
 
-    def _call_batch_start(self, batch: Any, batch_idx: int) -> None:
-        for callback in self.callbacks:
-            callback.on_train_batch_start(self, self.module, batch, batch_idx)
-        self.module.on_train_batch_start(batch, batch_idx)
-
-    def _call_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        for callback in self.callbacks:
-            callback.on_train_batch_end(self, self.module, outputs, batch, batch_idx)
-        self.module.on_train_batch_end(outputs, batch, batch_idx)
-
     def _log_step(self) -> None:
         """Every log_every_n_steps batches: start this step's copy to the host; publish the last."""
         received = self.metrics.receive()  # copied one log step ago: reading it does not wait
@@ -483,8 +529,11 @@ class Trainer:
         if received is not None:
             step, values, specs = received
             self._publish(values, specs, step)
+        self._check_losses()
+        self._preemption.agree(self.strategy)  # with several processes: stop on every rank, or none
 
     def _end_train_epoch(self) -> None:
+        self._check_losses()
         self._in_epoch_end = True
         received = self.metrics.receive()
         if received is not None:
@@ -495,11 +544,13 @@ class Trainer:
         values.update(received[1])
         specs.update(received[2])
         self._publish(values, specs, self.global_step)
-        self._step_schedulers("epoch")
+        if self.module.automatic_optimization:  # as in Lightning, manual optimization steps its own
+            self._step_schedulers("epoch")
         for callback in self.callbacks:
             callback.on_train_epoch_end(self, self.module)
         self.module.on_train_epoch_end()
         self.current_epoch += 1
+        self._in_epoch_end, self.batch_idx = False, -1
 
     def _publish(self, values: dict[str, float], specs: dict[str, Any], step: int) -> None:
         """Host values reach callback_metrics, the progress bar and the loggers (on_log)."""
@@ -518,11 +569,15 @@ class Trainer:
     # Validation, test, predict
     # =========================================================================================
     def _val_every(self, num_batches: int | float) -> int | None:
-        if self.check_val_every_n_epoch is None and isinstance(self.val_check_interval, float):
-            return None
         if self.check_val_every_n_epoch is not None and (self.current_epoch + 1) % self.check_val_every_n_epoch != 0:
             return None
         if isinstance(self.val_check_interval, int):
+            if self.check_val_every_n_epoch is not None and self.val_check_interval > num_batches:
+                raise ValueError(
+                    f"Trainer(val_check_interval={self.val_check_interval}) is more than the {num_batches} "
+                    "training batches of an epoch, so validation would never run. Use a smaller int, or "
+                    "check_val_every_n_epoch=None to count batches across epochs."
+                )
             return self.val_check_interval
         if num_batches == math.inf:
             raise ValueError(
@@ -531,16 +586,28 @@ class Trainer:
             )
         return max(1, int(num_batches * self.val_check_interval))
 
+    def _validation_due(self, batch_idx: int, val_every: int, num_batches: int | float) -> bool:
+        """As in Lightning: an int interval counts batches of the epoch, or of the whole run when
+        check_val_every_n_epoch is None; a float interval also validates after the epoch's last batch."""
+        if isinstance(self.val_check_interval, float):
+            return (batch_idx + 1) % val_every == 0 or batch_idx + 1 == num_batches
+        count = self._train_batches_seen if self.check_val_every_n_epoch is None else batch_idx + 1
+        return count % val_every == 0
+
     def _run_sanity_check(self, val_loader: Any) -> None:
         self.sanity_checking = True
         try:
             limit = self.num_val_batches if self.num_sanity_val_steps == -1 else min(self.num_sanity_val_steps, self.num_val_batches)
-            self._evaluation_loop("validate", val_loader, limit)
+            with preserved_rng():  # checking costs the training run no random numbers
+                self._evaluation_loop("validate", val_loader, limit)
         finally:
             self.sanity_checking = False
 
     def _run_validation(self, val_loader: Any) -> None:
-        self._evaluation_loop("validate", val_loader, self.num_val_batches)
+        # Validating leaves every RNG as it found it: the weights do not depend on when (or
+        # whether) validation runs, and a checkpoint written just before it resumes exactly.
+        with preserved_rng():
+            self._evaluation_loop("validate", val_loader, self.num_val_batches)
         self.model.train()
         self.metrics.start_training()
 
@@ -582,7 +649,8 @@ class Trainer:
     # Loaders
     # =========================================================================================
     def _loader_or_hook(self, loader: Any, module: Any, hook: str, stage: str) -> Any:
-        if loader is None and isinstance(module, TrainingModule):
+        require_training_module(module, stage)  # first: fit reads the module's hooks next
+        if loader is None:
             loader = getattr(module, hook)()
         if loader is None:
             argument = "train_dataloaders" if stage == "fit" else "dataloaders"
@@ -607,6 +675,8 @@ class Trainer:
         """The strategy's shard of ``loader``, seeded workers, and its number of batches."""
         if isinstance(loader, torch.utils.data.DataLoader) and self.seed is not None and loader.num_workers > 0 and loader.worker_init_fn is None:
             loader = rebuild_dataloader(loader, worker_init_fn=seed_worker_of_rank(self.strategy.global_rank))
+        if isinstance(loader, torch.utils.data.DataLoader) and loader.num_workers > 0:  # see trainer/preemption.py
+            loader = rebuild_dataloader(loader, worker_init_fn=workers_ignore_preemption(loader.worker_init_fn))
         loader = self.strategy.setup_dataloader(loader, shuffle=shuffle)
         length = loader_length(loader)
         if length == 0:
@@ -621,92 +691,81 @@ class Trainer:
         return loader
 
     # =========================================================================================
+    # Guards: non-finite losses and preemption
+    # =========================================================================================
+    def _check_losses(self) -> None:
+        """on_nonfinite_loss="raise": fail on the first NaN/inf loss since the last check (one host sync)."""
+        losses, self._unchecked_losses = self._unchecked_losses, []
+        if self.on_nonfinite_loss != "raise" or not losses:
+            return
+        bad = first_nonfinite(losses)
+        if self.strategy.reduce_any(bad is not None):  # every rank raises, none waits at a collective
+            raise nonfinite_loss_error(bad, self.current_epoch, self._last_checkpoint)
+
+    def _window_is_finite(self) -> bool:
+        """on_nonfinite_loss="skip", before an optimizer step: if a loss of this accumulation window
+        is NaN/inf, drop its gradients, count it and return False. Deciding now costs a host sync."""
+        losses, self._unchecked_losses = self._unchecked_losses, []
+        bad = first_nonfinite(losses)
+        if not self.strategy.reduce_any(bad is not None):
+            return True
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        self.num_skipped_steps += 1
+        if self.num_skipped_steps == 1 and self.is_global_zero:
+            where = f"the loss is {bad[0]} at batch {bad[1]}" if bad is not None else "another rank saw a non-finite loss"
+            warnings.warn(f"Skipped an optimizer step at epoch {self.current_epoch}, global step {self.global_step}: "
+                          f"{where}. Further skips are counted in trainer.num_skipped_steps.", stacklevel=2)
+        return False
+
+    def _ends_window(self, batch_idx: int, num_batches: int | float) -> bool:
+        """True after the batch that ends an accumulation window (every batch in manual optimization):
+        a checkpoint there holds no half-accumulated gradients."""
+        if not self.module.automatic_optimization:
+            return True
+        return (batch_idx + 1) % self.accumulate_grad_batches == 0 or batch_idx + 1 == num_batches
+
+    def _save_for_preemption(self) -> None:
+        """A preemption signal arrived: publish what was logged, write last.ckpt, stop the loop."""
+        received = self.metrics.receive()  # the copy sent at the last log step
+        if received is not None:
+            self._publish(received[1], received[2], received[0])
+        self.metrics.send_step_values(self.global_step)  # and what was logged since
+        step, values, specs = self.metrics.receive()
+        self._publish(values, specs, step)
+        if self.checkpoint_callback is not None:
+            path = self.checkpoint_callback.write_last(self)
+        else:
+            path = Path(self.log_dir) / "checkpoints" / "last.ckpt"
+            self.save_checkpoint(path)
+        self.should_stop = True
+        if self.is_global_zero:
+            print(f"Cadence: {self._preemption.reason}; stopped after global step {self.global_step} "
+                  f"(epoch {self.current_epoch}, batch {self.batch_idx}) and saved {path}. Run the same command "
+                  "with fit(..., ckpt_path=\"last\") to resume.", file=sys.stderr, flush=True)
+
+    # =========================================================================================
     # Checkpoint state
     # =========================================================================================
-    def _checkpoint_state(self) -> dict[str, Any]:
-        module = self.strategy.unwrap(self.model) if self.model is not None else self.module
-        epoch, batches_done = self._loop_position()
-        state = {
-            "state_dict": module.state_dict(),
-            "optimizer_states": [optimizer.state_dict() for optimizer in self.optimizers],
-            "lr_schedulers": [config.scheduler.state_dict() for config in self.lr_scheduler_configs],
-            "loops": {"epoch": epoch, "batches_done": batches_done, "global_step": self.global_step,
-                      "train_batches_seen": self._train_batches_seen},
-            "rng": {"now": capture_rng_state(), "epoch_start": self._epoch_rng},
-            "callbacks": {callback.state_key: callback.state_dict() for callback in self.callbacks},
-            "hyper_parameters": dict(getattr(module, "hparams", {})),
-            "versions": {"torch": torch.__version__, "python": platform.python_version(), "cadence": _version()},
-        }
-        module.on_save_checkpoint(state)
-        return state
+    def _resolve_ckpt_path(self, ckpt_path: str | os.PathLike, stage: str) -> Path | None:
+        directories = [Path(c.dirpath) for c in self.callbacks
+                       if isinstance(c, callbacks_package.ModelCheckpoint) and c.dirpath is not None]
+        return checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, self.default_root_dir, self.is_global_zero)
 
-    def _loop_position(self) -> tuple[int, int]:
-        """Where a resumed run continues: (epoch, batches of it already trained)."""
-        if self._in_epoch_end or self.stage != "fit":
-            return self.current_epoch + (1 if self._in_epoch_end else 0), 0
-        return self.current_epoch, self.batch_idx + 1
-
-    def _restore(self, ckpt_path: str | os.PathLike, weights_only: bool = False) -> None:
-        path = self._resolve_ckpt_path(ckpt_path)
-        state = checkpoint_io.load_checkpoint(path)
-        module = self.module
-        module.on_load_checkpoint(state)
-        missing, unexpected = module.state_dict().keys() - state["state_dict"].keys(), state["state_dict"].keys() - module.state_dict().keys()
-        if missing or unexpected:
-            raise ValueError(
-                f"Checkpoint {path} does not fit {type(module).__name__}: missing keys {sorted(missing)}, "
-                f"unexpected keys {sorted(unexpected)}. Load it into the model class that wrote it."
-            )
-        module.load_state_dict(state["state_dict"])
-        if weights_only:
-            return
-        for optimizer, optimizer_state in zip(self.optimizers, state["optimizer_states"]):
-            optimizer.load_state_dict(optimizer_state)
-        for config, scheduler_state in zip(self.lr_scheduler_configs, state["lr_schedulers"]):
-            config.scheduler.load_state_dict(scheduler_state)
-        for callback in self.callbacks:
-            if callback.state_key in state["callbacks"]:
-                callback.load_state_dict(state["callbacks"][callback.state_key])
-        loops = state["loops"]
-        self.current_epoch, self.global_step = loops["epoch"], loops["global_step"]
-        self._train_batches_seen = loops["train_batches_seen"]
-        self._resume_position = (loops["epoch"], loops["batches_done"])
-        self._epoch_rng = state["rng"]["epoch_start"]
-        restore_rng_state(state["rng"]["now"])
-
-    def _resolve_ckpt_path(self, ckpt_path: str | os.PathLike) -> Path:
-        if str(ckpt_path) != "last":
-            return Path(ckpt_path)
-        candidates = sorted(self.default_root_dir.glob("cadence_logs/version_*/checkpoints/last.ckpt"), key=os.path.getmtime)
-        if not candidates:
-            raise FileNotFoundError(
-                f"ckpt_path='last' found no last.ckpt under {self.default_root_dir}/cadence_logs; "
-                "pass a checkpoint path, or ckpt_path=None to start fresh."
-            )
-        return candidates[-1]
+    def _log_dir_of(self, ckpt_path: Path | None) -> Path | None:
+        """A run resumed from <default_root_dir>/cadence_logs/version_N/checkpoints/ keeps logging in
+        version_N, so rerunning one command continues one run; any other checkpoint gets a new version."""
+        if ckpt_path is None or ckpt_path.parent.name != "checkpoints":
+            return None
+        version, root = ckpt_path.resolve().parent.parent, self.default_root_dir / "cadence_logs"
+        if version.name.startswith("version_") and root.exists() and version.parent == root.resolve():
+            return root / version.name
+        return None
 
     def _next_log_dir(self) -> Path:
         root = self.default_root_dir / "cadence_logs"
         versions = [int(p.name.split("_")[1]) for p in root.glob("version_*") if p.name.split("_")[1].isdigit()]
         return root / f"version_{max(versions, default=-1) + 1}"
-
-    def _handoff_state(self, module: TrainingModule) -> dict[str, Any]:
-        """What a spawned rank zero sends back so the caller's objects reflect the run."""
-        return {
-            "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
-            "current_epoch": self.current_epoch,
-            "global_step": self.global_step,
-            "callback_metrics": {k: float(v) for k, v in self.callback_metrics.items()},
-            "callbacks": {callback.state_key: callback.state_dict() for callback in self.callbacks},
-        }
-
-    def _receive_handoff(self, module: TrainingModule, handoff: dict[str, Any]) -> None:
-        module.load_state_dict(handoff["state_dict"])
-        self.current_epoch, self.global_step = handoff["current_epoch"], handoff["global_step"]
-        self.callback_metrics = {k: torch.tensor(v) for k, v in handoff["callback_metrics"].items()}
-        for callback in self.callbacks:
-            if callback.state_key in handoff["callbacks"]:
-                callback.load_state_dict(handoff["callbacks"][callback.state_key])
 
     # =========================================================================================
     # Small helpers
@@ -722,6 +781,50 @@ class Trainer:
     @property
     def world_size(self) -> int:
         return self.strategy.world_size
+
+    @property
+    def checkpoint_callback(self) -> Callback | None:
+        """The first ``ModelCheckpoint`` among the callbacks (Lightning's name), or None."""
+        return next((c for c in self.callbacks if isinstance(c, callbacks_package.ModelCheckpoint)), None)
+
+
+@dataclasses.dataclass
+class _StepHooks:
+    """The hooks called every batch, as bound methods, keeping only those that do something.
+
+    Hot loop: four default callbacks inherit no-op per-batch hooks worth 16 calls a step (about
+    5 us); listing the implemented ones once per stage leaves the step only the calls that
+    matter. Callbacks first, in the order given, then the module, as everywhere else.
+    """
+
+    batch_start: list[Any]
+    forward_context: list[Any]
+    before_optimizer_step: list[Any]
+    batch_end: list[Any]
+    module_batch_start: list[Any]
+    module_before_optimizer_step: list[Any]
+    module_batch_end: list[Any]
+
+
+def _implemented(hooks: list[Any], no_op: Any) -> list[Any]:
+    """``hooks`` without the bound methods that are the base class's no-op ``no_op``."""
+    return [hook for hook in hooks if not (isinstance(hook, types.MethodType) and hook.__func__ is no_op)]
+
+
+def _step_hooks(callbacks: list[Callback], module: TrainingModule) -> _StepHooks:
+    return _StepHooks(
+        batch_start=_implemented([c.on_train_batch_start for c in callbacks], Callback.on_train_batch_start),
+        forward_context=_implemented([c.forward_context for c in callbacks], Callback.forward_context),
+        before_optimizer_step=_implemented([c.on_before_optimizer_step for c in callbacks], Callback.on_before_optimizer_step),
+        batch_end=_implemented([c.on_train_batch_end for c in callbacks], Callback.on_train_batch_end),
+        module_batch_start=_implemented([module.on_train_batch_start], TrainingModule.on_train_batch_start),
+        module_before_optimizer_step=_implemented([module.on_before_optimizer_step], TrainingModule.on_before_optimizer_step),
+        module_batch_end=_implemented([module.on_train_batch_end], TrainingModule.on_train_batch_end),
+    )
+
+
+#: One context serves every step without a forward context: nullcontext keeps no state.
+_NO_CONTEXT = contextlib.nullcontext()
 
 
 @dataclasses.dataclass
@@ -762,28 +865,6 @@ def _evaluation_hooks(stage: str, callbacks: list[Callback], module: TrainingMod
     )
 
 
-def _loss_of(outputs: Any, batch_idx: int) -> torch.Tensor:
-    """The loss in what training_step returned, checked without reading its value."""
-    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-    if not isinstance(loss, torch.Tensor):
-        if outputs is None:
-            raise RuntimeError(
-                f"training_step returned None at batch {batch_idx}. Return the loss tensor, or a dict "
-                'with a "loss" key.'
-            )
-        what = "a dict without a 'loss' key" if isinstance(outputs, dict) else type(loss).__name__
-        raise RuntimeError(
-            f"training_step returned {what} at batch {batch_idx}. Return the loss tensor, or a dict "
-            'with a "loss" key.'
-        )
-    if loss.dim() != 0:
-        raise RuntimeError(
-            f"training_step returned a loss of shape {tuple(loss.shape)} at batch {batch_idx}; the "
-            "loss must be a scalar. Reduce it (loss.mean()) before returning."
-        )
-    return loss
-
-
 def _single_owner(callbacks: list[Callback], attribute: str) -> Callback | None:
     owners = [callback for callback in callbacks if getattr(callback, attribute)]
     if len(owners) > 1:
@@ -802,54 +883,8 @@ def _set_sampler_epoch(loader: Any, epoch: int) -> None:
             sampler.set_epoch(epoch)
 
 
-class _SkipBatches:
-    """A batch sampler that drops the first ``skip`` batches of another: resuming costs indices, not I/O."""
-
-    def __init__(self, batch_sampler: Any, skip: int) -> None:
-        self.batch_sampler, self.skip = batch_sampler, skip
-
-    def __iter__(self):
-        iterator = iter(self.batch_sampler)
-        for _ in range(self.skip):
-            next(iterator, None)
-        yield from iterator
-
-    def __len__(self) -> int:
-        return max(0, len(self.batch_sampler) - self.skip)
-
-
-def _skip_batches(loader: Any, skip: int) -> Any:
-    if isinstance(loader, torch.utils.data.DataLoader) and loader.batch_sampler is not None:
-        return rebuild_dataloader(loader, batch_sampler=_SkipBatches(loader.batch_sampler, skip))
-    warnings.warn(
-        f"Resuming mid-epoch on a loader without a batch sampler ({type(loader).__name__}); the "
-        f"{skip} batches already trained are fetched and dropped.",
-        stacklevel=2,
-    )
-    iterator = iter(loader)
-    for _ in range(skip):
-        next(iterator, None)
-    return iterator
-
-
 def _use_deterministic_algorithms() -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
-
-
-def _check_positive_int(value: Any, name: str, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"Trainer({name}={value!r}): use an int >= 1{' or None' if allow_none else ''}.")
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("torchcadence")
-    except Exception:  # not installed (running from a checkout)
-        return "unknown"

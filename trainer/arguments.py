@@ -1,0 +1,89 @@
+"""Checking the Trainer's arguments before anything starts, and what a training step returned.
+
+Every check raises a built-in exception that names the argument, the value given and what would
+work (STYLE.md, "Errors teach").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trainer.data import check_limit
+from trainer.guards import check_nonfinite_mode
+
+
+def check_positive_int(value: Any, name: str, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"Trainer({name}={value!r}): use an int >= 1{' or None' if allow_none else ''}.")
+
+
+def check_trainer_arguments(
+    *, max_epochs: Any, max_steps: Any, accumulate_grad_batches: Any, log_every_n_steps: Any,
+    check_val_every_n_epoch: Any, gradient_clip_val: Any, gradient_clip_algorithm: Any,
+    val_check_interval: Any, limits: dict[str, Any], num_sanity_val_steps: Any, on_nonfinite_loss: Any,
+) -> None:
+    """Raise a ValueError for the first ``Trainer(...)`` argument that cannot work."""
+    check_positive_int(max_epochs, "max_epochs", allow_none=True)
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < -1 or max_steps == 0:
+        raise ValueError(f"Trainer(max_steps={max_steps!r}): use -1 (no limit) or an int >= 1.")
+    check_positive_int(accumulate_grad_batches, "accumulate_grad_batches")
+    check_positive_int(log_every_n_steps, "log_every_n_steps")
+    check_positive_int(check_val_every_n_epoch, "check_val_every_n_epoch", allow_none=True)
+    if gradient_clip_val is not None and (
+        isinstance(gradient_clip_val, bool) or not isinstance(gradient_clip_val, (int, float)) or gradient_clip_val <= 0
+    ):
+        raise ValueError(f"Trainer(gradient_clip_val={gradient_clip_val!r}): use a positive number or None.")
+    if gradient_clip_algorithm not in ("norm", "value"):
+        raise ValueError(f'Trainer(gradient_clip_algorithm="{gradient_clip_algorithm}"): use "norm" or "value".')
+    if (isinstance(val_check_interval, bool) or not isinstance(val_check_interval, (int, float))
+            or val_check_interval <= 0 or (isinstance(val_check_interval, float) and val_check_interval > 1.0)):
+        raise ValueError(
+            f"Trainer(val_check_interval={val_check_interval!r}): use a float in (0.0, 1.0] (a share "
+            "of the epoch) or an int >= 1 (a number of training batches)."
+        )
+    if check_val_every_n_epoch is None and isinstance(val_check_interval, float):
+        raise ValueError(
+            f"Trainer(check_val_every_n_epoch=None, val_check_interval={val_check_interval}): without epochs "
+            "to count, validation needs an int val_check_interval (every N training batches)."
+        )
+    for stage, value in limits.items():
+        check_limit(value, "limit_val_batches" if stage == "validate" else f"limit_{stage}_batches")
+    if isinstance(num_sanity_val_steps, bool) or not isinstance(num_sanity_val_steps, int) or num_sanity_val_steps < -1:
+        raise ValueError(f"Trainer(num_sanity_val_steps={num_sanity_val_steps!r}): use an int >= 0, or -1 for all.")
+    check_nonfinite_mode(on_nonfinite_loss)
+
+
+def loss_of(outputs: Any, batch_idx: int) -> torch.Tensor:
+    """The loss in what training_step returned, checked without reading its value."""
+    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    if not isinstance(loss, torch.Tensor):
+        if outputs is None:
+            raise RuntimeError(
+                f"training_step returned None at batch {batch_idx}. Return the loss tensor, or a dict "
+                'with a "loss" key.'
+            )
+        what = "a dict without a 'loss' key" if isinstance(outputs, dict) else type(loss).__name__
+        raise RuntimeError(
+            f"training_step returned {what} at batch {batch_idx}. Return the loss tensor, or a dict "
+            'with a "loss" key.'
+        )
+    if loss.dim() != 0:
+        raise RuntimeError(
+            f"training_step returned a loss of shape {tuple(loss.shape)} at batch {batch_idx}; the "
+            "loss must be a scalar. Reduce it (loss.mean()) before returning."
+        )
+    return loss
+
+
+def require_training_module(module: Any, stage: str) -> None:
+    from trainer.module import TrainingModule
+
+    if not isinstance(module, TrainingModule):
+        raise TypeError(
+            f"Trainer.{stage} needs a trainer.TrainingModule; got {type(module).__name__}. "
+            "Subclass TrainingModule and define training_step and configure_optimizers."
+        )

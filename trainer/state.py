@@ -1,0 +1,129 @@
+"""What a checkpoint holds and how a run continues from it; what a spawned run hands back.
+
+``checkpoint_state`` gathers the whole training state of a Trainer as tensors and plain data
+(the file format and its checks live in ``trainer/checkpoint.py``); ``restore`` puts it back,
+so that the loop continues exactly where the checkpoint was written. ``handoff_state`` and
+``receive_handoff`` carry rank zero's results back to the caller after a DDP spawn.
+"""
+
+from __future__ import annotations
+
+import platform
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer import checkpoint as checkpoint_io
+from trainer.seed import capture_rng_state, restore_rng_state
+
+if TYPE_CHECKING:
+    from trainer.module import TrainingModule
+    from trainer.trainer import Trainer
+
+
+def checkpoint_state(trainer: Trainer) -> dict[str, Any]:
+    """The whole training state, as tensors and plain data (trainer/checkpoint.py)."""
+    module = trainer.module
+    epoch, batches_done = loop_position(trainer)
+    if (trainer.stage == "fit" and batches_done and not trainer._ends_window(trainer.batch_idx, trainer.num_training_batches)
+            and trainer.is_global_zero):
+        warnings.warn(
+            f"save_checkpoint after batch {trainer.batch_idx}, inside an accumulation window of "
+            f"{trainer.accumulate_grad_batches} batches: the gradients accumulated so far are not saved, so a run "
+            "resumed from it is not exact. Save after the window's last batch (ModelCheckpoint does).", stacklevel=3)
+    sampler = trainer._train_sampler
+    # Each rank's RNG states: ranks may draw differently (dropout, per-rank augmentation).
+    rng = trainer.strategy.all_gather_object(
+        {"now": capture_rng_state(), "epoch_start": sampler.epoch_start_rng if sampler is not None else None}
+    )
+    state = {
+        "format": checkpoint_io.FORMAT_VERSION,
+        "state_dict": module.state_dict(),
+        "optimizer_states": [optimizer.state_dict() for optimizer in trainer.optimizers],
+        "lr_schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
+        "loops": {"epoch": epoch, "batches_done": batches_done, "global_step": trainer.global_step,
+                  "train_batches_seen": trainer._train_batches_seen, "world_size": trainer.world_size},
+        "rng": rng,
+        "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
+        "callback_metrics": dict(trainer.callback_metrics),
+        "hyper_parameters": checkpoint_io.plain_hyperparameters(module.hparams),
+        "versions": {"torch": str(torch.__version__), "python": platform.python_version(), "cadence": _version()},
+    }
+    module.on_save_checkpoint(state)
+    return state
+
+
+def loop_position(trainer: Trainer) -> tuple[int, int]:
+    """Where a resumed run continues: (epoch, batches of it already trained). During the
+    epoch-end hooks the epoch is done; otherwise batch ``batch_idx`` is (-1: none yet)."""
+    if trainer._in_epoch_end:
+        return trainer.current_epoch + 1, 0
+    return trainer.current_epoch, trainer.batch_idx + 1
+
+
+def restore(trainer: Trainer, path: Path, model_only: bool = False) -> None:
+    """Load the checkpoint at ``path``: the weights and, unless ``model_only``, the training state."""
+    state = checkpoint_io.load_checkpoint(path)
+    if not model_only:
+        checkpoint_io.check_resumable(state, path)
+    trainer.module.on_load_checkpoint(state)
+    checkpoint_io.load_weights(trainer.module, state, path)
+    if model_only:
+        return
+    checkpoint_io.load_optimizers(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], state, path)
+    _restore_callbacks(trainer, state["callbacks"], path)
+    loops = state["loops"]
+    trainer.current_epoch, trainer.global_step = loops["epoch"], loops["global_step"]
+    trainer._train_batches_seen, trainer.batch_idx = loops["train_batches_seen"], loops["batches_done"] - 1
+    trainer._resume_position = (loops["epoch"], loops["batches_done"])
+    trainer.callback_metrics.update(state.get("callback_metrics", {}))
+    rng = state["rng"]  # one entry per rank
+    if len(rng) != trainer.world_size and trainer.is_global_zero:
+        warnings.warn(f"Checkpoint {path} was written by {len(rng)} processes and resumes on {trainer.world_size}; "
+                      "random draws and the rest of the epoch's data order will differ.", stacklevel=3)
+    trainer._resume_rng = rng[trainer.global_rank] if trainer.global_rank < len(rng) else rng[0]
+    restore_rng_state(trainer._resume_rng["now"])  # and again after a mid-epoch replay (trainer/resume.py)
+    trainer._last_checkpoint = (str(path), trainer.global_step)
+
+
+def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> None:
+    for callback in trainer.callbacks:
+        if callback.state_key in states:
+            callback.load_state_dict(states[callback.state_key])
+    unused = sorted(key for key, value in states.items() if value and key not in {c.state_key for c in trainer.callbacks})
+    if unused and trainer.is_global_zero:
+        warnings.warn(f"Checkpoint {path} holds the state of callbacks this Trainer does not have: {unused}. "
+                      "It is not restored; pass the same callbacks (same monitor/mode) to continue them.", stacklevel=3)
+
+
+def handoff_state(trainer: Trainer, module: TrainingModule) -> dict[str, Any]:
+    """What a spawned rank zero sends back so the caller's objects reflect the run."""
+    return {
+        "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
+        "current_epoch": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+        "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
+        "preempted_by": trainer._preemption.stopping_signal(),
+    }
+
+
+def receive_handoff(trainer: Trainer, module: TrainingModule, handoff: dict[str, Any]) -> None:
+    module.load_state_dict(handoff["state_dict"])
+    trainer._preemption.signal_number = handoff.get("preempted_by")
+    trainer.current_epoch, trainer.global_step = handoff["current_epoch"], handoff["global_step"]
+    trainer.callback_metrics = {k: torch.tensor(v) for k, v in handoff["callback_metrics"].items()}
+    for callback in trainer.callbacks:
+        if callback.state_key in handoff["callbacks"]:
+            callback.load_state_dict(handoff["callbacks"][callback.state_key])
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("torchcadence")
+    except Exception:  # not installed (running from a checkout)
+        return "unknown"

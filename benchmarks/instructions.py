@@ -1,0 +1,88 @@
+"""Per-step overhead in CPU instructions, counted by valgrind: a figure that a busy machine does not blur.
+
+Run from the repository root (valgrind must be installed; about 15 minutes on 2 cores)::
+
+    python benchmarks/instructions.py                       # every installed contender, tiny
+    python benchmarks/instructions.py cadence-lean cadence-users
+
+Wall-clock microseconds on a shared VM move by tens of percent from one second to the next;
+instructions executed do not. Each contender trains the tiny workload twice under
+``valgrind --tool=cachegrind`` (with address-space randomisation off, one thread, a fixed hash
+seed), for ``--short`` and ``--long`` steps; the difference divided by the extra steps is its
+instructions per step, start-up and fixed costs cancelled. Overhead = contender minus hand loop.
+Repeated runs agree to about 0.2% of a step. Instructions are not time: Python interpreter code
+runs fewer instructions per microsecond than PyTorch's kernels, so read the microseconds from
+``overhead.py`` and use this table to compare versions of Cadence and to see what an edit saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run_steps(name: str, steps: int) -> None:
+    """The measured program: ``steps`` steps of ``name`` on the tiny workload, nothing else."""
+    import torch
+
+    from workloads import TINY, Workload, contenders, initial_network, make_loader, run_once
+
+    torch.set_num_threads(1)
+    workload = Workload("tiny", TINY.width, TINY.depth, TINY.batch_size, steps, steps, TINY.segment, 1)
+    run_once(contenders()[name], workload, make_loader(workload))
+
+
+def count(name: str, steps: int) -> int:
+    """Instructions of a whole process that runs ``steps`` steps of ``name``."""
+    env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory() as scratch:
+        command = ["setarch", "-R", "valgrind", "--tool=cachegrind", "--cache-sim=no",
+                   f"--cachegrind-out-file={scratch}/out", sys.executable, str(Path(__file__).resolve()),
+                   "--run", name, str(steps)]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=HERE.parent, check=True)
+    found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+    if found is None:
+        raise RuntimeError(f"valgrind printed no instruction count for {name}:\n{done.stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("contenders", nargs="*", help="default: every installed contender")
+    parser.add_argument("--short", type=int, default=100)
+    parser.add_argument("--long", type=int, default=600)
+    parser.add_argument("--run", nargs=2, metavar=("NAME", "STEPS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sys.path.insert(0, str(HERE))
+    if args.run:
+        run_steps(args.run[0], int(args.run[1]))
+        return
+    if shutil.which("valgrind") is None or shutil.which("setarch") is None:
+        sys.exit("instructions.py needs valgrind and setarch (apt-get install valgrind util-linux).")
+
+    from workloads import contenders
+
+    names = ["hand", *(args.contenders or [name for name in contenders() if name not in ("hand", "hand-again")])]
+    jobs = [(name, steps) for name in names for steps in (args.short, args.long)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        counts = dict(zip(jobs, pool.map(lambda job: count(*job), jobs)))
+    per_step = {name: (counts[name, args.long] - counts[name, args.short]) / (args.long - args.short) for name in names}
+    print(f"## instructions per step: tiny, {args.long} - {args.short} steps, valgrind cachegrind\n")
+    print("| contender | instructions/step | over the hand loop | share of a hand-loop step |")
+    print("| --- | ---: | ---: | ---: |")
+    for name in names:
+        extra = per_step[name] - per_step["hand"]
+        print(f"| {name} | {per_step[name]:,.0f} | {extra:+,.0f} | {extra / per_step['hand']:+.1%} |")
+
+
+if __name__ == "__main__":
+    main()

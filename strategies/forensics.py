@@ -191,9 +191,9 @@ def record_failure(store: Any, rank: int, kind: str, text: str) -> None:
         pass
 
 
-def first_failure(store: Any, world_size: int) -> tuple[int, str] | None:
+def first_failure(store: Any, world_size: int, *, broken_collectives: bool = True) -> tuple[int, str] | None:
     """``(rank, text)`` of the failure that caused the others: the first rank that raised an
-    error of its own, else the first broken collective."""
+    error of its own, else (when ``broken_collectives``) the first broken collective."""
     failures = []
     for rank in range(world_size):
         try:
@@ -202,6 +202,8 @@ def first_failure(store: Any, world_size: int) -> tuple[int, str] | None:
                 failures.append((failure["kind"] != "error", failure["order"], rank, failure["text"]))
         except Exception:
             continue
+    if not broken_collectives:
+        failures = [failure for failure in failures if not failure[0]]
     if not failures:
         return None
     _, _, rank, text = min(failures)

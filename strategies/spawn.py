@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import inspect
 import os
 import pickle
@@ -56,7 +57,7 @@ def spawn_workers(strategy: DDP, function: Callable[..., Any], args: tuple) -> A
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
             # Spawned workers set up one stage each: their keys live under the first session's prefix.
             records = dist.PrefixStore(forensics.session_prefix(0), store)
-            raise RuntimeError(failure_message(records, count, error)) from None
+            raise RuntimeError(failure_message(records, count, _native_crash(context, error))) from None
         finally:
             _stop_leftovers(context)
         # Written by our own rank zero into our private directory; it holds the stage's output
@@ -80,6 +81,9 @@ def _run_worker(local_rank: int, strategy: DDP, host: str, port: int, result_pat
                 function: Callable[..., Any], args: tuple) -> None:
     """The body of one spawned process (``torch.multiprocessing`` passes ``local_rank``)."""
     world_size = strategy.num_processes
+    if not faulthandler.is_enabled():
+        # A crash in native code (an abort, a segfault) then prints every thread's Python stack.
+        faulthandler.enable(all_threads=True)
     # The usual variables, for code that reads them (and for the user's own torch.distributed calls).
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=host, MASTER_PORT=str(port))
@@ -119,6 +123,23 @@ def _forward_preemption_signals(context: Any) -> Iterator[None]:
             signal.signal(number, handler)
 
 
+#: Signals a process dies of when native code fails: these ranks are the cause, not their peers.
+_NATIVE_CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)
+
+
+def _native_crash(context: Any, error: Exception) -> Exception:
+    """A rank that crashed in native code breaks its peers' collectives, and a peer's error may
+    reach the launcher first; the crash is what to report."""
+    if isinstance(error, mp.ProcessExitedException):
+        return error
+    for rank, process in enumerate(context.processes):
+        if process.exitcode is not None and -process.exitcode in _NATIVE_CRASH_SIGNALS:
+            name = signal.Signals(-process.exitcode).name
+            return mp.ProcessExitedException(f"process {rank} terminated with signal {name}", error_index=rank,
+                                              error_pid=process.pid, exit_code=process.exitcode, signal_name=name)
+    return error
+
+
 def _stop_leftovers(context: Any) -> None:
     # After a failure ProcessContext.join has already stopped everyone; this covers an interrupt
     # (Ctrl-C) or any other error in this process while the workers run.
@@ -134,13 +155,17 @@ def _stop_leftovers(context: Any) -> None:
 
 def failure_message(store: Any, count: int, error: Any) -> str:
     """What the caller reads when a worker failed: the cause's traceback, and where ranks were."""
-    first = forensics.first_failure(store, count)
+    # A rank killed by a signal (a native crash, the OOM killer) breaks the others' collectives:
+    # it is the cause, unless some rank raised an error of its own.
+    died = isinstance(error, mp.ProcessExitedException) and error.exit_code < 0
+    first = forensics.first_failure(store, count, broken_collectives=not died)
     if first is not None:
         rank, text = first
         message = f"DDP rank {rank} of {count} failed, so every rank was stopped. Its error:\n\n{text.rstrip()}"
     elif isinstance(error, mp.ProcessExitedException):
+        reached_group = forensics.read_records(store, count).get(error.error_index) is not None
         message = (f"DDP rank {error.error_index} of {count} (pid {error.error_pid}) ended without reporting an "
-                   f"error ({error.args[0]}). {_exit_hint(error.exit_code)}")
+                   f"error ({error.args[0]}). {_exit_hint(error.exit_code, reached_group)}")
     else:
         message = f"DDP rank {error.error_index} of {count} failed, so every rank was stopped.{error.args[0]}"
     if "Where each rank was" in message:  # a failed collective already said it
@@ -149,11 +174,17 @@ def failure_message(store: Any, count: int, error: Any) -> str:
     return f"{message}\n\n{where}" if where else message
 
 
-def _exit_hint(exit_code: int) -> str:
+def _exit_hint(exit_code: int, reached_group: bool) -> str:
+    """The likely cause of a worker that ended without a Python error."""
     if exit_code == -signal.SIGKILL:
         return "SIGKILL usually means the kernel's out-of-memory killer: use fewer devices, smaller batches or fewer workers."
-    if exit_code == -signal.SIGSEGV:
-        return "A segmentation fault is a crash in native code (a CUDA driver, an extension); run with devices=1 to see it."
+    if -exit_code in _NATIVE_CRASH_SIGNALS:
+        return ("It crashed in native code (a C++ error in torch or an extension, a CUDA/NCCL fault); the native "
+                "message and every thread's Python stack are in its output above. Run with devices=1 to see "
+                "whether it happens without DDP.")
+    if reached_group:
+        return ("It had joined the process group, so something in the work ended the process "
+                "(sys.exit or os._exit in user code, or a signal): its output above says which.")
     return ("It stopped before it started the work: its output above says why. (A script that calls fit "
             'at import time needs `if __name__ == "__main__":` around that code.)')
 

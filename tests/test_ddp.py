@@ -199,7 +199,7 @@ def test_only_rank_zero_prints_and_writes_logs_and_checkpoints(spawned_fit):
 
 # --- faults --------------------------------------------------------------------------------------
 class Misbehaves(TrainingModule):
-    """At training batch 2, rank 1 raises, stalls or logs a key rank 0 does not, or rank 0 sends
+    """At training batch 2, rank 1 raises, aborts, stalls or logs a key rank 0 does not, or rank 0 sends
     SIGTERM to the launching process (a scheduler preempting the job)."""
 
     def __init__(self, what: str, out_dir: str) -> None:
@@ -217,6 +217,8 @@ class Misbehaves(TrainingModule):
         if self.trainer.global_rank == 1 and batch_idx == 2:
             if self.what == "raise":
                 raise ValueError("rank 1 fails at batch 2")
+            if self.what == "abort":
+                os.abort()  # what a fatal error in native code does
             if self.what == "stall":
                 time.sleep(60)
             if self.what == "log":
@@ -246,6 +248,17 @@ def test_a_rank_that_raises_stops_every_rank_and_the_caller_gets_its_traceback(t
         pid = int((tmp_path / f"pid{rank}").read_text())
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_rank_that_crashes_in_native_code_is_reported_with_its_python_stack(tmp_path, capfd):
+    with pytest.raises(RuntimeError, match=r"DDP rank 1 of 2 \(pid \d+\) ended without reporting an error "
+                                           r"\(process 1 terminated with signal SIGABRT\)\. It crashed in native code") as raised:
+        fit_misbehaving("abort", tmp_path)
+    assert "rank 1 (" in str(raised.value)  # where each rank was
+    output = capfd.readouterr().err
+    assert "Fatal Python error: Aborted" in output
+    assert "in training_step" in output  # the crashed rank's Python stack, printed by faulthandler
+    assert multiprocessing.active_children() == []
 
 
 def test_a_collective_timeout_names_the_rank_that_fell_behind_and_where(tmp_path):

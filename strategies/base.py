@@ -100,6 +100,8 @@ class Strategy:
 
     def batch_to_device(self, batch: Any) -> Any:
         """Move the tensors inside ``batch`` to the device without blocking the host."""
+        if self.device.type == "cpu":  # hot loop: a loader's tensors are on the CPU already
+            return batch
         return move_to_device(batch, self.device)
 
     def training_step(self, model: nn.Module, batch: Any, batch_idx: int) -> Any:

@@ -117,7 +117,8 @@ def _key(name: str, spec: MetricSpec, suffix: str) -> str:
 
 
 class MetricStore:
-    """Owns the stages' metrics and their path to the host.
+    """Owns the stages' metrics and their path to the host. ``self.log`` writes to ``current``
+    (the training or the evaluation metrics, whichever stage runs).
 
     Args:
         reduce: ``strategy.all_reduce``; called at read time for ``sync_dist`` metrics.
@@ -132,10 +133,6 @@ class MetricStore:
         self.evaluation = StageMetrics(default_on_step=False)
         self.current = self.train
         self._pending: tuple[int, dict[str, MetricSpec], torch.Tensor, Any, dict[str, float]] | None = None
-
-    def log(self, name: str, value: Any, prog_bar: bool, on_step: bool | None, on_epoch: bool | None,
-            sync_dist: bool, reduce_fx: str, batch_size: int | None) -> None:
-        self.current.log(name, value, prog_bar, on_step, on_epoch, sync_dist, reduce_fx, batch_size)
 
     def start_evaluation(self) -> None:
         self.evaluation = StageMetrics(default_on_step=False)

@@ -143,7 +143,7 @@ class TrainingModule(nn.Module):
         """
         if self._trainer is None:
             return  # outside a run (a unit test calling training_step): nothing to record
-        self._trainer.metrics.log(name, value, prog_bar, on_step, on_epoch, sync_dist, reduce_fx, batch_size)
+        self._trainer.metrics.current.log(name, value, prog_bar, on_step, on_epoch, sync_dist, reduce_fx, batch_size)
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
         """``self.log`` for each item; keyword arguments apply to all."""

@@ -49,6 +49,9 @@ class ResumableBatchSampler:
         self._replay = (epoch_start_rng, skip, rng_after)
 
     def __iter__(self) -> Iterator[Any]:
+        # A generator on purpose: the RNG is recorded (or replayed) when the first batch is asked
+        # for, not at iter(). A loader with workers calls iter() twice and draws its base seed in
+        # between; recording at iter() would make the replayed order differ.
         if self._replay is None:
             self.epoch_start_rng = _capture(self.batch_sampler)
             yield from self.batch_sampler

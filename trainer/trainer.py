@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 import os
 import sys
 import types
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -310,7 +311,8 @@ class Trainer:
         if stage != "fit":
             return module
         self.optimizers, self.lr_scheduler_configs = parse_optimizers(module.configure_optimizers())
-        if module.automatic_optimization:
+        self._automatic_optimization = module.automatic_optimization  # read once: the hot loop reads it every step
+        if self._automatic_optimization:
             if len(self.optimizers) > 1:
                 raise ValueError(
                     f"configure_optimizers returned {len(self.optimizers)} optimizers. Several optimizers "
@@ -416,7 +418,7 @@ class Trainer:
         self._resume_position = None
         self._end_train_epoch()
 
-    def _iterate_train(self, loader: Any) -> Iterable[tuple[int, Any]]:
+    def _iterate_train(self, loader: Any) -> Iterator[tuple[int, Any]]:
         """``enumerate(loader)`` under limit_train_batches, resuming mid-epoch at the index level."""
         _set_sampler_epoch(loader, self.current_epoch)
         skip = 0
@@ -424,44 +426,50 @@ class Trainer:
             skip = self._resume_position[1]
         limit = self.num_training_batches
         if skip >= limit:  # the checkpoint was written after the epoch's last batch
-            return
+            return iter(())
         # Resuming mid-epoch redraws the epoch's order from the RNG state it began with and skips
         # the batches already trained as indices; nothing is fetched twice (trainer/resume.py).
         iterator = resume_iterator(loader, self._train_sampler, skip, self._resume_rng) if skip else iter(loader)
-        # A limit below the loader's length stops without fetching another batch. Otherwise the
-        # loader runs out on its own, as in `for batch in loader`: a shuffling RandomSampler draws
-        # from its generator when it runs out, so stopping one next() early changes every later
-        # epoch's order.
-        stops_early = limit < (loader_length(loader) or math.inf)
-        for batch_idx, batch in enumerate(iterator, start=skip):
-            yield batch_idx, batch
-            if stops_early and batch_idx + 1 >= limit:
-                return
+        batches = enumerate(iterator, start=skip)  # hot loop: C iterators only, no generator frame
+        if limit < (loader_length(loader) or math.inf):
+            # islice stops after the last batch without fetching another. Otherwise the loader runs
+            # out on its own, as in `for batch in loader`: a shuffling RandomSampler draws from its
+            # generator when it runs out, so stopping one next() early changes every later epoch's order.
+            return itertools.islice(batches, limit - skip)
+        return batches
 
     def _training_step(self, module: TrainingModule, batch: Any, batch_idx: int, num_batches: int | float) -> Any:
         """Forward and backward for one batch; an optimizer step at the end of each accumulation."""
-        if not module.automatic_optimization:
+        if not self._automatic_optimization:
             with self._forward_context():
                 outputs = self.strategy.training_step(self.model, batch, batch_idx)
             return outputs
-        accumulate = self.accumulate_grad_batches
-        steps_now = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == num_batches
-        # Hot loop: the no-sync context matters only while accumulating (enabled=True); the shared
-        # null context stands for no_backward_sync(enabled=False) and saves a call and an object.
-        no_sync = self.strategy.no_backward_sync(self.model, enabled=True) if not steps_now else _NO_CONTEXT
-        with no_sync:
-            with self._forward_context():
-                outputs = self.strategy.training_step(self.model, batch, batch_idx)
-            loss = loss_of(outputs, batch_idx)
-            self.run_backward(loss / accumulate if accumulate > 1 else loss)
+        steps_now = (batch_idx + 1) % self.accumulate_grad_batches == 0 or batch_idx + 1 == num_batches
+        if steps_now:
+            outputs, loss = self._forward_backward(batch, batch_idx)
+        else:  # accumulating: under DDP the gradients are all-reduced once, at the window's last batch
+            with self.strategy.no_backward_sync(self.model, enabled=True):
+                outputs, loss = self._forward_backward(batch, batch_idx)
         # Checked later (log step, epoch end, checkpoint), so no host sync here.
         self._unchecked_losses.append((loss.detach(), batch_idx, self.global_step))
         if steps_now and (self.on_nonfinite_loss != "skip" or self._window_is_finite()):
             self._optimizer_step(module)
         return outputs
 
+    def _forward_backward(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor]:
+        """training_step inside the callbacks' forward contexts (autocast), then backward outside them."""
+        if self._hooks.forward_context:
+            with self._forward_context():
+                outputs = self.strategy.training_step(self.model, batch, batch_idx)
+        else:  # hot loop: nothing wraps the forward, and a `with` costs two calls
+            outputs = self.strategy.training_step(self.model, batch, batch_idx)
+        loss = loss_of(outputs, batch_idx)
+        accumulate = self.accumulate_grad_batches
+        self.run_backward(loss / accumulate if accumulate > 1 else loss)
+        return outputs, loss
+
     def _forward_context(self) -> contextlib.AbstractContextManager:
-        if not self._hooks.forward_context:  # hot loop: the common case, no callback wraps the forward
+        if not self._hooks.forward_context:
             return _NO_CONTEXT
         contexts = [context for hook in self._hooks.forward_context if (context := hook()) is not None]
         if not contexts:
@@ -673,10 +681,12 @@ class Trainer:
 
     def _prepare_loader(self, loader: Any, stage: str, shuffle: bool) -> Any:
         """The strategy's shard of ``loader``, seeded workers, and its number of batches."""
-        if isinstance(loader, torch.utils.data.DataLoader) and self.seed is not None and loader.num_workers > 0 and loader.worker_init_fn is None:
-            loader = rebuild_dataloader(loader, worker_init_fn=seed_worker_of_rank(self.strategy.global_rank))
-        if isinstance(loader, torch.utils.data.DataLoader) and loader.num_workers > 0:  # see trainer/preemption.py
-            loader = rebuild_dataloader(loader, worker_init_fn=workers_ignore_preemption(loader.worker_init_fn))
+        if isinstance(loader, torch.utils.data.DataLoader) and loader.num_workers > 0:
+            init = loader.worker_init_fn
+            if init is None and self.seed is not None:  # seeded workers, distinct per rank
+                init = seed_worker_of_rank(self.strategy.global_rank)
+            # Workers ignore SIGTERM/SIGINT: the main process saves and stops (trainer/preemption.py).
+            loader = rebuild_dataloader(loader, worker_init_fn=workers_ignore_preemption(init))
         loader = self.strategy.setup_dataloader(loader, shuffle=shuffle)
         length = loader_length(loader)
         if length == 0:

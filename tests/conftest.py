@@ -11,6 +11,18 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import Trainer
 
+#: How a test fails when a DDP worker died of an abort in native code: "terminate called without
+#: an active exception" from a gloo worker, seen three times in some dozens of full runs on 2
+#: loaded cores and never reproduced on purpose. Workers now print every thread's Python stack
+#: when it happens, so the next one says where.
+NATIVE_CRASH = r"terminated with signal SIGABRT\)\. It crashed in native code"
+
+
+def pytest_collection_modifyitems(items):
+    # Such a test runs once more; any other failure, or the same crash twice, fails it.
+    for item in items:
+        item.add_marker(pytest.mark.flaky(reruns=1, only_rerun=[NATIVE_CRASH]))
+
 
 @pytest.fixture
 def make_trainer(tmp_path):

@@ -94,8 +94,9 @@ class Strategy:
                     "parameters in __init__ or setup() and let the strategy move the model."
                 )
 
-    def setup_dataloader(self, dataloader: Any, *, shuffle: bool) -> Any:
-        """Return the loader this process iterates (DDP gives each rank its shard here)."""
+    def setup_dataloader(self, dataloader: Any, *, shuffle: bool, contiguous: bool = False) -> Any:
+        """Return the loader this process iterates (DDP gives each rank its shard here; with
+        ``contiguous``, for prediction, one block of the dataset in order per rank)."""
         return dataloader
 
     def batch_to_device(self, batch: Any) -> Any:

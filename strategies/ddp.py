@@ -328,10 +328,10 @@ class DDP(Strategy):
             return model.module.module
         return model
 
-    def setup_dataloader(self, dataloader: Any, *, shuffle: bool) -> Any:
+    def setup_dataloader(self, dataloader: Any, *, shuffle: bool, contiguous: bool = False) -> Any:
         seed = self._shuffle_seed(dataloader) if shuffle else 0
         return shard_dataloader(dataloader, rank=self.global_rank, world_size=self.world_size, shuffle=shuffle,
-                                seed=seed, warn=self.is_global_zero)
+                                seed=seed, warn=self.is_global_zero, contiguous=contiguous)
 
     def _shuffle_seed(self, loader: Any) -> int:
         # Every rank must shuffle alike, or shards overlap: rank zero's draw wins. Drawn from the

@@ -3,6 +3,8 @@
 ``shard_dataloader`` gives each rank its own share of a map-style dataset by putting a
 ``DistributedSampler`` where the loader's sampler was, and keeps everything else the user chose
 (batch size, shuffle, drop_last, workers, collate_fn, pin_memory, worker_init_fn, generator).
+For prediction it gives each rank one contiguous block instead (:class:`ContiguousShard`), so the
+ranks' outputs put end to end are the dataset in order, each sample once.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from collections.abc import Iterator
+
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
 
@@ -57,12 +61,30 @@ def has_distributed_sampler(loader: Any) -> bool:
     return any(isinstance(sampler, DistributedSampler) for sampler in samplers)
 
 
+class ContiguousShard(Sampler[int]):
+    """Rank ``rank``'s block of ``range(length)``: the first ranks take one more sample when the
+    length does not divide evenly; nothing is repeated, and a rank may get no sample at all."""
+
+    def __init__(self, length: int, rank: int, world_size: int) -> None:
+        size, extra = divmod(length, world_size)
+        self.start = rank * size + min(rank, extra)
+        self.stop = self.start + size + (1 if rank < extra else 0)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.stop))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
 def shard_dataloader(loader: Any, *, rank: int, world_size: int, shuffle: bool, seed: int = 0,
-                     warn: bool = True) -> Any:
+                     warn: bool = True, contiguous: bool = False) -> Any:
     """Return a loader that yields only rank ``rank``'s share of ``loader``'s samples.
 
     Every rank gets the same number of batches: the ``DistributedSampler`` repeats a few samples
     when the dataset does not divide evenly, so that no rank waits at a collective for another.
+    With ``contiguous`` (prediction, where no step waits for another rank) each rank gets one
+    block of the dataset in order, without repeats, and ranks may get different numbers of batches.
 
     Args:
         loader: the user's loader. Anything other than a DataLoader over a map-style dataset with
@@ -71,6 +93,7 @@ def shard_dataloader(loader: Any, *, rank: int, world_size: int, shuffle: bool, 
         shuffle: shuffle, if the loader shuffled (a ``RandomSampler``); False for evaluation.
         seed: the shuffle seed, the same on every rank (``set_epoch`` varies it per epoch).
         warn: emit the warnings (rank zero passes True so each warning appears once).
+        contiguous: a :class:`ContiguousShard` per rank instead (``shuffle`` must be False).
     """
     if not isinstance(loader, DataLoader) or has_distributed_sampler(loader):
         if warn and not isinstance(loader, DataLoader):
@@ -87,10 +110,13 @@ def shard_dataloader(loader: Any, *, rank: int, world_size: int, shuffle: bool, 
             what = type(batch_sampler).__name__ if type(batch_sampler) is not BatchSampler else type(sampler).__name__
             _warn_unsharded(loader, f"it uses a custom {what}")
         return loader
-    distributed = DistributedSampler(
-        loader.dataset, num_replicas=world_size, rank=rank,
-        shuffle=shuffle and isinstance(sampler, RandomSampler), seed=seed,
-    )
+    if contiguous:
+        distributed = ContiguousShard(len(loader.dataset), rank, world_size)
+    else:
+        distributed = DistributedSampler(
+            loader.dataset, num_replicas=world_size, rank=rank,
+            shuffle=shuffle and isinstance(sampler, RandomSampler), seed=seed,
+        )
     if loader.batch_size is not None:
         return rebuild_dataloader(loader, sampler=distributed)
     return rebuild_dataloader(

@@ -88,7 +88,7 @@ class SingleDevice(Strategy):
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
 
-    def setup_dataloader(self, dataloader: Any, *, shuffle: bool) -> Any:
+    def setup_dataloader(self, dataloader: Any, *, shuffle: bool, contiguous: bool = False) -> Any:
         # The user's choice is never changed; the warning only says what it costs.
         if self.device.type == "cuda" and getattr(dataloader, "pin_memory", True) is False:
             warnings.warn(

@@ -83,6 +83,10 @@ class Recorder(TrainingModule):
         self.log("val/rank", rank, sync_dist=True)
         self.log("val/rank_here", rank)
 
+    def predict_step(self, batch, batch_idx):
+        index, x, _ = batch
+        return index, self.layer(x)
+
     def configure_optimizers(self):
         optimizer, scheduler = make_optimizer(self.parameters())
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -127,8 +131,10 @@ def spawned_fit(tmp_path_factory):
         records = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
         csv_after_fit = (trainer.log_dir / "metrics.csv").read_text()
         validated = trainer.validate(model, DataLoader(data, batch_size=8))
+        predicted = trainer.predict(model, DataLoader(IndexedRegression(count=13), batch_size=4))
     return SimpleNamespace(trainer=trainer, model=model, initial=initial, data=data, records=records, out=out,
-                           validated=validated, csv_after_fit=csv_after_fit, stderr=(out / "stderr.txt").read_text())
+                           validated=validated, predicted=predicted, csv_after_fit=csv_after_fit,
+                           stderr=(out / "stderr.txt").read_text())
 
 
 def test_ddp_weights_equal_single_process_training_on_the_same_global_batches(spawned_fit):
@@ -177,6 +183,16 @@ def test_a_spawned_validate_returns_the_metrics_reduced_over_ranks(spawned_fit):
     assert spawned_fit.validated == [{"val/rank": 0.5, "val/rank_here": 0.0}]
 
 
+def test_a_spawned_predict_returns_every_sample_once_in_the_dataset_order(spawned_fit):
+    # 13 samples over 2 ranks: blocks of 7 and 6, batches of 4, 3 | 4, 2.
+    indices = torch.cat([index for index, _ in spawned_fit.predicted])
+    assert indices.tolist() == list(range(13))
+    assert [len(index) for index, _ in spawned_fit.predicted] == [4, 3, 4, 2]
+    outputs = torch.cat([output for _, output in spawned_fit.predicted])
+    with torch.no_grad():
+        torch.testing.assert_close(outputs, spawned_fit.model.layer(IndexedRegression(count=13).x))
+
+
 def test_the_trained_weights_and_counters_come_back_to_the_caller(spawned_fit):
     for key, value in spawned_fit.model.state_dict().items():
         assert value.tolist() == spawned_fit.records[0]["state_dict"][key] == spawned_fit.records[1]["state_dict"][key]
@@ -185,7 +201,7 @@ def test_the_trained_weights_and_counters_come_back_to_the_caller(spawned_fit):
 
 
 def test_only_rank_zero_prints_and_writes_logs_and_checkpoints(spawned_fit):
-    assert spawned_fit.stderr.count("DDP: 2 processes") == 2  # fit, then validate
+    assert spawned_fit.stderr.count("DDP: 2 processes") == 3  # fit, validate, predict
     assert spawned_fit.stderr.count("Epoch 1/2") == 1
     versions = list((spawned_fit.out / "cadence_logs").iterdir())
     assert [path.name for path in versions] == ["version_0"]

@@ -3,7 +3,7 @@
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
-from strategies.loaders import rebuild_dataloader
+from strategies.loaders import ContiguousShard, rebuild_dataloader
 
 
 def _values(loader):
@@ -27,3 +27,11 @@ def test_rebuilding_a_batched_loader_keeps_batch_size_and_drop_last():
     dataset = TensorDataset(torch.arange(10.0))
     rebuilt = rebuild_dataloader(DataLoader(dataset, batch_size=3, drop_last=True), num_workers=0)
     assert _values(rebuilt) == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0]]
+
+
+def test_prediction_shards_are_contiguous_blocks_that_cover_the_dataset_once():
+    for length, world_size in [(10, 4), (13, 2), (1, 2), (8, 2)]:
+        shards = [list(ContiguousShard(length, rank, world_size)) for rank in range(world_size)]
+        assert [index for shard in shards for index in shard] == list(range(length))
+        assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    assert [list(ContiguousShard(10, rank, 4)) for rank in range(4)] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]

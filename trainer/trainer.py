@@ -28,6 +28,7 @@ import callbacks as callbacks_package
 import strategies as strategies_package
 from callbacks import Callback
 from strategies import Strategy
+from strategies.transfer import move_to_device
 from trainer import checkpoint as checkpoint_io
 from trainer.arguments import check_trainer_arguments, loss_of, require_training_module
 from trainer.data import limited_length, loader_length, rebuild_dataloader
@@ -208,7 +209,12 @@ class Trainer:
         return self._launch("test", model, dataloaders, None, ckpt_path)
 
     def predict(self, model: TrainingModule, dataloaders: Any = None, ckpt_path: str | None = None) -> list[Any]:
-        """Run ``predict_step`` over ``dataloaders``; return the outputs, one per batch, in order."""
+        """Run ``predict_step`` over ``dataloaders``; return the outputs, one per batch, in order.
+
+        Under DDP each rank predicts one contiguous block of the dataset, and the outputs of all
+        ranks come back (to the caller of a spawned run, and on every rank under torchrun) end to
+        end, on the CPU: the whole dataset, in order, each sample once.
+        """
         dataloaders = self._loader_or_hook(dataloaders, model, "predict_dataloader", "predict")
         return self._launch("predict", model, dataloaders, None, ckpt_path)
 
@@ -651,7 +657,12 @@ class Trainer:
             self._publish(values, specs, self.global_step)
         for hook in hooks.end:
             hook(self, module)
-        return predictions if stage == "predict" else [values]
+        if stage != "predict":
+            return [values]
+        if self.strategy.world_size > 1:  # every rank returns all of them, in the dataset's order
+            gathered = self.strategy.all_gather_object(move_to_device(predictions, torch.device("cpu")))
+            predictions = [prediction for shard in gathered for prediction in shard]
+        return predictions
 
     # =========================================================================================
     # Loaders
@@ -687,10 +698,11 @@ class Trainer:
                 init = seed_worker_of_rank(self.strategy.global_rank)
             # Workers ignore SIGTERM/SIGINT: the main process saves and stops (trainer/preemption.py).
             loader = rebuild_dataloader(loader, worker_init_fn=workers_ignore_preemption(init))
-        loader = self.strategy.setup_dataloader(loader, shuffle=shuffle)
-        length = loader_length(loader)
-        if length == 0:
+        if loader_length(loader) == 0:
             raise ValueError(f"The {stage} DataLoader is empty (len 0). Check the dataset and batch_size/drop_last.")
+        # Prediction shards in blocks, so that the ranks' outputs put end to end keep the dataset's order.
+        loader = self.strategy.setup_dataloader(loader, shuffle=shuffle, contiguous=stage == "predict")
+        length = loader_length(loader)
         count = limited_length(length, self.limits[stage])
         if count == 0 and stage == "train":
             raise ValueError("limit_train_batches=0 leaves no batch to train on; use a value > 0.")

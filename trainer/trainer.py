@@ -660,7 +660,7 @@ class Trainer:
         if stage != "predict":
             return [values]
         if self.strategy.world_size > 1:  # every rank returns all of them, in the dataset's order
-            gathered = self.strategy.all_gather_object(move_to_device(predictions, torch.device("cpu")))
+            gathered = self.strategy.all_gather_object(move_to_device(predictions, torch.device("cpu"), non_blocking=False))
             predictions = [prediction for shard in gathered for prediction in shard]
         return predictions
 

@@ -558,7 +558,7 @@ class Trainer:
         values.update(received[1])
         specs.update(received[2])
         self._publish(values, specs, self.global_step)
-        if self.module.automatic_optimization:  # as in Lightning, manual optimization steps its own
+        if self._automatic_optimization:  # as in Lightning, manual optimization steps its own
             self._step_schedulers("epoch")
         for callback in self.callbacks:
             callback.on_train_epoch_end(self, self.module)
@@ -743,7 +743,7 @@ class Trainer:
     def _ends_window(self, batch_idx: int, num_batches: int | float) -> bool:
         """True after the batch that ends an accumulation window (every batch in manual optimization):
         a checkpoint there holds no half-accumulated gradients."""
-        if not self.module.automatic_optimization:
+        if not self._automatic_optimization:
             return True
         return (batch_idx + 1) % self.accumulate_grad_batches == 0 or batch_idx + 1 == num_batches
 

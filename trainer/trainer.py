@@ -845,7 +845,8 @@ def _step_hooks(callbacks: list[Callback], module: TrainingModule) -> _StepHooks
     )
 
 
-#: One context serves every step without a forward context: nullcontext keeps no state.
+#: One context serves every evaluation batch and manual-optimization step without a forward
+#: context: nullcontext keeps no state.
 _NO_CONTEXT = contextlib.nullcontext()
 
 

@@ -55,3 +55,10 @@ def limited_length(length: int | None, limit: Any) -> int | None:
             )
         return int(length * limit) if limit < 1.0 else length
     return limit if length is None else min(length, limit)
+
+
+def set_sampler_epoch(loader: Any, epoch: int) -> None:
+    """Tell the loader's sampler (or its batch sampler's) the epoch, when it shuffles by epoch."""
+    for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import random
 import warnings
 from collections.abc import Iterator
@@ -111,3 +112,11 @@ def preserved_rng() -> Iterator[None]:
         yield
     finally:
         restore_rng_state(state)
+
+
+def use_deterministic_algorithms() -> None:
+    """``Trainer(deterministic=True)``: deterministic kernels (an error names any op without one)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False

@@ -11,12 +11,10 @@ Performance notes are marked "hot loop": nothing there converts a tensor to a Py
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import math
 import os
 import sys
-import types
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,14 +29,15 @@ from strategies import Strategy
 from strategies.transfer import move_to_device
 from trainer import checkpoint as checkpoint_io
 from trainer.arguments import check_trainer_arguments, loss_of, require_training_module
-from trainer.data import limited_length, loader_length, rebuild_dataloader
+from trainer.data import limited_length, loader_length, rebuild_dataloader, set_sampler_epoch
 from trainer.metrics import MetricStore
 from trainer.module import TrainingModule
 from trainer.guards import first_nonfinite, nonfinite_loss_error
+from trainer.hooks import evaluation_hooks, single_owner, step_hooks
 from trainer.optim import SchedulerConfig, parse_optimizers
 from trainer.preemption import Preemption, workers_ignore_preemption
 from trainer.resume import resumable, resume_iterator
-from trainer.seed import preserved_rng, seed_everything, seed_worker_of_rank
+from trainer.seed import preserved_rng, seed_everything, seed_worker_of_rank, use_deterministic_algorithms
 from trainer.state import checkpoint_state, handoff_state, receive_handoff, restore
 
 STAGES = ("fit", "validate", "test", "predict")
@@ -187,9 +186,10 @@ class Trainer:
         continues exactly where that checkpoint was written, in the same log directory.
         """
         train_dataloaders = self._loader_or_hook(train_dataloaders, model, "train_dataloader", "fit")
-        if val_dataloaders is None and _overrides(model, "val_dataloader"):
+        if val_dataloaders is None and type(model).val_dataloader is not TrainingModule.val_dataloader:
             val_dataloaders = model.val_dataloader()
-        if val_dataloaders is None and _overrides(model, "validation_step") and self.limits["validate"] != 0:
+        validates = type(model).validation_step is not TrainingModule.validation_step
+        if val_dataloaders is None and validates and self.limits["validate"] != 0:
             warnings.warn(
                 f"{type(model).__name__} defines validation_step but fit got no val_dataloaders and the "
                 "module has no val_dataloader(); validation will not run. Pass val_dataloaders=... to fit.",
@@ -272,13 +272,13 @@ class Trainer:
             if self.seed is not None:
                 seed_everything(self.seed)
             if self.deterministic:
-                _use_deterministic_algorithms()
+                use_deterministic_algorithms()
             if self.strategy.is_global_zero:
                 print(self.strategy.describe(), file=sys.stderr)
             for callback in self.callbacks:
                 callback.setup(self, module, stage)
             module.setup(stage)
-            self._hooks = _step_hooks(self.callbacks, module)
+            self._hooks = step_hooks(self.callbacks, module)
             self.model = self._setup_model(module, stage)
             if stage == "fit":
                 with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
@@ -338,8 +338,8 @@ class Trainer:
                 )
             # global_step counts optimizer steps, as in Lightning; the hooks go away at teardown.
             self._step_hook_handles = [optimizer.register_step_post_hook(self._count_manual_step) for optimizer in self.optimizers]
-        self._backward_owner = _single_owner(self.callbacks, "owns_backward")
-        self._step_owner = _single_owner(self.callbacks, "owns_optimizer_step")
+        self._backward_owner = single_owner([c for c in self.callbacks if c.owns_backward], "owns_backward")
+        self._step_owner = single_owner([c for c in self.callbacks if c.owns_optimizer_step], "owns_optimizer_step")
         self._clip_parameters = [p for group in self.optimizers[0].param_groups for p in group["params"]]
         return self.strategy.wrap_module(module)
 
@@ -426,7 +426,7 @@ class Trainer:
 
     def _iterate_train(self, loader: Any) -> Iterator[tuple[int, Any]]:
         """``enumerate(loader)`` under limit_train_batches, resuming mid-epoch at the index level."""
-        _set_sampler_epoch(loader, self.current_epoch)
+        set_sampler_epoch(loader, self.current_epoch)
         skip = 0
         if self._resume_position is not None and self._resume_position[0] == self.current_epoch:
             skip = self._resume_position[1]
@@ -633,7 +633,7 @@ class Trainer:
     def _evaluation_loop(self, stage: str, loader: Any, limit: int | float) -> Any:
         """One pass of validation, test or predict, under ``torch.inference_mode``."""
         module = self.module
-        hooks = _evaluation_hooks(stage, self.callbacks, module)
+        hooks = evaluation_hooks(stage, self.callbacks, module)
         self.model.eval()
         self.metrics.start_evaluation()
         for hook in hooks.start:
@@ -810,104 +810,6 @@ class Trainer:
         return next((c for c in self.callbacks if isinstance(c, callbacks_package.ModelCheckpoint)), None)
 
 
-@dataclasses.dataclass
-class _StepHooks:
-    """The hooks called every batch, as bound methods, keeping only those that do something.
-
-    Hot loop: four default callbacks inherit no-op per-batch hooks worth 16 calls a step (about
-    5 us); listing the implemented ones once per stage leaves the step only the calls that
-    matter. Callbacks first, in the order given, then the module, as everywhere else.
-    """
-
-    batch_start: list[Any]
-    forward_context: list[Any]
-    before_optimizer_step: list[Any]
-    batch_end: list[Any]
-    module_batch_start: list[Any]
-    module_before_optimizer_step: list[Any]
-    module_batch_end: list[Any]
-
-
-def _implemented(hooks: list[Any], no_op: Any) -> list[Any]:
-    """``hooks`` without the bound methods that are the base class's no-op ``no_op``."""
-    return [hook for hook in hooks if not (isinstance(hook, types.MethodType) and hook.__func__ is no_op)]
-
-
-def _step_hooks(callbacks: list[Callback], module: TrainingModule) -> _StepHooks:
-    return _StepHooks(
-        batch_start=_implemented([c.on_train_batch_start for c in callbacks], Callback.on_train_batch_start),
-        forward_context=_implemented([c.forward_context for c in callbacks], Callback.forward_context),
-        before_optimizer_step=_implemented([c.on_before_optimizer_step for c in callbacks], Callback.on_before_optimizer_step),
-        batch_end=_implemented([c.on_train_batch_end for c in callbacks], Callback.on_train_batch_end),
-        module_batch_start=_implemented([module.on_train_batch_start], TrainingModule.on_train_batch_start),
-        module_before_optimizer_step=_implemented([module.on_before_optimizer_step], TrainingModule.on_before_optimizer_step),
-        module_batch_end=_implemented([module.on_train_batch_end], TrainingModule.on_train_batch_end),
-    )
-
-
 #: One context serves every evaluation batch and manual-optimization step without a forward
 #: context: nullcontext keeps no state.
 _NO_CONTEXT = contextlib.nullcontext()
-
-
-@dataclasses.dataclass
-class _EvaluationHooks:
-    """The hooks of one evaluation stage, as bound methods (no hook is looked up by name)."""
-
-    step: Any
-    start: list[Any]
-    epoch_start: Any
-    batch_end: list[Any]
-    epoch_end: Any
-    end: list[Any]
-
-
-def _evaluation_hooks(stage: str, callbacks: list[Callback], module: TrainingModule) -> _EvaluationHooks:
-    if stage == "validate":
-        return _EvaluationHooks(
-            module.validation_step,
-            [c.on_validation_start for c in callbacks] + [lambda trainer, m: m.on_validation_start()],
-            module.on_validation_epoch_start, [c.on_validation_batch_end for c in callbacks],
-            module.on_validation_epoch_end,
-            [c.on_validation_end for c in callbacks] + [lambda trainer, m: m.on_validation_end()],
-        )
-    if stage == "test":
-        return _EvaluationHooks(
-            module.test_step,
-            [c.on_test_start for c in callbacks] + [lambda trainer, m: m.on_test_start()],
-            module.on_test_epoch_start, [c.on_test_batch_end for c in callbacks],
-            module.on_test_epoch_end,
-            [c.on_test_end for c in callbacks] + [lambda trainer, m: m.on_test_end()],
-        )
-    return _EvaluationHooks(
-        module.predict_step,
-        [c.on_predict_start for c in callbacks] + [lambda trainer, m: m.on_predict_start()],
-        module.on_predict_epoch_start, [c.on_predict_batch_end for c in callbacks],
-        module.on_predict_epoch_end,
-        [c.on_predict_end for c in callbacks] + [lambda trainer, m: m.on_predict_end()],
-    )
-
-
-def _single_owner(callbacks: list[Callback], attribute: str) -> Callback | None:
-    owners = [callback for callback in callbacks if getattr(callback, attribute)]
-    if len(owners) > 1:
-        names = " and ".join(type(owner).__name__ for owner in owners)
-        raise ValueError(f"{names} both set {attribute}=True; one callback may own that seam. Remove one of them.")
-    return owners[0] if owners else None
-
-
-def _overrides(module: Any, name: str) -> bool:
-    return getattr(type(module), name, None) is not getattr(TrainingModule, name)
-
-
-def _set_sampler_epoch(loader: Any, epoch: int) -> None:
-    for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-
-
-def _use_deterministic_algorithms() -> None:
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False

@@ -1,0 +1,96 @@
+"""Which hooks a stage calls, built once per stage as bound methods (no hook is looked up by name).
+
+Training calls only the per-batch hooks that do something (:func:`step_hooks`); evaluation calls
+its stage's hooks (:func:`evaluation_hooks`); each seam a callback may take over (backward, the
+optimizer step) has at most one owner (:func:`single_owner`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any
+
+from callbacks import Callback
+from trainer.module import TrainingModule
+
+
+@dataclasses.dataclass
+class StepHooks:
+    """The hooks called every batch, as bound methods, keeping only those that do something.
+
+    Hot loop: four default callbacks inherit no-op per-batch hooks worth 16 calls a step (about
+    5 us); listing the implemented ones once per stage leaves the step only the calls that
+    matter. Callbacks first, in the order given, then the module, as everywhere else.
+    """
+
+    batch_start: list[Any]
+    forward_context: list[Any]
+    before_optimizer_step: list[Any]
+    batch_end: list[Any]
+    module_batch_start: list[Any]
+    module_before_optimizer_step: list[Any]
+    module_batch_end: list[Any]
+
+
+def _implemented(hooks: list[Any], no_op: Any) -> list[Any]:
+    """``hooks`` without the bound methods that are the base class's no-op ``no_op``."""
+    return [hook for hook in hooks if not (isinstance(hook, types.MethodType) and hook.__func__ is no_op)]
+
+
+def step_hooks(callbacks: list[Callback], module: TrainingModule) -> StepHooks:
+    return StepHooks(
+        batch_start=_implemented([c.on_train_batch_start for c in callbacks], Callback.on_train_batch_start),
+        forward_context=_implemented([c.forward_context for c in callbacks], Callback.forward_context),
+        before_optimizer_step=_implemented([c.on_before_optimizer_step for c in callbacks], Callback.on_before_optimizer_step),
+        batch_end=_implemented([c.on_train_batch_end for c in callbacks], Callback.on_train_batch_end),
+        module_batch_start=_implemented([module.on_train_batch_start], TrainingModule.on_train_batch_start),
+        module_before_optimizer_step=_implemented([module.on_before_optimizer_step], TrainingModule.on_before_optimizer_step),
+        module_batch_end=_implemented([module.on_train_batch_end], TrainingModule.on_train_batch_end),
+    )
+
+
+@dataclasses.dataclass
+class EvaluationHooks:
+    """The hooks of one evaluation stage, as bound methods (no hook is looked up by name)."""
+
+    step: Any
+    start: list[Any]
+    epoch_start: Any
+    batch_end: list[Any]
+    epoch_end: Any
+    end: list[Any]
+
+
+def evaluation_hooks(stage: str, callbacks: list[Callback], module: TrainingModule) -> EvaluationHooks:
+    if stage == "validate":
+        return EvaluationHooks(
+            module.validation_step,
+            [c.on_validation_start for c in callbacks] + [lambda trainer, m: m.on_validation_start()],
+            module.on_validation_epoch_start, [c.on_validation_batch_end for c in callbacks],
+            module.on_validation_epoch_end,
+            [c.on_validation_end for c in callbacks] + [lambda trainer, m: m.on_validation_end()],
+        )
+    if stage == "test":
+        return EvaluationHooks(
+            module.test_step,
+            [c.on_test_start for c in callbacks] + [lambda trainer, m: m.on_test_start()],
+            module.on_test_epoch_start, [c.on_test_batch_end for c in callbacks],
+            module.on_test_epoch_end,
+            [c.on_test_end for c in callbacks] + [lambda trainer, m: m.on_test_end()],
+        )
+    return EvaluationHooks(
+        module.predict_step,
+        [c.on_predict_start for c in callbacks] + [lambda trainer, m: m.on_predict_start()],
+        module.on_predict_epoch_start, [c.on_predict_batch_end for c in callbacks],
+        module.on_predict_epoch_end,
+        [c.on_predict_end for c in callbacks] + [lambda trainer, m: m.on_predict_end()],
+    )
+
+
+def single_owner(owners: list[Callback], seam: str) -> Callback | None:
+    """The one callback among ``owners`` (those that set the ``seam`` flag), or None; two are an error."""
+    if len(owners) > 1:
+        names = " and ".join(type(owner).__name__ for owner in owners)
+        raise ValueError(f"{names} both set {seam}=True; one callback may own that seam. Remove one of them.")
+    return owners[0] if owners else None

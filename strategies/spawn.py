@@ -14,12 +14,14 @@ import contextlib
 import datetime
 import faulthandler
 import inspect
+import multiprocessing.connection
 import os
 import pickle
 import signal
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -52,14 +54,19 @@ def spawn_workers(strategy: DDP, function: Callable[..., Any], args: tuple) -> A
         )
         try:
             with _forward_preemption_signals(context):
-                while not context.join(grace_period=GRACE_PERIOD_S):
-                    pass
+                died_after_work = _wait_for_workers(context, directory)
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
             # Spawned workers set up one stage each: their keys live under the first session's prefix.
             records = dist.PrefixStore(forensics.session_prefix(0), store)
             raise RuntimeError(failure_message(records, count, _native_crash(context, error))) from None
         finally:
             _stop_leftovers(context)
+        for rank, exit_code in died_after_work:
+            warnings.warn(
+                f"DDP rank {rank} of {count} {_ended_how(exit_code)} while its process was exiting, after it had "
+                "finished its work; the results are complete. Its output above says where (a crash in native "
+                "code at interpreter exit prints every thread's Python stack).", stacklevel=4,
+            )
         # Written by our own rank zero into our private directory; it holds the stage's output
         # (predictions may be any object), so it is read as a full pickle.
         return torch.load(result_path, map_location="cpu", weights_only=False)
@@ -95,6 +102,39 @@ def _run_worker(local_rank: int, strategy: DDP, host: str, port: int, result_pat
         raise
     if local_rank == 0:
         torch.save(result, result_path)
+    _done_marker(Path(result_path).parent, local_rank).touch()  # a crash from here on loses nothing
+
+
+def _done_marker(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"rank{rank}.done"
+
+
+def _wait_for_workers(context: Any, directory: str) -> list[tuple[int, int]]:
+    """Wait until every worker has ended; return ``(rank, exit code)`` of those that died after
+    finishing their work (a crash at interpreter exit), while the others were left to finish.
+    Any other failure goes to ``ProcessContext.join``, which stops the rest and raises it."""
+    died_after_work = []
+    running = dict(enumerate(context.processes))
+    while running:
+        ready = multiprocessing.connection.wait([process.sentinel for process in running.values()])
+        for rank, process in list(running.items()):
+            if process.sentinel not in ready:
+                continue
+            process.join()
+            del running[rank]
+            if process.exitcode != 0 and not _done_marker(directory, rank).exists():
+                while not context.join(grace_period=GRACE_PERIOD_S):  # raises for this failure
+                    pass
+            context.sentinels.pop(process.sentinel, None)  # handled here; join must not report it
+            if process.exitcode != 0:
+                died_after_work.append((rank, process.exitcode))
+    return died_after_work
+
+
+def _ended_how(exit_code: int) -> str:
+    if exit_code < 0:
+        return f"was killed by {signal.Signals(-exit_code).name}"
+    return f"ended with exit code {exit_code}"
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ alone writes, and the results that come back to the caller. The failure tests sp
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import json
@@ -226,6 +227,10 @@ class Misbehaves(TrainingModule):
     def setup(self, stage):
         Path(self.out_dir, f"pid{self.trainer.global_rank}").write_text(str(os.getpid()))
 
+    def teardown(self, stage):
+        if self.what == "abort_at_exit" and self.trainer.global_rank == 1:
+            atexit.register(os.abort)  # a native crash while the finished worker's interpreter exits
+
     def training_step(self, batch, batch_idx):
         _, x, y = batch
         if self.what == "signal" and self.trainer.global_rank == 0 and batch_idx == 2 and self.current_epoch == 0:
@@ -245,10 +250,11 @@ class Misbehaves(TrainingModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit_misbehaving(what: str, out_dir: Path, **ddp_options) -> None:
+def fit_misbehaving(what: str, out_dir: Path, **ddp_options) -> Trainer:
     trainer = Trainer(strategy=DDP(devices=WORLD_SIZE, **ddp_options), max_epochs=1, default_root_dir=out_dir,
                       enable_progress_bar=False, logger=False, enable_checkpointing=False, log_every_n_steps=4)
     trainer.fit(Misbehaves(what, str(out_dir)), DataLoader(IndexedRegression(), batch_size=8))
+    return trainer
 
 
 def test_a_rank_that_raises_stops_every_rank_and_the_caller_gets_its_traceback(tmp_path):
@@ -274,6 +280,14 @@ def test_a_rank_that_crashes_in_native_code_is_reported_with_its_python_stack(tm
     output = capfd.readouterr().err
     assert "Fatal Python error: Aborted" in output
     assert "in training_step" in output  # the crashed rank's Python stack, printed by faulthandler
+    assert multiprocessing.active_children() == []
+
+
+def test_a_rank_that_crashes_while_exiting_after_its_work_loses_nothing(tmp_path):
+    with pytest.warns(UserWarning, match=r"DDP rank 1 of 2 was killed by SIGABRT while its process was exiting, "
+                                         r"after it had finished its work; the results are complete"):
+        trainer = fit_misbehaving("abort_at_exit", tmp_path)
+    assert trainer.global_step == SAMPLES // (WORLD_SIZE * 8)  # the run's results came back
     assert multiprocessing.active_children() == []
 
 

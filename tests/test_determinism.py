@@ -1,8 +1,8 @@
 """Determinism: the same seed trains the same weights, bit for bit, with DataLoader workers.
 
-``Trainer(seed=...)`` seeds Python, NumPy and torch at the start of ``fit`` and gives every
-DataLoader worker its own seed (per worker and per rank); ``deterministic=True`` also asks
-PyTorch for deterministic kernels.
+``Trainer(seed=...)`` seeds Python, NumPy and torch at the start of ``fit``, gives every
+DataLoader worker its own seed (per worker and per rank) and every loader without a generator a
+seeded one; ``deterministic=True`` also asks PyTorch for deterministic kernels.
 """
 
 from __future__ import annotations
@@ -128,3 +128,36 @@ def test_each_dataloader_worker_draws_its_own_random_numbers_reproducibly(make_t
 def test_a_seed_outside_the_range_is_refused(seed):
     with pytest.raises(ValueError, match=rf"seed_everything\(seed={seed!r}\): use an int in \[0, 2\*\*32 - 1\]"):
         Trainer(strategy="cpu", seed=seed, logger=False)
+
+
+class Indexed(Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index):
+        return torch.full((3,), float(index))
+
+
+class DrawsInTrainingStep(Collects):
+    """Collects its batches; with ``extra_draws`` its training_step also draws from torch's RNG."""
+
+    def __init__(self, extra_draws: bool) -> None:
+        super().__init__()
+        self.extra_draws = extra_draws
+
+    def training_step(self, batch, batch_idx):
+        if self.extra_draws:
+            torch.rand(3)  # e.g. a new dropout layer: model code that consumes random numbers
+        return super().training_step(batch, batch_idx)
+
+
+def test_the_shuffle_order_follows_the_seed_alone_not_the_models_random_draws(make_trainer):
+    def order(extra_draws: bool, seed: int = 6) -> list[float]:
+        module = DrawsInTrainingStep(extra_draws)
+        make_trainer(max_epochs=2, seed=seed).fit(module, DataLoader(Indexed(), batch_size=4, shuffle=True))
+        return torch.cat(module.draws)[:, 0].tolist()
+
+    plain = order(extra_draws=False)
+    assert order(extra_draws=True) == plain  # epoch 2's order did not move with the extra draws
+    assert sorted(plain[:16]) == sorted(plain[16:]) == list(range(16)) and plain[:16] != plain[16:]
+    assert order(extra_draws=False, seed=7) != plain

@@ -9,9 +9,11 @@ import os
 import random
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import RandomSampler
 
 
 def seed_everything(seed: int, workers: bool = True) -> int:
@@ -57,6 +59,18 @@ def _seed_worker_with_rank(worker_id: int, rank: int) -> None:
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
+
+
+def seeded_generator(loader: Any, seed: int) -> dict[str, Any]:
+    """The DataLoader settings that give ``loader`` its own generator seeded with ``seed``: for the
+    workers' base seed, and for a plain ``RandomSampler`` without one (``shuffle=True``), its order."""
+    generator = torch.Generator().manual_seed(seed)
+    changes: dict[str, Any] = {"generator": generator}
+    sampler = loader.sampler
+    if loader.batch_size is not None and type(sampler) is RandomSampler and sampler.generator is None:
+        changes["sampler"] = RandomSampler(loader.dataset, replacement=sampler.replacement,
+                                           num_samples=sampler.num_samples, generator=generator)
+    return changes
 
 
 def capture_rng_state() -> dict:

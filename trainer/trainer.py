@@ -37,7 +37,9 @@ from trainer.hooks import evaluation_hooks, single_owner, step_hooks
 from trainer.optim import SchedulerConfig, parse_optimizers
 from trainer.preemption import Preemption, workers_ignore_preemption
 from trainer.resume import resumable, resume_iterator
-from trainer.seed import preserved_rng, seed_everything, seed_worker_of_rank, use_deterministic_algorithms
+from trainer.seed import (
+    preserved_rng, seed_everything, seed_worker_of_rank, seeded_generator, use_deterministic_algorithms,
+)
 from trainer.state import checkpoint_state, handoff_state, receive_handoff, restore
 
 STAGES = ("fit", "validate", "test", "predict")
@@ -691,13 +693,21 @@ class Trainer:
             self.max_epochs = 1000
 
     def _prepare_loader(self, loader: Any, stage: str, shuffle: bool) -> Any:
-        """The strategy's shard of ``loader``, seeded workers, and its number of batches."""
-        if isinstance(loader, torch.utils.data.DataLoader) and loader.num_workers > 0:
-            init = loader.worker_init_fn
-            if init is None and self.seed is not None:  # seeded workers, distinct per rank
-                init = seed_worker_of_rank(self.strategy.global_rank)
-            # Workers ignore SIGTERM/SIGINT: the main process saves and stops (trainer/preemption.py).
-            loader = rebuild_dataloader(loader, worker_init_fn=workers_ignore_preemption(init))
+        """The strategy's shard of ``loader``, seeded (generator and workers), and its number of batches."""
+        if isinstance(loader, torch.utils.data.DataLoader):
+            changes = {}
+            if self.seed is not None and loader.generator is None:
+                # Its shuffle order and worker seeds then follow the seed alone, not whatever else
+                # draws from torch's global RNG (model code, augmentation in the main process).
+                changes.update(seeded_generator(loader, self.seed))
+            if loader.num_workers > 0:
+                init = loader.worker_init_fn
+                if init is None and self.seed is not None:  # seeded workers, distinct per rank
+                    init = seed_worker_of_rank(self.strategy.global_rank)
+                # Workers ignore SIGTERM/SIGINT: the main process saves and stops (trainer/preemption.py).
+                changes["worker_init_fn"] = workers_ignore_preemption(init)
+            if changes:
+                loader = rebuild_dataloader(loader, **changes)
         if loader_length(loader) == 0:
             raise ValueError(f"The {stage} DataLoader is empty (len 0). Check the dataset and batch_size/drop_last.")
         # Prediction shards in blocks, so that the ranks' outputs put end to end keep the dataset's order.

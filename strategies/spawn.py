@@ -61,6 +61,10 @@ def spawn_workers(strategy: DDP, function: Callable[..., Any], args: tuple) -> A
             raise RuntimeError(failure_message(records, count, _native_crash(context, error))) from None
         finally:
             _stop_leftovers(context)
+        unfinished = [rank for rank in range(count) if not _done_marker(directory, rank).exists()]
+        if unfinished:  # every rank ended with exit code 0, yet not all of them finished
+            records = dist.PrefixStore(forensics.session_prefix(0), store)
+            raise RuntimeError(_unfinished_message(records, count, unfinished[0]))
         for rank, exit_code in died_after_work:
             warnings.warn(
                 f"DDP rank {rank} of {count} {_ended_how(exit_code)} while its process was exiting, after it had "
@@ -122,13 +126,23 @@ def _wait_for_workers(context: Any, directory: str) -> list[tuple[int, int]]:
                 continue
             process.join()
             del running[rank]
-            if process.exitcode != 0 and not _done_marker(directory, rank).exists():
+            finished = _done_marker(directory, rank).exists()
+            if process.exitcode != 0 and not finished:
                 while not context.join(grace_period=GRACE_PERIOD_S):  # raises for this failure
                     pass
             context.sentinels.pop(process.sentinel, None)  # handled here; join must not report it
             if process.exitcode != 0:
                 died_after_work.append((rank, process.exitcode))
     return died_after_work
+
+
+def _unfinished_message(store: Any, count: int, rank: int) -> str:
+    first = forensics.first_failure(store, count)
+    if first is not None:
+        return f"DDP rank {first[0]} of {count} ended before its work was done. Its error:\n\n{first[1].rstrip()}"
+    return (f"DDP rank {rank} of {count} ended with exit code 0 before its work was done: code in the worker "
+            "called sys.exit() or os._exit(). Raise an exception instead, or set trainer.should_stop = True "
+            "to end training early.")
 
 
 def _ended_how(exit_code: int) -> str:

@@ -240,6 +240,10 @@ class Misbehaves(TrainingModule):
                 raise ValueError("rank 1 fails at batch 2")
             if self.what == "abort":
                 os.abort()  # what a fatal error in native code does
+            if self.what == "exit":
+                sys.exit(0)
+        if self.what == "exit_everywhere" and batch_idx == 2:
+            sys.exit(0)
             if self.what == "stall":
                 time.sleep(60)
             if self.what == "log":
@@ -288,6 +292,15 @@ def test_a_rank_that_crashes_while_exiting_after_its_work_loses_nothing(tmp_path
                                          r"after it had finished its work; the results are complete"):
         trainer = fit_misbehaving("abort_at_exit", tmp_path)
     assert trainer.global_step == SAMPLES // (WORLD_SIZE * 8)  # the run's results came back
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("what", ["exit", "exit_everywhere"])
+def test_sys_exit_in_a_worker_mid_run_is_an_error_with_its_traceback(tmp_path, what):
+    with pytest.raises(RuntimeError, match=r"DDP rank [01] of 2 (failed, so every rank was stopped|ended before its "
+                                           r"work was done)\. Its error:") as raised:
+        fit_misbehaving(what, tmp_path)
+    assert "SystemExit: 0" in str(raised.value) and "in training_step" in str(raised.value)
     assert multiprocessing.active_children() == []
 
 

@@ -216,8 +216,9 @@ def test_only_rank_zero_prints_and_writes_logs_and_checkpoints(spawned_fit):
 
 # --- faults --------------------------------------------------------------------------------------
 class Misbehaves(TrainingModule):
-    """At training batch 2, rank 1 raises, aborts, stalls or logs a key rank 0 does not, or rank 0 sends
-    SIGTERM to the launching process (a scheduler preempting the job)."""
+    """At training batch 2, rank 1 raises, aborts, calls sys.exit, stalls or logs a key rank 0 does
+    not; or every rank calls sys.exit; or rank 0 sends SIGTERM to the launching process (a scheduler
+    preempting the job); or rank 1 aborts while its process exits after the run."""
 
     def __init__(self, what: str, out_dir: str) -> None:
         super().__init__()
@@ -242,12 +243,12 @@ class Misbehaves(TrainingModule):
                 os.abort()  # what a fatal error in native code does
             if self.what == "exit":
                 sys.exit(0)
-        if self.what == "exit_everywhere" and batch_idx == 2:
-            sys.exit(0)
             if self.what == "stall":
                 time.sleep(60)
             if self.what == "log":
                 self.log("train/only_on_rank_1", 1.0, sync_dist=True)
+        if self.what == "exit_everywhere" and batch_idx == 2:
+            sys.exit(0)
         return F.mse_loss(self.layer(x), y)
 
     def configure_optimizers(self):

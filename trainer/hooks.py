@@ -52,39 +52,37 @@ def step_hooks(callbacks: list[Callback], module: TrainingModule) -> StepHooks:
 
 @dataclasses.dataclass
 class EvaluationHooks:
-    """The hooks of one evaluation stage, as bound methods (no hook is looked up by name)."""
+    """The hooks of one evaluation stage, as bound methods (no hook is looked up by name): the
+    callbacks' lists (called with the trainer and the module) and the module's own."""
 
     step: Any
     start: list[Any]
-    epoch_start: Any
     batch_end: list[Any]
-    epoch_end: Any
     end: list[Any]
+    module_start: Any
+    module_epoch_start: Any
+    module_epoch_end: Any
+    module_end: Any
 
 
 def evaluation_hooks(stage: str, callbacks: list[Callback], module: TrainingModule) -> EvaluationHooks:
     if stage == "validate":
         return EvaluationHooks(
-            module.validation_step,
-            [c.on_validation_start for c in callbacks] + [lambda trainer, m: m.on_validation_start()],
-            module.on_validation_epoch_start, [c.on_validation_batch_end for c in callbacks],
-            module.on_validation_epoch_end,
-            [c.on_validation_end for c in callbacks] + [lambda trainer, m: m.on_validation_end()],
+            module.validation_step, [c.on_validation_start for c in callbacks],
+            [c.on_validation_batch_end for c in callbacks], [c.on_validation_end for c in callbacks],
+            module.on_validation_start, module.on_validation_epoch_start, module.on_validation_epoch_end,
+            module.on_validation_end,
         )
     if stage == "test":
         return EvaluationHooks(
-            module.test_step,
-            [c.on_test_start for c in callbacks] + [lambda trainer, m: m.on_test_start()],
-            module.on_test_epoch_start, [c.on_test_batch_end for c in callbacks],
-            module.on_test_epoch_end,
-            [c.on_test_end for c in callbacks] + [lambda trainer, m: m.on_test_end()],
+            module.test_step, [c.on_test_start for c in callbacks],
+            [c.on_test_batch_end for c in callbacks], [c.on_test_end for c in callbacks],
+            module.on_test_start, module.on_test_epoch_start, module.on_test_epoch_end, module.on_test_end,
         )
     return EvaluationHooks(
-        module.predict_step,
-        [c.on_predict_start for c in callbacks] + [lambda trainer, m: m.on_predict_start()],
-        module.on_predict_epoch_start, [c.on_predict_batch_end for c in callbacks],
-        module.on_predict_epoch_end,
-        [c.on_predict_end for c in callbacks] + [lambda trainer, m: m.on_predict_end()],
+        module.predict_step, [c.on_predict_start for c in callbacks],
+        [c.on_predict_batch_end for c in callbacks], [c.on_predict_end for c in callbacks],
+        module.on_predict_start, module.on_predict_epoch_start, module.on_predict_epoch_end, module.on_predict_end,
     )
 
 

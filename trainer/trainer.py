@@ -640,7 +640,8 @@ class Trainer:
         self.metrics.start_evaluation()
         for hook in hooks.start:
             hook(self, module)
-        hooks.epoch_start()
+        hooks.module_start()
+        hooks.module_epoch_start()
         predictions = []
         with torch.inference_mode():
             for batch_idx, batch in enumerate(loader):
@@ -653,12 +654,13 @@ class Trainer:
                     predictions.append(outputs)
                 for hook in hooks.batch_end:
                     hook(self, module, outputs, batch, batch_idx)
-        hooks.epoch_end()
+        hooks.module_epoch_end()
         values, specs = self.metrics.read_epoch_values(self.metrics.evaluation)
         if not self.sanity_checking:
             self._publish(values, specs, self.global_step)
         for hook in hooks.end:
             hook(self, module)
+        hooks.module_end()
         if stage != "predict":
             return [values]
         if self.strategy.world_size > 1:  # every rank returns all of them, in the dataset's order

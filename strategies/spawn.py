@@ -46,6 +46,19 @@ def spawn_workers(strategy: DDP, function: Callable[..., Any], args: tuple) -> A
         check_picklable(function, args, count)
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
     store = host_store(host, int(os.environ.get("MASTER_PORT", 0)), strategy.timeout)
+    try:
+        return _run_workers(strategy, function, args, count, host, store)
+    finally:
+        # The store's server thread lives in this process, so the store must die here, now. An
+        # error's traceback keeps the frames of this call alive; a store that outlived them would
+        # be destroyed wherever the garbage collector finds it, possibly in a forked child (a
+        # DataLoader worker) that has no such thread: its destructor then joins a thread that is
+        # not there and the child segfaults. Only this frame holds the store.
+        del store
+
+
+def _run_workers(strategy: DDP, function: Callable[..., Any], args: tuple, count: int, host: str,
+                 store: dist.TCPStore) -> Any:
     with tempfile.TemporaryDirectory(prefix="cadence-ddp-") as directory:
         result_path = str(Path(directory) / "rank0-result.pt")
         context = mp.start_processes(
@@ -57,19 +70,22 @@ def spawn_workers(strategy: DDP, function: Callable[..., Any], args: tuple) -> A
                 died_after_work = _wait_for_workers(context, directory)
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
             # Spawned workers set up one stage each: their keys live under the first session's prefix.
-            records = dist.PrefixStore(forensics.session_prefix(0), store)
-            raise RuntimeError(failure_message(records, count, _native_crash(context, error))) from None
+            message = failure_message(dist.PrefixStore(forensics.session_prefix(0), store), count,
+                                      _native_crash(context, error))
+            del store  # this frame outlives the call in the error's traceback (see spawn_workers)
+            raise RuntimeError(message) from None
         finally:
             _stop_leftovers(context)
         unfinished = [rank for rank in range(count) if not _done_marker(directory, rank).exists()]
         if unfinished:  # every rank ended with exit code 0, yet not all of them finished
-            records = dist.PrefixStore(forensics.session_prefix(0), store)
-            raise RuntimeError(_unfinished_message(records, count, unfinished[0]))
+            message = _unfinished_message(dist.PrefixStore(forensics.session_prefix(0), store), count, unfinished[0])
+            del store
+            raise RuntimeError(message)
         for rank, exit_code in died_after_work:
             warnings.warn(
                 f"DDP rank {rank} of {count} {_ended_how(exit_code)} while its process was exiting, after it had "
                 "finished its work; the results are complete. Its output above says where (a crash in native "
-                "code at interpreter exit prints every thread's Python stack).", stacklevel=4,
+                "code at interpreter exit prints every thread's Python stack).", stacklevel=5,
             )
         # Written by our own rank zero into our private directory; it holds the stage's output
         # (predictions may be any object), so it is read as a full pickle.

@@ -72,11 +72,14 @@ class Strategy:
 
     # --- model and data -------------------------------------------------------------------
     def setup_module(self, module: nn.Module) -> nn.Module:
-        """Move ``module`` to the device once and return the model the loop calls (maybe wrapped)."""
+        """Move ``module`` to the device once; return it. Called after the module's own
+        ``configure_model`` and before the callbacks' (compile, activation checkpointing)."""
         return module.to(self.device)
 
-    def wrap_module(self, module: nn.Module) -> nn.Module:
-        """Wrap the module for training (DDP); called after callbacks' ``configure_model``."""
+    def wrap_module(self, module: nn.Module, stage: str) -> nn.Module:
+        """Return the model the loop calls in ``stage`` (``"fit"``, ``"validate"``, ...): DDP wraps
+        it for training. Called after the callbacks' ``configure_model`` and before
+        ``configure_optimizers``, so the optimizer sees the parameters the wrapped model steps."""
         return module
 
     def unwrap(self, model: nn.Module) -> nn.Module:

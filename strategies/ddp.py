@@ -314,7 +314,9 @@ class DDP(Strategy):
                         tensor.data = tensor.data.clone()
         return module.to(self.device)
 
-    def wrap_module(self, module: nn.Module) -> nn.Module:
+    def wrap_module(self, module: nn.Module, stage: str) -> nn.Module:
+        if stage != "fit":  # evaluation runs each rank's own forward: nothing to all-reduce
+            return module
         return DistributedDataParallel(
             _TrainingStepRunner(module),
             device_ids=[self.device.index] if self.device.type == "cuda" else None,

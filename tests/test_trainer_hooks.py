@@ -108,8 +108,10 @@ def test_fit_calls_the_hooks_in_the_order_of_its_docstring(run):
     calls, trainer, module, loader = run
     trainer.fit(module, loader, loader)
     assert calls == [
-        # seed; setup hooks; move the model once; callbacks' configure_model; configure_optimizers
-        "callback.setup", "module.setup", "callback.configure_model", "configure_optimizers",
+        # seed; setup hooks; module.configure_model; move once; callbacks' configure_model; wrap;
+        # configure_optimizers
+        "callback.setup", "module.setup", "module.configure_model", "callback.configure_model",
+        "configure_optimizers",
         "callback.on_fit_start", "module.on_fit_start",
         # sanity validation: one batch, nothing logged (no on_log)
         *validation(batches=1), "callback.on_validation_end", "module.on_validation_end",
@@ -132,14 +134,14 @@ def test_validate_test_and_predict_call_their_own_hooks_in_order(run):
     one_batch = DataLoader(loader.dataset, batch_size=4)
     trainer.validate(module, one_batch)
     assert calls == [
-        "callback.setup", "module.setup", "callback.configure_model",
+        "callback.setup", "module.setup", "module.configure_model", "callback.configure_model",
         *validation(batches=1), "callback.on_log", "callback.on_validation_end", "module.on_validation_end",
         "callback.teardown", "module.teardown",
     ]
     calls.clear()
     trainer.test(module, one_batch)
     assert calls == [
-        "callback.setup", "module.setup", "callback.configure_model",
+        "callback.setup", "module.setup", "module.configure_model", "callback.configure_model",
         "callback.on_test_start", "module.on_test_start", "module.on_test_epoch_start",
         "callback.forward_context", "test_step", "callback.on_test_batch_end", "module.on_test_epoch_end",
         "callback.on_log", "callback.on_test_end", "module.on_test_end",
@@ -148,7 +150,7 @@ def test_validate_test_and_predict_call_their_own_hooks_in_order(run):
     calls.clear()
     trainer.predict(module, one_batch)
     assert calls == [
-        "callback.setup", "module.setup", "callback.configure_model",
+        "callback.setup", "module.setup", "module.configure_model", "callback.configure_model",
         "callback.on_predict_start", "module.on_predict_start", "module.on_predict_epoch_start",
         "callback.forward_context", "predict_step", "callback.on_predict_batch_end", "module.on_predict_epoch_end",
         "callback.on_predict_end", "module.on_predict_end",

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from strategies import SingleDevice
 from trainer import TrainingModule
 
 
@@ -229,3 +230,24 @@ def test_optimizers_and_manual_backward_outside_a_run_say_they_need_a_trainer():
         module.optimizers()
     with pytest.raises(RuntimeError, match=r"Model.manual_backward\(\) needs a running Trainer"):
         module.manual_backward(torch.ones((), requires_grad=True))
+
+
+# --- the setup order ---------------------------------------------------------------------------
+class ReplacesParametersWhenWrapping(SingleDevice):
+    """Stands for a strategy that swaps parameters when it wraps (FSDP's fully_shard turns each
+    into a sharded DTensor): the optimizer must be built after the wrap, on the new parameters."""
+
+    def wrap_module(self, module, stage):
+        self.replaced = nn.Parameter(module.layer.weight.detach().clone())
+        module.layer.weight = self.replaced
+        return module
+
+
+def test_configure_optimizers_runs_after_the_strategy_wrapped_the_model(make_trainer, regression_loader):
+    strategy = ReplacesParametersWhenWrapping("cpu")
+    module = Model(sgd)
+    trainer = make_trainer(max_epochs=1, strategy=strategy)
+    trainer.fit(module, regression_loader)
+    stepped = trainer.optimizers[0].param_groups[0]["params"]
+    assert any(parameter is strategy.replaced for parameter in stepped)
+    assert module.layer.weight is strategy.replaced

@@ -214,6 +214,10 @@ class TrainingModule(nn.Module):
         return None
 
     # --- lifecycle hooks, each a no-op; see Trainer.fit for the order ------------------------
+    def configure_model(self) -> None:
+        """Build layers late, once per stage, before the model moves (keep it idempotent). Under
+        FSDP, layers built here inside ``torch.device("meta")`` are materialized shard by shard."""
+
     def setup(self, stage: str) -> None: ...
     def teardown(self, stage: str) -> None: ...
     def on_fit_start(self) -> None: ...

@@ -161,8 +161,8 @@ class Trainer:
         """Train ``model``. What happens, in order:
 
             strategy.launch (DDP spawns here, or joins a torchrun group)
-            seed; setup hooks; move the model once; callbacks' configure_model; strategy wrap;
-            configure_optimizers; restore ckpt_path if given
+            seed; setup hooks; module.configure_model; move the model once; callbacks'
+            configure_model; strategy wrap (DDP, FSDP); configure_optimizers; restore ckpt_path if given
             on_fit_start
             sanity validation (num_sanity_val_steps batches, nothing logged)
             on_train_start
@@ -307,7 +307,17 @@ class Trainer:
             self.module = self.model = None
 
     def _setup_model(self, module: TrainingModule, stage: str) -> torch.nn.Module:
-        """Move once; callbacks rewrap (compile, checkpointing); the strategy wraps (DDP)."""
+        """The one setup order of every strategy (each step sees what the previous one built):
+
+            module.configure_model      the user's late-built layers (under FSDP: on the meta device)
+            strategy.setup_module       move once (or keep on meta, to materialize shard by shard)
+            callbacks' configure_model  activation checkpointing, then compile, in the order given
+            strategy.wrap_module        DDP wraps; FSDP shards the blocks, then the root
+            configure_optimizers        so the optimizer holds the parameters it will step (FSDP's shards)
+
+        The checkpoint, if any, is restored after this, by the stage.
+        """
+        module.configure_model()
         module = self.strategy.setup_module(module)
         for callback in self.callbacks:
             configured = callback.configure_model(module)
@@ -316,8 +326,13 @@ class Trainer:
                     f"{type(callback).__name__}.configure_model returned a new object; modify the "
                     "module in place (module.compile(), wrapping submodules) so its state_dict keeps its keys."
                 )
-        if stage != "fit":
-            return module
+        model = self.strategy.wrap_module(module, stage)
+        if stage == "fit":
+            self._setup_optimization(module)
+        return model
+
+    def _setup_optimization(self, module: TrainingModule) -> None:
+        """configure_optimizers, read once; the seams' owners; what clipping walks."""
         self.optimizers, self.lr_scheduler_configs = parse_optimizers(module.configure_optimizers())
         self._automatic_optimization = module.automatic_optimization  # read once: the hot loop reads it every step
         if self._automatic_optimization:
@@ -343,7 +358,6 @@ class Trainer:
         self._backward_owner = single_owner([c for c in self.callbacks if c.owns_backward], "owns_backward")
         self._step_owner = single_owner([c for c in self.callbacks if c.owns_optimizer_step], "owns_optimizer_step")
         self._clip_parameters = [p for group in self.optimizers[0].param_groups for p in group["params"]]
-        return self.strategy.wrap_module(module)
 
     def _count_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.global_step += 1

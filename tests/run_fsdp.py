@@ -12,7 +12,9 @@ be replayed in one process (``replay`` in tests/test_fsdp.py):
 - ``accumulate_clip``: accumulation over 2 batches and clipping by total norm, with two
   ModelCheckpoints writing sharded checkpoints (epoch ends; every 3 steps, keeping 1), and the
   bytes each rank holds.
-- ``resume``: the same, resumed from ``accumulate_clip``'s checkpoint at step 6 (mid-epoch).
+- ``resume``: the same, resumed from ``accumulate_clip``'s checkpoint at step 6 (mid-epoch);
+  ``resume_file`` from that checkpoint converted to one file, each rank keeping its shard of it.
+- ``hsdp``: ``plain`` on a (replicate 2, shard 1) mesh: hybrid sharding's other dimension.
 - ``meta``: a model built on the meta device in ``configure_model``.
 - ``bf16``: ``FSDP(mixed_precision=MixedPrecisionPolicy(param_dtype=torch.bfloat16))``.
 - ``killed`` (last): ``accumulate_clip`` again, SIGKILLed on both ranks during step 7, after the
@@ -36,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from callbacks import Callback, ModelCheckpoint  # noqa: E402
 from strategies import FSDP  # noqa: E402
 from trainer import Trainer, TrainingModule  # noqa: E402
+from trainer.checkpoint import convert_checkpoint  # noqa: E402
 
 SAMPLES, BATCH_SIZE, EPOCHS, LR, MOMENTUM, CLIP = 64, 4, 2, 0.1, 0.9, 0.05
 
@@ -199,6 +202,11 @@ def main(out: Path) -> None:
     clip = {"accumulate_grad_batches": 2, "gradient_clip_val": CLIP}
     fit(out, "accumulate_clip", FSDP(), checkpoints(out), **clip)
     fit(out, "resume", FSDP(), ckpt_path=out / "steps" / "epoch=1-step=6.ckpt", **clip)
+    if torch.distributed.get_rank() == 0:  # the group stays up between stages under torchrun
+        convert_checkpoint(out / "steps" / "epoch=1-step=6.ckpt", out / "step6.ckpt")
+    torch.distributed.barrier()
+    fit(out, "resume_file", FSDP(), ckpt_path=out / "step6.ckpt", **clip)
+    fit(out, "hsdp", FSDP(device_mesh=(2, 1)))
 
     torch.manual_seed(0)
     fit(out, "meta", FSDP(), model=Blocks(on_meta=True))

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_fsdp import BATCH_SIZE, CLIP, Blocks, Indexed, make_optimizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ("plain", "accumulate_clip", "resume", "meta", "bf16")
+RUNS = ("plain", "accumulate_clip", "resume", "resume_file", "hsdp", "meta", "bf16")
 SHARD_FILES = [".metadata", "__0_0.distcp", "__1_0.distcp", "state.pt"]
 
 
@@ -120,6 +120,11 @@ def test_accumulation_and_clipping_by_the_norm_over_all_shards_equal_single_proc
     assert run["global_step"] == 8
 
 
+def test_hybrid_sharding_replicating_across_the_mesh_equals_single_process_training(records):
+    reference, _ = replay(records["hsdp"])
+    assert_weights_close(records["hsdp"]["final"], reference.state_dict())
+
+
 def test_each_rank_holds_half_the_parameter_gradient_and_optimizer_bytes_of_ddp(records):
     # What DDP keeps on every rank: the whole model, its gradients and the momentum buffers.
     whole = sum(p.numel() * p.element_size() for p in Blocks().parameters())
@@ -170,6 +175,12 @@ def test_checkpoints_are_directories_of_each_ranks_shards_pruned_and_linked_by_m
 def test_a_sharded_checkpoint_resumes_mid_epoch_to_the_same_weights(records):
     assert records["resume"]["global_step"] == 8
     assert_weights_close(records["resume"]["final"], records["accumulate_clip"]["final"], atol=0)
+
+
+def test_a_one_file_checkpoint_resumes_under_fsdp_each_rank_keeping_its_shard(records):
+    assert records["resume_file"]["global_step"] == 8
+    assert_weights_close(records["resume_file"]["initial"], records["accumulate_clip"]["at_step"][6]["weights"], atol=0)
+    assert_weights_close(records["resume_file"]["final"], records["accumulate_clip"]["final"], atol=0)
 
 
 def test_a_run_killed_with_sigkill_resumes_exactly_on_two_spawned_processes(records, launched, tmp_path):

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from strategies.base import Strategy
 from strategies.checkpoint_files import read_file, remove_checkpoint, replace_atomic, save_atomic, staging_directory
 from strategies.ddp import DDP, DEFAULT_TIMEOUT_S
 from strategies.process_group import launched_by_torchrun
@@ -50,8 +51,8 @@ class FSDP(DDP):
     Args:
         devices, backend, start_method, timeout: as for :class:`DDP`.
         auto_wrap: the blocks sharded one by one (each all-gathered only while it computes): a module
-            class, a tuple of classes, a list of submodule names, or a predicate ``(name, module) ->
-            bool`` (see ``strategies/selection.py``). Default: every direct child that holds
+            class, a tuple (or set) of classes, a list of submodule names, or a predicate ``(name,
+            module) -> bool`` (see ``strategies/selection.py``). Default: every direct child that holds
             parameters. A container without a forward (``nn.ModuleList``) stands for its members.
             For a transformer, pass its block class.
         reshard_after_forward: free each block's gathered parameters after its forward (True, less
@@ -77,7 +78,8 @@ class FSDP(DDP):
                  backend: str | None = None, start_method: str = "spawn",
                  timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S) -> None:
         super().__init__(devices=devices, backend=backend, start_method=start_method, timeout=timeout)
-        self.auto_wrap = auto_wrap
+        # A set of classes is how Lightning users write it (FSDPStrategy(auto_wrap_policy={Block})).
+        self.auto_wrap = tuple(auto_wrap) if isinstance(auto_wrap, (set, frozenset)) else auto_wrap
         self.reshard_after_forward = reshard_after_forward
         self.mp_policy = mixed_precision
         self.cpu_offload = cpu_offload
@@ -204,7 +206,9 @@ class FSDP(DDP):
 
     def training_step(self, model: nn.Module, batch: Any, batch_idx: int) -> Any:
         self._whereabouts.start_batch(batch_idx)
-        return model.training_step(batch, batch_idx)  # registered as a forward: gathers the root's shards
+        # The module's own training_step, called as on one device (no DDP wrapper around it): it is
+        # registered as a forward, so the root's shards are gathered around it.
+        return Strategy.training_step(self, model, batch, batch_idx)
 
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
         return _without_gradient_sync(model) if enabled else contextlib.nullcontext()

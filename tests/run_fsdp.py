@@ -12,7 +12,8 @@ be replayed in one process (``replay`` in tests/test_fsdp.py):
 - ``accumulate_clip``: accumulation over 2 batches and clipping by total norm, with two
   ModelCheckpoints writing sharded checkpoints (epoch ends; every 3 steps, keeping 1), and the
   bytes each rank holds.
-- ``resume``: the same, resumed from ``accumulate_clip``'s checkpoint at step 6 (mid-epoch);
+- ``resume``: the same, resumed from ``accumulate_clip``'s checkpoint at step 6 (mid-epoch), then
+  validated with that checkpoint's weights (``validate(ckpt_path=...)`` on the sharded model);
   ``resume_file`` from that checkpoint converted to one file, each rank keeping its shard of it.
 - ``hsdp``: ``plain`` on a (replicate 2, shard 1) mesh: hybrid sharding's other dimension.
 - ``meta``: a model built on the meta device in ``configure_model``.
@@ -196,12 +197,15 @@ def main(out: Path) -> None:
     trainer = fit(out, "plain", FSDP(), model=model)
     evaluated = {"validate": trainer.validate(model, DataLoader(Indexed(), batch_size=8)),
                  "test": trainer.test(model, DataLoader(Indexed(), batch_size=8))}
-    if trainer.is_global_zero:
-        torch.save(evaluated, out / "evaluated.pt")
 
     clip = {"accumulate_grad_batches": 2, "gradient_clip_val": CLIP}
     fit(out, "accumulate_clip", FSDP(), checkpoints(out), **clip)
-    fit(out, "resume", FSDP(), ckpt_path=out / "steps" / "epoch=1-step=6.ckpt", **clip)
+    resumed = Blocks()
+    trainer = fit(out, "resume", FSDP(), ckpt_path=out / "steps" / "epoch=1-step=6.ckpt", model=resumed, **clip)
+    evaluated["validate_step6"] = trainer.validate(resumed, DataLoader(Indexed(), batch_size=8),
+                                                   ckpt_path=out / "steps" / "epoch=1-step=6.ckpt")
+    if trainer.is_global_zero:
+        torch.save(evaluated, out / "evaluated.pt")
     if torch.distributed.get_rank() == 0:  # the group stays up between stages under torchrun
         convert_checkpoint(out / "steps" / "epoch=1-step=6.ckpt", out / "step6.ckpt")
     torch.distributed.barrier()

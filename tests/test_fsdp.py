@@ -177,6 +177,15 @@ def test_a_sharded_checkpoint_resumes_mid_epoch_to_the_same_weights(records):
     assert_weights_close(records["resume"]["final"], records["accumulate_clip"]["final"], atol=0)
 
 
+def test_validate_with_a_sharded_checkpoint_loads_its_weights_into_the_sharded_model(records, launched):
+    model = Blocks()
+    model.load_state_dict(records["accumulate_clip"]["at_step"][6]["weights"])
+    data = Indexed()
+    with torch.no_grad():
+        expected = F.mse_loss(model(data.x), data.y).item()
+    assert launched.evaluated["validate_step6"][0]["val/loss"] == pytest.approx(expected, abs=1e-6)
+
+
 def test_a_one_file_checkpoint_resumes_under_fsdp_each_rank_keeping_its_shard(records):
     assert records["resume_file"]["global_step"] == 8
     assert_weights_close(records["resume_file"]["initial"], records["accumulate_clip"]["at_step"][6]["weights"], atol=0)
@@ -186,7 +195,7 @@ def test_a_one_file_checkpoint_resumes_under_fsdp_each_rank_keeping_its_shard(re
 def test_a_run_killed_with_sigkill_resumes_exactly_on_two_spawned_processes(records, launched, tmp_path):
     killed = launched.out / "killed"
     assert not [path for path in killed.rglob("*.tmp")]
-    model = Blocks()
+    model = Blocks(on_meta=True)  # layers built in configure_model: the caller's copy gets them too
     trainer = Trainer(strategy=FSDP(devices=2), max_epochs=2, seed=7, accumulate_grad_batches=2, gradient_clip_val=CLIP,
                       default_root_dir=tmp_path, enable_progress_bar=False, logger=False,
                       callbacks=[ModelCheckpoint(dirpath=killed / "epochs", save_top_k=-1, monitor=None),

@@ -9,6 +9,7 @@ so that the loop continues exactly where the checkpoint was written. ``handoff_s
 from __future__ import annotations
 
 import functools
+import itertools
 import platform
 import warnings
 from pathlib import Path
@@ -119,7 +120,11 @@ def handoff_state(trainer: Trainer, module: TrainingModule) -> dict[str, Any]:
 
 
 def receive_handoff(trainer: Trainer, module: TrainingModule, handoff: dict[str, Any]) -> None:
-    module.load_state_dict(handoff["state_dict"])
+    # Layers that configure_model builds (late, in the workers) are built here too; built on the
+    # meta device (for FSDP), they take the trained tensors as they are (assign).
+    module.configure_model()
+    on_meta = any(tensor.is_meta for tensor in itertools.chain(module.parameters(), module.buffers()))
+    module.load_state_dict(handoff["state_dict"], assign=on_meta)
     trainer._preemption.signal_number = handoff.get("preempted_by")
     trainer.current_epoch, trainer.global_step = handoff["current_epoch"], handoff["global_step"]
     trainer.callback_metrics = {k: torch.tensor(v) for k, v in handoff["callback_metrics"].items()}

@@ -60,14 +60,13 @@ def save_atomic(state: dict[str, Any], path: str | os.PathLike) -> Path:
             torch.save(state, file)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(temporary, path)
+        replace_atomic(Path(temporary), path)  # also over a sharded checkpoint directory of the same name
     except BaseException as error:
         if temporary is not None:
             Path(temporary).unlink(missing_ok=True)
         if isinstance(error, OSError):
             raise _write_error(error, path) from error
         raise
-    fsync_directory(path.parent)
     return path
 
 
@@ -133,12 +132,13 @@ def staging_directory(path: str | os.PathLike) -> Path:
 def replace_atomic(staging: Path, path: Path) -> None:
     """Put the finished ``staging`` (a file or directory) at ``path``, replacing what was there.
 
-    A file replaces a file in one rename. A directory cannot be renamed over a non-empty one, so
-    the old checkpoint first moves aside to ``.<name>.<token>.old``, the new one takes its place,
-    and the old one is deleted. A kill between the two renames leaves both whole: the old one is
-    found by :func:`recover_interrupted_replace`, the new one is removed by the next write.
+    A file replaces a file in one rename. A directory cannot be renamed over a non-empty one (nor
+    a file over a directory, or the reverse), so the old checkpoint first moves aside to
+    ``.<name>.<token>.old``, the new one takes its place, and the old one is deleted. A kill
+    between the two renames leaves both whole: the old one is found by
+    :func:`recover_interrupted_replace`, the new one is removed by the next write.
     """
-    if path.is_dir() and not path.is_symlink():
+    if path.exists() and not path.is_symlink() and (path.is_dir() or staging.is_dir()):
         aside = path.with_name(f".{path.name}.{secrets.token_hex(4)}.old")
         os.rename(path, aside)
         os.rename(staging, path)

@@ -74,6 +74,15 @@ def records(launched):
 def replay(record: dict, accumulate: int = 1, clip: float | None = None) -> tuple[Blocks, list[float]]:
     """Train in one process on the global batches the two ranks saw (both ranks' samples of each
     micro-batch together) from the run's starting weights; return the model and the gradient norms."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: on a busy machine two threads spin-wait for each other (10 s vs 0.1 s)
+    try:
+        return _replay(record, accumulate, clip)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _replay(record: dict, accumulate: int, clip: float | None) -> tuple[Blocks, list[float]]:
     data = Indexed()
     model = Blocks()
     model.load_state_dict(record["initial"])

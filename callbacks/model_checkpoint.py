@@ -5,20 +5,22 @@ waits). A checkpoint is written only after an optimizer step, never in the middl
 accumulation window, so resuming from it is exact. The top-k bookkeeping is part of this
 callback's state and is updated *before* the files are written, so each file records itself and
 the bookkeeping survives a restart; ``last.ckpt`` is a hard link to the ranked file of the same
-moment when there is one (one serialization, not two).
+moment when there is one (one serialization, not two). Under FSDP each checkpoint is a directory
+of shards (``strategies/sharded_checkpoint.py``): ``last.ckpt`` is then a directory of hard links
+to the ranked one's files, and pruning removes whole directories.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
+from strategies.checkpoint_files import link_checkpoint, remove_checkpoint
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -145,14 +147,14 @@ class ModelCheckpoint(Callback):
         try:
             trainer.save_checkpoint(path)
             if self.save_last and trainer.is_global_zero:
-                _link_atomic(path, Path(self.last_model_path))
+                link_checkpoint(path, Path(self.last_model_path))
         except BaseException:
             self.load_state_dict(before)
             raise
         if trainer.is_global_zero:
             for old in pruned:
                 if old != str(path):
-                    Path(old).unlink(missing_ok=True)
+                    remove_checkpoint(old)
 
     def write_last(self, trainer: Trainer) -> Path:
         """Write ``<dirpath>/last.ckpt`` now (also used by the Trainer when preempted); return its path."""
@@ -232,20 +234,3 @@ class ModelCheckpoint(Callback):
         self.best_model_path = state_dict["best_model_path"]
         self.best_model_score = state_dict.get("best_model_score")
         self.last_model_path = state_dict["last_model_path"]
-
-
-def _link_atomic(source: Path, path: Path) -> None:
-    """Make ``path`` the same file as the checkpoint ``source`` (a hard link, or a copy where the
-    filesystem has none), replacing ``path`` atomically: it is always the old file or the new."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.link.tmp")
-    try:
-        temporary.unlink(missing_ok=True)
-        try:
-            os.link(source, temporary)
-        except OSError:  # no hard links here (some network filesystems)
-            shutil.copyfile(source, temporary)
-        os.replace(temporary, path)
-    except OSError as error:
-        temporary.unlink(missing_ok=True)
-        raise OSError(error.errno, f"Could not update {path} from {source} ({error.strerror or error}); "
-                                   f"{source} is complete and {path} is unchanged.") from error

@@ -15,18 +15,23 @@ from strategies.single import SingleDevice, auto_device
 
 if TYPE_CHECKING:
     from strategies.ddp import DDP
+    from strategies.fsdp import FSDP
 
-__all__ = ["DDP", "MPS", "SingleDevice", "Strategy", "resolve_strategy"]
+__all__ = ["DDP", "FSDP", "MPS", "SingleDevice", "Strategy", "resolve_strategy"]
 
-STRATEGY_NAMES = '"auto", "cpu", "cuda", "cuda:N", "mps", "ddp" or a strategies.Strategy'
+STRATEGY_NAMES = '"auto", "cpu", "cuda", "cuda:N", "mps", "ddp", "fsdp" or a strategies.Strategy'
 
 
 def __getattr__(name: str) -> Any:
-    # DDP pulls in torch.distributed machinery; load it when first named, not at import.
+    # DDP and FSDP pull in torch.distributed machinery; load them when first named, not at import.
     if name == "DDP":
         from strategies.ddp import DDP
 
         return DDP
+    if name == "FSDP":
+        from strategies.fsdp import FSDP
+
+        return FSDP
     raise AttributeError(f"module 'strategies' has no attribute {name!r}")
 
 
@@ -52,6 +57,10 @@ def resolve_strategy(strategy: Any, devices: Any = "auto") -> Strategy:
         from strategies.ddp import DDP
 
         return DDP(devices=devices)
+    if name == "fsdp":
+        from strategies.fsdp import FSDP
+
+        return FSDP(devices=devices)
     if name == "auto":
         from strategies.process_group import launched_by_torchrun
 

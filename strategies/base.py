@@ -8,11 +8,15 @@ not offer adds a method here, with a single-process default, instead of the loop
 from __future__ import annotations
 
 import contextlib
+import os
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from strategies.checkpoint_files import save_atomic
+from strategies.sharded_checkpoint import read_checkpoint
 from strategies.transfer import move_to_device
 
 
@@ -112,6 +116,18 @@ class Strategy:
         """Run the module's ``training_step`` through ``model`` (DDP must see the forward)."""
         return model.training_step(batch, batch_idx)
 
+    def evaluation_context(self) -> contextlib.AbstractContextManager:
+        """The context validation, test and predict run in: ``torch.inference_mode``, or
+        ``torch.no_grad`` where tensors made during evaluation must stay usable in training (FSDP
+        reuses the buffers it gathers parameters into)."""
+        return torch.inference_mode()
+
+    def mixed_precision(self, dtype: torch.dtype) -> bool:
+        """Take over mixed precision in ``dtype`` (``Trainer(precision=...)``): return True when the
+        strategy computes in ``dtype`` itself (FSDP's MixedPrecisionPolicy), and the Trainer then adds
+        no AMP callback; False (the default) leaves it to autocast."""
+        return False
+
     # --- backward and collectives ---------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -138,3 +154,42 @@ class Strategy:
     def reduce_any(self, flag: bool) -> bool:
         """True on every process when ``flag`` is true on any. Used at log steps, never per step."""
         return flag
+
+    # --- checkpoints ----------------------------------------------------------------------
+    # The loop writes and reads the whole training state through these (trainer/state.py); the
+    # strategy decides the layout: one file written by rank zero (here), or shards (FSDP).
+    def module_state_dict(self, module: nn.Module, full: bool = False) -> dict[str, Any]:
+        """The module's weights as a checkpoint stores them (FSDP: this process's shards), or with
+        ``full``, whole on the CPU of rank zero (a collective under FSDP: call it on every rank)."""
+        return module.state_dict()
+
+    def optimizer_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer's state as a checkpoint stores it."""
+        return optimizer.state_dict()
+
+    def save_checkpoint(self, state: dict[str, Any], path: str | os.PathLike) -> None:
+        """Write the training state (``trainer/state.py``'s dict) at ``path`` atomically. Call it on
+        every rank. Here rank zero writes one file and every rank waits, then fails with it if the
+        write failed, so none is left waiting at the next collective."""
+        error = None
+        if self.is_global_zero:
+            try:
+                save_atomic(state, path)
+            except (OSError, TypeError) as failure:
+                error = failure
+        if self.reduce_any(error is not None):  # doubles as the barrier
+            raise error or RuntimeError(f"Rank zero could not write the checkpoint {path}; see its error.")
+
+    def load_checkpoint(self, path: Path, module: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
+        """Read the checkpoint at ``path`` (a file, or a sharded directory gathered whole) as the
+        dict ``save_checkpoint`` was given; its weights and optimizer states are then loaded with
+        the two methods below. FSDP reads only this process's shards, shaped like ``module``'s
+        parameters and ``optimizers``' states."""
+        return read_checkpoint(path)
+
+    def load_module_state_dict(self, module: nn.Module, state_dict: dict[str, Any]) -> None:
+        module.load_state_dict(state_dict)
+
+    def load_optimizer_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer,
+                                  state_dict: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state_dict)

@@ -181,24 +181,24 @@ class DDP(Strategy):
         if not dist.is_available():
             raise ValueError("strategy=\"ddp\" needs torch.distributed, which this PyTorch build lacks. Use a single device.")
         if self.devices != "auto" and (isinstance(self.devices, bool) or not isinstance(self.devices, int) or self.devices < 1):
-            raise ValueError(f'DDP(devices={self.devices!r}): use an int >= 1 (processes on this machine) or "auto".')
+            raise ValueError(f'{type(self).__name__}(devices={self.devices!r}): use an int >= 1 (processes on this machine) or "auto".')
         if self.start_method not in START_METHODS:
-            raise ValueError(f'DDP(start_method="{self.start_method}"): use one of {START_METHODS}.')
+            raise ValueError(f'{type(self).__name__}(start_method="{self.start_method}"): use one of {START_METHODS}.')
         backend = self.resolved_backend
         if backend not in BACKENDS:
-            raise ValueError(f'DDP(backend="{backend}") is not a torch.distributed backend; use "nccl" (GPUs) or "gloo" (CPU).')
+            raise ValueError(f'{type(self).__name__}(backend="{backend}") is not a torch.distributed backend; use "nccl" (GPUs) or "gloo" (CPU).')
         if backend == "nccl":
             check_gpus(self.num_processes)
         if not dist.is_backend_available(backend):
             raise ValueError(
-                f'DDP(backend="{backend}") is not available in this PyTorch build (torch {torch.__version__}). '
+                f'{type(self).__name__}(backend="{backend}") is not available in this PyTorch build (torch {torch.__version__}). '
                 + ('Use backend="gloo".' if backend != "gloo" else "Install a PyTorch build with gloo.")
             )
         if launched_by_torchrun():
             started = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
             if self.devices not in ("auto", started):
                 raise ValueError(
-                    f"DDP(devices={self.devices}) but torchrun started {started} processes on this machine "
+                    f"{type(self).__name__}(devices={self.devices}) but torchrun started {started} processes on this machine "
                     f'(--nproc-per-node). Use devices="auto" or devices={started}.'
                 )
         elif "MASTER_PORT" in os.environ:
@@ -223,7 +223,7 @@ class DDP(Strategy):
     def describe(self) -> str:
         how = "spawned" if self._mode == "spawn" else "joined from torchrun"
         nodes = max(1, self.world_size // (self._local_world_size or self.world_size))
-        text = (f"DDP: {self.world_size} processes on {nodes} machine(s), {how}, backend {self.resolved_backend}; "
+        text = (f"{type(self).__name__}: {self.world_size} processes on {nodes} machine(s), {how}, backend {self.resolved_backend}; "
                 f"rank 0 on {self.device}.")
         if self.device.type == "cuda":
             text += " CUDA devices: " + "; ".join(cuda_device_lines())
@@ -303,6 +303,11 @@ class DDP(Strategy):
 
     # --- model and data --------------------------------------------------------------------
     def setup_module(self, module: nn.Module) -> nn.Module:
+        self._take_module(module)
+        return module.to(self.device)
+
+    def _take_module(self, module: nn.Module) -> None:
+        """Make ``module`` this process's own, and known to the forensics thread."""
         if self._whereabouts is not None:
             self._whereabouts.module = module
         if self._mode == "spawn":
@@ -312,7 +317,6 @@ class DDP(Strategy):
                 for tensor in itertools.chain(module.parameters(), module.buffers()):
                     if tensor.is_shared() and tensor.device.type == "cpu":
                         tensor.data = tensor.data.clone()
-        return module.to(self.device)
 
     def wrap_module(self, module: nn.Module, stage: str) -> nn.Module:
         if stage != "fit":  # evaluation runs each rank's own forward: nothing to all-reduce

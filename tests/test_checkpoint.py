@@ -177,6 +177,16 @@ def test_a_temporary_left_by_a_killed_write_is_removed_by_the_next_write(make_tr
     assert not stale.exists() and (tmp_path / "state.ckpt").is_file()
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_a_checkpoint_file_follows_the_umask_like_any_file_the_user_writes(make_trainer, regression_loader, tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        make_trainer(max_epochs=1, callbacks=[SaveAtStep(tmp_path / "state.ckpt", 2)]).fit(Regressor(), regression_loader)
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "state.ckpt").stat().st_mode & 0o777 == 0o666 & ~umask  # 0644 or 0600, not always 0600
+
+
 class UnsafeState(Callback):
     def state_dict(self):
         return {"scale": np.float64(2.0)}

@@ -6,6 +6,7 @@ the function that carries it out::
     cadence fit --config examples/digits.yaml
     cadence fit --config examples/digits.yaml --trainer.max_epochs=5 --model.init_args.lr=1.0e-3
     cadence diagnose comm --devices 2
+    cadence convert-checkpoint cadence_logs/version_0/checkpoints/last.ckpt model.ckpt
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_fit_command(commands)
     add_diagnose_command(commands)
+    add_convert_checkpoint_command(commands)
     return parser
 
 
@@ -113,3 +115,27 @@ def run_diagnose_comm(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "0") == "0":  # under torchrun every rank has a report; one prints it
         print(report)
     return 0 if report.ok else 1
+
+
+# --- cadence convert-checkpoint -------------------------------------------------------------------
+def add_convert_checkpoint_command(commands: Any) -> None:
+    convert = commands.add_parser(
+        "convert-checkpoint", help="write a sharded (FSDP) checkpoint directory as one file",
+        description="Gather a sharded checkpoint directory (written under FSDP by any number of processes) into "
+                    "one checkpoint file holding the whole weights and training state, in one process. The file "
+                    "loads into the plain module on one device and resumes training under any strategy.",
+    )
+    convert.add_argument("source", help="the checkpoint directory (or file) to read")
+    convert.add_argument("target", help="the checkpoint file to write")
+    convert.set_defaults(run=run_convert_checkpoint)
+
+
+def run_convert_checkpoint(args: argparse.Namespace) -> int:
+    from trainer.checkpoint import convert_checkpoint
+
+    try:
+        written = convert_checkpoint(args.source, args.target)
+    except (ValueError, FileNotFoundError, OSError) as error:
+        raise SystemExit(f"cadence convert-checkpoint: {error}") from None
+    print(f"Wrote {written} ({written.stat().st_size / 2**20:.1f} MiB) from {args.source}.", file=sys.stderr)
+    return 0

@@ -8,6 +8,8 @@ so that the loop continues exactly where the checkpoint was written. ``handoff_s
 
 from __future__ import annotations
 
+import functools
+import itertools
 import platform
 import warnings
 from pathlib import Path
@@ -33,15 +35,15 @@ def checkpoint_state(trainer: Trainer) -> dict[str, Any]:
             f"save_checkpoint after batch {trainer.batch_idx}, inside an accumulation window of "
             f"{trainer.accumulate_grad_batches} batches: the gradients accumulated so far are not saved, so a run "
             "resumed from it is not exact. Save after the window's last batch (ModelCheckpoint does).", stacklevel=3)
-    sampler = trainer._train_sampler
+    strategy, sampler = trainer.strategy, trainer._train_sampler
     # Each rank's RNG states: ranks may draw differently (dropout, per-rank augmentation).
-    rng = trainer.strategy.all_gather_object(
+    rng = strategy.all_gather_object(
         {"now": capture_rng_state(), "epoch_start": sampler.epoch_start_rng if sampler is not None else None}
     )
     state = {
         "format": checkpoint_io.FORMAT_VERSION,
-        "state_dict": module.state_dict(),
-        "optimizer_states": [optimizer.state_dict() for optimizer in trainer.optimizers],
+        "state_dict": strategy.module_state_dict(module),  # under FSDP: this rank's shards
+        "optimizer_states": [strategy.optimizer_state_dict(module, optimizer) for optimizer in trainer.optimizers],
         "lr_schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
         "loops": {"epoch": epoch, "batches_done": batches_done, "global_step": trainer.global_step,
                   "train_batches_seen": trainer._train_batches_seen, "world_size": trainer.world_size},
@@ -64,15 +66,21 @@ def loop_position(trainer: Trainer) -> tuple[int, int]:
 
 
 def restore(trainer: Trainer, path: Path, model_only: bool = False) -> None:
-    """Load the checkpoint at ``path``: the weights and, unless ``model_only``, the training state."""
-    state = checkpoint_io.load_checkpoint(path)
+    """Load the checkpoint at ``path``: the weights and, unless ``model_only``, the training state.
+    The strategy reads it in its layout (one file; under FSDP each rank its shards, resharded when
+    the checkpoint was written by another number of processes)."""
+    strategy, module = trainer.strategy, trainer.module
+    state = strategy.load_checkpoint(path, module, [] if model_only else trainer.optimizers)
+    checkpoint_io.check_format(state, path)
     if not model_only:
         checkpoint_io.check_resumable(state, path)
-    trainer.module.on_load_checkpoint(state)
-    checkpoint_io.load_weights(trainer.module, state, path)
+    module.on_load_checkpoint(state)
+    checkpoint_io.check_weights(module, state, path)
+    strategy.load_module_state_dict(module, state["state_dict"])
     if model_only:
         return
-    checkpoint_io.load_optimizers(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], state, path)
+    checkpoint_io.load_optimizers(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], state, path,
+                                  functools.partial(strategy.load_optimizer_state_dict, module))
     _restore_callbacks(trainer, state["callbacks"], path)
     loops = state["loops"]
     trainer.current_epoch, trainer.global_step = loops["epoch"], loops["global_step"]
@@ -81,8 +89,9 @@ def restore(trainer: Trainer, path: Path, model_only: bool = False) -> None:
     trainer.callback_metrics.update(state.get("callback_metrics", {}))
     rng = state["rng"]  # one entry per rank
     if len(rng) != trainer.world_size and trainer.is_global_zero:
-        warnings.warn(f"Checkpoint {path} was written by {len(rng)} processes and resumes on {trainer.world_size}; "
-                      "random draws and the rest of the epoch's data order will differ.", stacklevel=3)
+        warnings.warn(f"Checkpoint {path} was written by {len(rng)} processes and resumes on {trainer.world_size}: "
+                      "the weights and optimizer states load whole, but random draws and the rest of the epoch's "
+                      "data order will differ.", stacklevel=3)
     trainer._resume_rng = rng[trainer.global_rank] if trainer.global_rank < len(rng) else rng[0]
     restore_rng_state(trainer._resume_rng["now"])  # and again after a mid-epoch replay (trainer/resume.py)
     trainer._last_checkpoint = (str(path), trainer.global_step)
@@ -101,7 +110,7 @@ def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> 
 def handoff_state(trainer: Trainer, module: TrainingModule) -> dict[str, Any]:
     """What a spawned rank zero sends back so the caller's objects reflect the run."""
     return {
-        "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
+        "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.module_state_dict(module, full=True).items()},
         "current_epoch": trainer.current_epoch,
         "global_step": trainer.global_step,
         "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
@@ -111,7 +120,11 @@ def handoff_state(trainer: Trainer, module: TrainingModule) -> dict[str, Any]:
 
 
 def receive_handoff(trainer: Trainer, module: TrainingModule, handoff: dict[str, Any]) -> None:
-    module.load_state_dict(handoff["state_dict"])
+    # Layers that configure_model builds (late, in the workers) are built here too; built on the
+    # meta device (for FSDP), they take the trained tensors as they are (assign).
+    module.configure_model()
+    on_meta = any(tensor.is_meta for tensor in itertools.chain(module.parameters(), module.buffers()))
+    module.load_state_dict(handoff["state_dict"], assign=on_meta)
     trainer._preemption.signal_number = handoff.get("preempted_by")
     trainer.current_epoch, trainer.global_step = handoff["current_epoch"], handoff["global_step"]
     trainer.callback_metrics = {k: torch.tensor(v) for k, v in handoff["callback_metrics"].items()}

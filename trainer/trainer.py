@@ -221,7 +221,8 @@ class Trainer:
         return self._launch("predict", model, dataloaders, None, ckpt_path)
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
-        """Write the whole training state to ``path`` atomically (rank zero writes; all ranks wait).
+        """Write the whole training state to ``path`` atomically, in the strategy's layout: one file
+        that rank zero writes while all ranks wait, or under FSDP a directory of every rank's shards.
 
         Call it on every rank, during a stage (from a callback or a module hook). A checkpoint
         written at the end of a batch resumes after that batch; see ``trainer/checkpoint.py``.
@@ -233,17 +234,7 @@ class Trainer:
                 "or use callbacks.ModelCheckpoint."
             )
         self._check_losses()  # never write weights that a non-finite loss produced
-        state = checkpoint_state(self)
-        error = None
-        if self.strategy.is_global_zero:
-            try:
-                checkpoint_io.save_atomic(state, path)
-            except (OSError, TypeError) as failure:
-                error = failure
-        # Doubles as the barrier: every rank waits for the write and fails with it, so none is left
-        # waiting at the next collective.
-        if self.strategy.reduce_any(error is not None):
-            raise error or RuntimeError(f"Rank zero could not write the checkpoint {path}; see its error.")
+        self.strategy.save_checkpoint(checkpoint_state(self), path)  # every rank returns, or raises, together
         self._last_checkpoint = (str(path), self.global_step)
 
     # =========================================================================================
@@ -657,7 +648,7 @@ class Trainer:
         hooks.module_start()
         hooks.module_epoch_start()
         predictions = []
-        with torch.inference_mode():
+        with self.strategy.evaluation_context():  # inference_mode; no_grad under FSDP
             for batch_idx, batch in enumerate(loader):
                 if batch_idx >= limit:
                     break

@@ -235,6 +235,24 @@ def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], r
     return None
 
 
+def resumed_log_dir(ckpt_path: Path | None, root: Path) -> Path | None:
+    """A run resumed from <root>/cadence_logs/version_N/checkpoints/ keeps logging in version_N, so
+    rerunning one command continues one run; any other checkpoint (None) gets a new version."""
+    if ckpt_path is None or ckpt_path.parent.name != "checkpoints":
+        return None
+    version, logs = ckpt_path.resolve().parent.parent, root / "cadence_logs"
+    if version.name.startswith("version_") and logs.exists() and version.parent == logs.resolve():
+        return logs / version.name
+    return None
+
+
+def next_log_dir(root: Path) -> Path:
+    """``<root>/cadence_logs/version_N`` with the next free N."""
+    logs = root / "cadence_logs"
+    versions = [int(p.name.split("_")[1]) for p in logs.glob("version_*") if p.name.split("_")[1].isdigit()]
+    return logs / f"version_{max(versions, default=-1) + 1}"
+
+
 def _corrupted(path: Path, error: BaseException) -> ValueError:
     detail = str(error).splitlines()[0] if str(error) else type(error).__name__
     return ValueError(

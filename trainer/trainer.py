@@ -29,17 +29,15 @@ from strategies import Strategy
 from strategies.transfer import move_to_device
 from trainer import checkpoint as checkpoint_io
 from trainer.arguments import check_trainer_arguments, loss_of, require_training_module
-from trainer.data import limited_length, loader_length, rebuild_dataloader, set_sampler_epoch
+from trainer.data import default_max_epochs, loader_length, loader_or_hook, prepare_loader, set_sampler_epoch
 from trainer.metrics import MetricStore
 from trainer.module import TrainingModule
 from trainer.guards import first_nonfinite, nonfinite_loss_error
 from trainer.hooks import evaluation_hooks, single_owner, step_hooks
 from trainer.optim import SchedulerConfig, parse_optimizers
-from trainer.preemption import Preemption, workers_ignore_preemption
+from trainer.preemption import Preemption
 from trainer.resume import resumable, resume_iterator
-from trainer.seed import (
-    preserved_rng, seed_everything, seed_worker_of_rank, seeded_generator, use_deterministic_algorithms,
-)
+from trainer.seed import preserved_rng, seed_everything, use_deterministic_algorithms
 from trainer.state import checkpoint_state, handoff_state, receive_handoff, restore
 
 STAGES = ("fit", "validate", "test", "predict")
@@ -187,7 +185,8 @@ class Trainer:
         ``ckpt_path`` is a checkpoint file, or "last" (``trainer/checkpoint.py``): the run then
         continues exactly where that checkpoint was written, in the same log directory.
         """
-        train_dataloaders = self._loader_or_hook(train_dataloaders, model, "train_dataloader", "fit")
+        require_training_module(model, "fit")  # first: fit reads the module's hooks next
+        train_dataloaders = loader_or_hook(train_dataloaders, model, "train_dataloader", "fit")
         if val_dataloaders is None and type(model).val_dataloader is not TrainingModule.val_dataloader:
             val_dataloaders = model.val_dataloader()
         validates = type(model).validation_step is not TrainingModule.validation_step
@@ -197,17 +196,19 @@ class Trainer:
                 "module has no val_dataloader(); validation will not run. Pass val_dataloaders=... to fit.",
                 stacklevel=2,
             )
-        self._check_run_length(train_dataloaders)
+        self.max_epochs = default_max_epochs(self.max_epochs, self.max_steps, train_dataloaders)
         self._launch("fit", model, train_dataloaders, val_dataloaders, ckpt_path)
 
     def validate(self, model: TrainingModule, dataloaders: Any = None, ckpt_path: str | None = None) -> list[dict[str, float]]:
         """Run ``validation_step`` over ``dataloaders``; return ``[{metric: value}]`` (epoch means)."""
-        dataloaders = self._loader_or_hook(dataloaders, model, "val_dataloader", "validate")
+        require_training_module(model, "validate")
+        dataloaders = loader_or_hook(dataloaders, model, "val_dataloader", "validate")
         return self._launch("validate", model, dataloaders, None, ckpt_path)
 
     def test(self, model: TrainingModule, dataloaders: Any = None, ckpt_path: str | None = None) -> list[dict[str, float]]:
         """Run ``test_step`` over ``dataloaders``; return ``[{metric: value}]`` (epoch means)."""
-        dataloaders = self._loader_or_hook(dataloaders, model, "test_dataloader", "test")
+        require_training_module(model, "test")
+        dataloaders = loader_or_hook(dataloaders, model, "test_dataloader", "test")
         return self._launch("test", model, dataloaders, None, ckpt_path)
 
     def predict(self, model: TrainingModule, dataloaders: Any = None, ckpt_path: str | None = None) -> list[Any]:
@@ -217,7 +218,8 @@ class Trainer:
         ranks come back (to the caller of a spawned run, and on every rank under torchrun) end to
         end, on the CPU: the whole dataset, in order, each sample once.
         """
-        dataloaders = self._loader_or_hook(dataloaders, model, "predict_dataloader", "predict")
+        require_training_module(model, "predict")
+        dataloaders = loader_or_hook(dataloaders, model, "predict_dataloader", "predict")
         return self._launch("predict", model, dataloaders, None, ckpt_path)
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
@@ -252,9 +254,12 @@ class Trainer:
     def _launch(self, stage: str, module: TrainingModule, loader: Any, val_loader: Any, ckpt_path: Any) -> Any:
         require_training_module(module, stage)
         if ckpt_path is not None:  # before anything starts, so a wrong path costs nothing
-            ckpt_path = self._resolve_ckpt_path(ckpt_path, stage)
+            directories = [Path(c.dirpath) for c in self.callbacks
+                           if isinstance(c, callbacks_package.ModelCheckpoint) and c.dirpath is not None]
+            ckpt_path = checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, self.default_root_dir, self.is_global_zero)
         if self.log_dir is None:  # a resumed run keeps the version directory its checkpoint is in
-            self.log_dir = (self._log_dir_of(ckpt_path) if stage == "fit" else None) or self._next_log_dir()
+            resumed = checkpoint_io.resumed_log_dir(ckpt_path, self.default_root_dir) if stage == "fit" else None
+            self.log_dir = resumed or checkpoint_io.next_log_dir(self.default_root_dir)
         output, handoff = self.strategy.launch(self._run_stage, stage, module, loader, val_loader, ckpt_path)
         if handoff is not None:  # the work ran in other processes: bring its results here
             receive_handoff(self, module, handoff)
@@ -366,9 +371,10 @@ class Trainer:
     # fit: the loop
     # =========================================================================================
     def _run_fit(self, module: TrainingModule, train_loader: Any, val_loader: Any, ckpt_path: Any) -> None:
-        train_loader = self._prepare_loader(train_loader, "train", shuffle=True)
+        train_loader, self.num_training_batches = self._prepare_loader(train_loader, "train", shuffle=True)
         train_loader, self._train_sampler = resumable(train_loader)  # records each epoch's RNG for resuming
-        val_loader = self._prepare_loader(val_loader, "validate", shuffle=False) if val_loader is not None else None
+        if val_loader is not None:
+            val_loader, self.num_val_batches = self._prepare_loader(val_loader, "validate", shuffle=False)
         if self.num_val_batches == 0:
             val_loader = None  # limit_val_batches=0: no validation at all, hooks included (as in Lightning)
         self.should_stop, self._resume_position, self._unchecked_losses = False, None, []
@@ -642,9 +648,8 @@ class Trainer:
         self.metrics.start_training()
 
     def _run_evaluation(self, stage: str, loader: Any) -> Any:
-        loader = self._prepare_loader(loader, stage, shuffle=False)
-        limit = self.num_val_batches
-        return self._evaluation_loop(stage, loader, limit)
+        loader, self.num_val_batches = self._prepare_loader(loader, stage, shuffle=False)
+        return self._evaluation_loop(stage, loader, self.num_val_batches)
 
     def _evaluation_loop(self, stage: str, loader: Any, limit: int | float) -> Any:
         """One pass of validation, test or predict, under ``torch.inference_mode``."""
@@ -681,62 +686,6 @@ class Trainer:
             gathered = self.strategy.all_gather_object(move_to_device(predictions, torch.device("cpu"), non_blocking=False))
             predictions = [prediction for shard in gathered for prediction in shard]
         return predictions
-
-    # =========================================================================================
-    # Loaders
-    # =========================================================================================
-    def _loader_or_hook(self, loader: Any, module: Any, hook: str, stage: str) -> Any:
-        require_training_module(module, stage)  # first: fit reads the module's hooks next
-        if loader is None:
-            loader = getattr(module, hook)()
-        if loader is None:
-            argument = "train_dataloaders" if stage == "fit" else "dataloaders"
-            raise ValueError(f"Trainer.{stage} got no {argument} and the module's {hook}() returned None. Pass a DataLoader.")
-        if isinstance(loader, (list, tuple)) and stage != "fit":
-            if len(loader) != 1:
-                raise ValueError(f"Trainer.{stage} takes one DataLoader; got {len(loader)}.")
-            loader = loader[0]
-        return loader
-
-    def _check_run_length(self, loader: Any) -> None:
-        if self.max_epochs is None and self.max_steps == -1:
-            if loader_length(loader) is None:
-                raise ValueError(
-                    "The training loader has no length (an IterableDataset) and neither max_epochs nor "
-                    "max_steps is set, so training would never end. Pass Trainer(max_steps=N) or max_epochs=N."
-                )
-            warnings.warn("Neither max_epochs nor max_steps is set; training stops after max_epochs=1000.", stacklevel=3)
-            self.max_epochs = 1000
-
-    def _prepare_loader(self, loader: Any, stage: str, shuffle: bool) -> Any:
-        """The strategy's shard of ``loader``, seeded (generator and workers), and its number of batches."""
-        if isinstance(loader, torch.utils.data.DataLoader):
-            changes = {}
-            if self.seed is not None and loader.generator is None:
-                # Its shuffle order and worker seeds then follow the seed alone, not whatever else
-                # draws from torch's global RNG (model code, augmentation in the main process).
-                changes.update(seeded_generator(loader, self.seed))
-            if loader.num_workers > 0:
-                init = loader.worker_init_fn
-                if init is None and self.seed is not None:  # seeded workers, distinct per rank
-                    init = seed_worker_of_rank(self.strategy.global_rank)
-                # Workers ignore SIGTERM/SIGINT: the main process saves and stops (trainer/preemption.py).
-                changes["worker_init_fn"] = workers_ignore_preemption(init)
-            if changes:
-                loader = rebuild_dataloader(loader, **changes)
-        if loader_length(loader) == 0:
-            raise ValueError(f"The {stage} DataLoader is empty (len 0). Check the dataset and batch_size/drop_last.")
-        # Prediction shards in blocks, so that the ranks' outputs put end to end keep the dataset's order.
-        loader = self.strategy.setup_dataloader(loader, shuffle=shuffle, contiguous=stage == "predict")
-        length = loader_length(loader)
-        count = limited_length(length, self.limits[stage])
-        if count == 0 and stage == "train":
-            raise ValueError("limit_train_batches=0 leaves no batch to train on; use a value > 0.")
-        if stage == "train":
-            self.num_training_batches = math.inf if count is None else count
-        else:
-            self.num_val_batches = math.inf if count is None else count
-        return loader
 
     # =========================================================================================
     # Guards: non-finite losses and preemption
@@ -793,31 +742,11 @@ class Trainer:
                   "with fit(..., ckpt_path=\"last\") to resume.", file=sys.stderr, flush=True)
 
     # =========================================================================================
-    # Checkpoint state
-    # =========================================================================================
-    def _resolve_ckpt_path(self, ckpt_path: str | os.PathLike, stage: str) -> Path | None:
-        directories = [Path(c.dirpath) for c in self.callbacks
-                       if isinstance(c, callbacks_package.ModelCheckpoint) and c.dirpath is not None]
-        return checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, self.default_root_dir, self.is_global_zero)
-
-    def _log_dir_of(self, ckpt_path: Path | None) -> Path | None:
-        """A run resumed from <default_root_dir>/cadence_logs/version_N/checkpoints/ keeps logging in
-        version_N, so rerunning one command continues one run; any other checkpoint gets a new version."""
-        if ckpt_path is None or ckpt_path.parent.name != "checkpoints":
-            return None
-        version, root = ckpt_path.resolve().parent.parent, self.default_root_dir / "cadence_logs"
-        if version.name.startswith("version_") and root.exists() and version.parent == root.resolve():
-            return root / version.name
-        return None
-
-    def _next_log_dir(self) -> Path:
-        root = self.default_root_dir / "cadence_logs"
-        versions = [int(p.name.split("_")[1]) for p in root.glob("version_*") if p.name.split("_")[1].isdigit()]
-        return root / f"version_{max(versions, default=-1) + 1}"
-
-    # =========================================================================================
     # Small helpers
     # =========================================================================================
+    def _prepare_loader(self, loader: Any, stage: str, shuffle: bool) -> tuple[Any, int | float]:
+        return prepare_loader(loader, stage, shuffle=shuffle, strategy=self.strategy, seed=self.seed, limit=self.limits[stage])
+
     @property
     def is_global_zero(self) -> bool:
         return self.strategy.is_global_zero

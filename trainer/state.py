@@ -19,6 +19,7 @@ from trainer import checkpoint as checkpoint_io
 from trainer.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
+    from trainer.datamodule import DataModule
     from trainer.module import TrainingModule
     from trainer.trainer import Trainer
 
@@ -49,10 +50,19 @@ def checkpoint_state(trainer: Trainer) -> dict[str, Any]:
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         "callback_metrics": dict(trainer.callback_metrics),
         "hyper_parameters": checkpoint_io.plain_hyperparameters(module.hparams),
+        **_datamodule_state(trainer),
         "versions": {"torch": str(torch.__version__), "python": platform.python_version(), "cadence": _version()},
     }
     module.on_save_checkpoint(state)
     return state
+
+
+def _datamodule_state(trainer: Trainer) -> dict[str, Any]:
+    datamodule = trainer._data.datamodule if trainer._data is not None else None
+    if datamodule is None:
+        return {}
+    return {"datamodule": datamodule.state_dict(),
+            "datamodule_hyper_parameters": checkpoint_io.plain_hyperparameters(datamodule.hparams)}
 
 
 def loop_position(trainer: Trainer) -> tuple[int, int]:
@@ -63,9 +73,11 @@ def loop_position(trainer: Trainer) -> tuple[int, int]:
     return trainer.current_epoch, trainer.batch_idx + 1
 
 
-def restore(trainer: Trainer, path: Path, model_only: bool = False) -> None:
-    """Load the checkpoint at ``path``: the weights and, unless ``model_only``, the training state."""
-    state = checkpoint_io.load_checkpoint(path)
+def restore(trainer: Trainer, path: Path, model_only: bool = False, state: dict[str, Any] | None = None) -> None:
+    """Load the checkpoint at ``path`` (or its ``state``, already read): the weights and, unless
+    ``model_only``, the training state. A datamodule's state is restored earlier, by the Trainer."""
+    if state is None:
+        state = checkpoint_io.load_checkpoint(path)
     if not model_only:
         checkpoint_io.check_resumable(state, path)
     trainer.module.on_load_checkpoint(state)
@@ -98,9 +110,10 @@ def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> 
                       "It is not restored; pass the same callbacks (same monitor/mode) to continue them.", stacklevel=3)
 
 
-def handoff_state(trainer: Trainer, module: TrainingModule) -> dict[str, Any]:
+def handoff_state(trainer: Trainer, module: TrainingModule, datamodule: DataModule | None = None) -> dict[str, Any]:
     """What a spawned rank zero sends back so the caller's objects reflect the run."""
     return {
+        "datamodule": datamodule.state_dict() if datamodule is not None else None,
         "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
         "current_epoch": trainer.current_epoch,
         "global_step": trainer.global_step,
@@ -110,8 +123,11 @@ def handoff_state(trainer: Trainer, module: TrainingModule) -> dict[str, Any]:
     }
 
 
-def receive_handoff(trainer: Trainer, module: TrainingModule, handoff: dict[str, Any]) -> None:
+def receive_handoff(trainer: Trainer, module: TrainingModule, handoff: dict[str, Any],
+                    datamodule: DataModule | None = None) -> None:
     module.load_state_dict(handoff["state_dict"])
+    if datamodule is not None and handoff.get("datamodule") is not None:
+        datamodule.load_state_dict(handoff["datamodule"])
     trainer._preemption.signal_number = handoff.get("preempted_by")
     trainer.current_epoch, trainer.global_step = handoff["current_epoch"], handoff["global_step"]
     trainer.callback_metrics = {k: torch.tensor(v) for k, v in handoff["callback_metrics"].items()}

@@ -28,9 +28,11 @@ from callbacks import Callback
 from strategies import Strategy
 from strategies.transfer import move_to_device
 from trainer import checkpoint as checkpoint_io
-from trainer.arguments import check_trainer_arguments, loss_of, require_training_module
-from trainer.data import default_max_epochs, loader_length, loader_or_hook, prepare_loader, set_sampler_epoch
-from trainer.metrics import MetricStore
+from trainer.arguments import check_trainer_arguments, loss_of
+from trainer.data import default_max_epochs, loader_length, prepare_loader, set_sampler_epoch
+from trainer.data_source import STAGE_KIND, DataSource, collect_data, prepare_data
+from trainer.datamodule import DataModule
+from trainer.metrics import MetricStore, format_results, split_by_dataloader
 from trainer.module import TrainingModule
 from trainer.guards import first_nonfinite, nonfinite_loss_error
 from trainer.hooks import evaluation_hooks, single_owner, step_hooks
@@ -41,6 +43,9 @@ from trainer.seed import preserved_rng, seed_everything, use_deterministic_algor
 from trainer.state import checkpoint_state, handoff_state, receive_handoff, restore
 
 STAGES = ("fit", "validate", "test", "predict")
+CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
+#: The attribute holding each evaluation stage's batches per loader (Lightning's names).
+NUM_BATCHES = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}
 
 
 class Trainer:
@@ -116,6 +121,10 @@ class Trainer:
         self.log_every_n_steps = log_every_n_steps
         self.default_root_dir = Path(default_root_dir) if default_root_dir is not None else Path.cwd()
         self.seed = seed
+        self.overfit_batches = 0
+        self.use_distributed_sampler = True
+        self.inference_mode = True
+        self.reload_dataloaders_every_n_epochs = 0
         self.deterministic = deterministic
         self.on_nonfinite_loss = on_nonfinite_loss
         self.callbacks = callbacks_package.default_callbacks(
@@ -132,7 +141,12 @@ class Trainer:
         self.logged_metrics: dict[str, float] = {}
         self.progress_bar_metrics: dict[str, float] = {}
         self.num_training_batches: int | float = math.inf
-        self.num_val_batches: int = 0
+        self.num_val_batches: list[int | float] = []  # per validation loader (also for Trainer.validate)
+        self.num_test_batches: list[int | float] = []
+        self.num_predict_batches: list[int | float] = []
+        self.lightning_module: TrainingModule | None = None  # the module of the running or last stage
+        self.datamodule: DataModule | None = None  # the DataModule of the latest stage given one
+        self._data: DataSource | None = None  # where the running stage's loaders come from
         self.log_dir: Path | None = None
         self.module: TrainingModule | None = None  # the user's module while a stage runs
         self.model: torch.nn.Module | None = None  # what the strategy wrapped (DDP), or the module
@@ -155,16 +169,20 @@ class Trainer:
     # The public entry points
     # =========================================================================================
     def fit(self, model: TrainingModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
-            ckpt_path: str | os.PathLike | None = None) -> None:
+            datamodule: DataModule | None = None, ckpt_path: str | os.PathLike | None = None) -> None:
         """Train ``model``. What happens, in order:
 
             strategy.launch (DDP spawns here, or joins a torchrun group)
-            seed; setup hooks; module.configure_model; move the model once; callbacks'
-            configure_model; strategy wrap (DDP, FSDP); configure_optimizers; restore ckpt_path if given
+            seed; prepare_data (datamodule, module: local rank zero; the others wait)
+            setup hooks (datamodule, callbacks, module); module.configure_model; move the model once;
+            callbacks' configure_model; strategy wrap (DDP, FSDP); configure_optimizers
+            train_dataloader, val_dataloader (given, or the datamodule's or module's hooks)
+            restore ckpt_path if given
             on_fit_start
             sanity validation (num_sanity_val_steps batches, nothing logged)
             on_train_start
-            each epoch until max_epochs, max_steps or should_stop:
+            each epoch until max_epochs, max_steps or should_stop (once min_epochs/min_steps are met):
+                every reload_dataloaders_every_n_epochs: the loaders again from their hooks
                 on_train_epoch_start
                 each batch: to device (non_blocking) -> on_train_batch_start
                     -> forward (training_step) under the callbacks' forward contexts
@@ -178,49 +196,48 @@ class Trainer:
                 on_train_epoch_end
             on_train_end
             on_fit_end
-            teardown (also after an error, which first calls on_exception)
+            teardown: datamodule, callbacks, module (also after an error, which first calls on_exception)
             SystemExit(128 + signal number) if a signal stopped the run
 
+        The data: loaders (``val_dataloaders`` may be a list or dict of them), or a ``DataModule``
+        (``datamodule=dm``, or ``fit(model, dm)``), or neither (the module's ``*_dataloader`` hooks).
         Callbacks run in the order given, each before the module's hook of the same name.
         ``ckpt_path`` is a checkpoint file, or "last" (``trainer/checkpoint.py``): the run then
         continues exactly where that checkpoint was written, in the same log directory.
         """
-        require_training_module(model, "fit")  # first: fit reads the module's hooks next
-        train_dataloaders = loader_or_hook(train_dataloaders, model, "train_dataloader", "fit")
-        if val_dataloaders is None and type(model).val_dataloader is not TrainingModule.val_dataloader:
-            val_dataloaders = model.val_dataloader()
-        validates = type(model).validation_step is not TrainingModule.validation_step
-        if val_dataloaders is None and validates and self.limits["validate"] != 0:
-            warnings.warn(
-                f"{type(model).__name__} defines validation_step but fit got no val_dataloaders and the "
-                "module has no val_dataloader(); validation will not run. Pass val_dataloaders=... to fit.",
-                stacklevel=2,
-            )
-        self.max_epochs = default_max_epochs(self.max_epochs, self.max_steps, train_dataloaders)
-        self._launch("fit", model, train_dataloaders, val_dataloaders, ckpt_path)
+        data = collect_data("fit", model, train_dataloaders, val_dataloaders, datamodule,
+                            validates=self.limits["validate"] != 0)
+        self._launch("fit", model, data, ckpt_path)
 
-    def validate(self, model: TrainingModule, dataloaders: Any = None, ckpt_path: str | None = None) -> list[dict[str, float]]:
-        """Run ``validation_step`` over ``dataloaders``; return ``[{metric: value}]`` (epoch means)."""
-        require_training_module(model, "validate")
-        dataloaders = loader_or_hook(dataloaders, model, "val_dataloader", "validate")
-        return self._launch("validate", model, dataloaders, None, ckpt_path)
+    def validate(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
+                 datamodule: DataModule | None = None, verbose: bool = True) -> list[dict[str, float]]:
+        """Run ``validation_step`` over ``dataloaders`` (one loader, or a list or dict of them);
+        return one dict of epoch metrics per loader, ``[{metric: value}]``.
 
-    def test(self, model: TrainingModule, dataloaders: Any = None, ckpt_path: str | None = None) -> list[dict[str, float]]:
-        """Run ``test_step`` over ``dataloaders``; return ``[{metric: value}]`` (epoch means)."""
-        require_training_module(model, "test")
-        dataloaders = loader_or_hook(dataloaders, model, "test_dataloader", "test")
-        return self._launch("test", model, dataloaders, None, ckpt_path)
+        Without ``model``: the module of the last ``fit``, with the weights of ``ckpt_path``
+        (``"best"``, ``"last"`` or a file; when not given, the best checkpoint of that fit, if any).
+        ``verbose`` prints the metrics on rank zero.
+        """
+        return self._evaluate("validate", model, dataloaders, ckpt_path, datamodule, verbose)
 
-    def predict(self, model: TrainingModule, dataloaders: Any = None, ckpt_path: str | None = None) -> list[Any]:
-        """Run ``predict_step`` over ``dataloaders``; return the outputs, one per batch, in order.
+    def test(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
+             datamodule: DataModule | None = None, verbose: bool = True) -> list[dict[str, float]]:
+        """Run ``test_step`` over ``dataloaders``; return one dict of epoch metrics per loader
+        (see :meth:`validate` for ``model``, ``ckpt_path`` and ``verbose``)."""
+        return self._evaluate("test", model, dataloaders, ckpt_path, datamodule, verbose)
+
+    def predict(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
+                datamodule: DataModule | None = None, return_predictions: bool | None = None) -> list[Any] | None:
+        """Run ``predict_step`` over ``dataloaders``; return the outputs, one per batch, in order (a
+        list of such lists for several loaders; None with ``return_predictions=False``).
 
         Under DDP each rank predicts one contiguous block of the dataset, and the outputs of all
         ranks come back (to the caller of a spawned run, and on every rank under torchrun) end to
-        end, on the CPU: the whole dataset, in order, each sample once.
+        end, on the CPU: the whole dataset, in order, each sample once. See :meth:`validate` for
+        ``model`` and ``ckpt_path``.
         """
-        require_training_module(model, "predict")
-        dataloaders = loader_or_hook(dataloaders, model, "predict_dataloader", "predict")
-        return self._launch("predict", model, dataloaders, None, ckpt_path)
+        predictions = self._evaluate("predict", model, dataloaders, ckpt_path, datamodule, verbose=False)
+        return None if return_predictions is False else predictions
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
         """Write the whole training state to ``path`` atomically (rank zero writes; all ranks wait).
@@ -251,30 +268,61 @@ class Trainer:
     # =========================================================================================
     # Launch and per-process setup
     # =========================================================================================
-    def _launch(self, stage: str, module: TrainingModule, loader: Any, val_loader: Any, ckpt_path: Any) -> Any:
-        require_training_module(module, stage)
+    def _evaluate(self, stage: str, model: TrainingModule | None, dataloaders: Any, ckpt_path: Any, datamodule: Any,
+                  verbose: bool) -> Any:
+        if model is None:  # the module of the last fit, by default with its best checkpoint
+            model, ckpt_path = self._fitted_module(stage, ckpt_path)
+        data = collect_data(stage, model, dataloaders, None, datamodule, previous_datamodule=self.datamodule)
+        output = self._launch(stage, model, data, ckpt_path)
+        if verbose and self.is_global_zero and (table := format_results(output, stage)):
+            print(table)
+        return output
+
+    def _fitted_module(self, stage: str, ckpt_path: Any) -> tuple[TrainingModule, Any]:
+        """``validate/test/predict(model=None)``: the last module run, and the checkpoint to load into
+        it: ``ckpt_path``, or (as in Lightning, with a warning) the ModelCheckpoint's best one."""
+        if self.lightning_module is None:
+            raise TypeError(f"Trainer.{stage}() got no model, and this Trainer has run none yet. Pass the module: "
+                            f"trainer.{stage}(model, ...).")
+        best = self.checkpoint_callback.best_model_path if self.checkpoint_callback is not None else ""
+        if ckpt_path is None and best:
+            if self.is_global_zero:
+                warnings.warn(f"Trainer.{stage}() got no model and no ckpt_path, so it loads the best checkpoint of the "
+                              f"last fit ({best}). Pass ckpt_path=\"best\", \"last\" or a path to choose (and silence "
+                              "this warning).", stacklevel=4)
+            ckpt_path = "best"
+        return self.lightning_module, ckpt_path
+
+    def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> Any:
         if ckpt_path is not None:  # before anything starts, so a wrong path costs nothing
             directories = [Path(c.dirpath) for c in self.callbacks
                            if isinstance(c, callbacks_package.ModelCheckpoint) and c.dirpath is not None]
-            ckpt_path = checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, self.default_root_dir, self.is_global_zero)
+            best = self.checkpoint_callback.best_model_path if self.checkpoint_callback is not None else None
+            ckpt_path = checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, self.default_root_dir,
+                                                        self.is_global_zero, best=best)
         if self.log_dir is None:  # a resumed run keeps the version directory its checkpoint is in
             resumed = checkpoint_io.resumed_log_dir(ckpt_path, self.default_root_dir) if stage == "fit" else None
             self.log_dir = resumed or checkpoint_io.next_log_dir(self.default_root_dir)
-        output, handoff = self.strategy.launch(self._run_stage, stage, module, loader, val_loader, ckpt_path)
+        self.lightning_module = module  # after the stage too: validate/test/predict(model=None) use it
+        if data.datamodule is not None:
+            self.datamodule = data.datamodule
+        output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path)
         if handoff is not None:  # the work ran in other processes: bring its results here
-            receive_handoff(self, module, handoff)
+            receive_handoff(self, module, handoff, data.datamodule)
         self._preemption.exit_if_stopped()  # SystemExit(128 + signal) once a signal stopped fit
         return output
 
-    def _run_stage(self, stage: str, module: TrainingModule, loader: Any, val_loader: Any, ckpt_path: Any) -> tuple[Any, Any]:
+    def _run_stage(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> tuple[Any, Any]:
         """Everything one process does for one stage; returns (output, handoff for the caller)."""
         self.stage = stage
         if stage != "fit":
             self.progress_bar_metrics = {}
         self.strategy.setup_environment()
         self.log_dir = self.strategy.broadcast_object(self.log_dir)  # torchrun ranks each chose one; use rank zero's
-        self.module = module
+        self.module, self._data = module, data
         module._trainer = self
+        if data.datamodule is not None:
+            data.datamodule.trainer = self
         try:
             if self.seed is not None:
                 seed_everything(self.seed)
@@ -282,6 +330,9 @@ class Trainer:
                 use_deterministic_algorithms()
             if self.strategy.is_global_zero:
                 print(self.strategy.describe(), file=sys.stderr)
+            prepare_data(data, self.strategy)  # local rank zero; the other processes wait
+            if data.datamodule is not None:
+                data.datamodule.setup(stage)
             for callback in self.callbacks:
                 callback.setup(self, module, stage)
             module.setup(stage)
@@ -289,18 +340,21 @@ class Trainer:
             self.model = self._setup_model(module, stage)
             if stage == "fit":
                 with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
-                    output = self._run_fit(module, loader, val_loader, ckpt_path)
+                    output = self._run_fit(module, data, ckpt_path)
             else:
-                if ckpt_path is not None:
-                    restore(self, ckpt_path, model_only=True)
-                output = self._run_evaluation(stage, loader)
-            handoff = handoff_state(self, module) if self.strategy.launches_subprocesses else None
+                checkpoint = self._read_checkpoint(ckpt_path, data)
+                if checkpoint is not None:
+                    restore(self, ckpt_path, model_only=True, state=checkpoint)
+                output = self._run_evaluation(stage, data.loaders(STAGE_KIND[stage]))
+            handoff = handoff_state(self, module, data.datamodule) if self.strategy.launches_subprocesses else None
             return output, handoff
         except BaseException as error:
             for callback in self.callbacks:
                 callback.on_exception(self, module, error)
             raise
         finally:
+            if data.datamodule is not None:
+                data.datamodule.teardown(stage)
             for callback in self.callbacks:
                 callback.teardown(self, module, stage)
             module.teardown(stage)
@@ -309,7 +363,7 @@ class Trainer:
                 handle.remove()
             self._step_hook_handles = []
             module._trainer = None
-            self.module = self.model = None
+            self.module = self.model = self._data = None
 
     def _setup_model(self, module: TrainingModule, stage: str) -> torch.nn.Module:
         """The one setup order of every strategy (each step sees what the previous one built):
@@ -370,33 +424,63 @@ class Trainer:
     # =========================================================================================
     # fit: the loop
     # =========================================================================================
-    def _run_fit(self, module: TrainingModule, train_loader: Any, val_loader: Any, ckpt_path: Any) -> None:
-        train_loader, self.num_training_batches = self._prepare_loader(train_loader, "train", shuffle=True)
-        train_loader, self._train_sampler = resumable(train_loader)  # records each epoch's RNG for resuming
-        if val_loader is not None:
-            val_loader, self.num_val_batches = self._prepare_loader(val_loader, "validate", shuffle=False)
-        if self.num_val_batches == 0:
-            val_loader = None  # limit_val_batches=0: no validation at all, hooks included (as in Lightning)
+    def _read_checkpoint(self, ckpt_path: Any, data: DataSource) -> dict[str, Any] | None:
+        """The checkpoint, read once; its datamodule state is restored now, before the datamodule's
+        loader hooks run (as in Lightning). The rest is restored by the stage."""
+        if ckpt_path is None:
+            return None
+        checkpoint = checkpoint_io.load_checkpoint(ckpt_path)
+        if data.datamodule is not None and "datamodule" in checkpoint:
+            data.datamodule.load_state_dict(checkpoint["datamodule"])
+        return checkpoint
+
+    def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
+        checkpoint = self._read_checkpoint(ckpt_path, data)
+        train_loader, val_loaders = self._load_fit_data(data)
         self.should_stop, self._resume_position, self._unchecked_losses = False, None, []
-        if ckpt_path is not None:
-            restore(self, ckpt_path)
+        if checkpoint is not None:
+            restore(self, ckpt_path, state=checkpoint)
         for callback in self.callbacks:
             callback.on_fit_start(self, module)
         module.on_fit_start()
-        if val_loader is not None and self._resume_position is None and self.num_sanity_val_steps != 0:
-            self._run_sanity_check(val_loader)
+        if val_loaders is not None and self._resume_position is None and self.num_sanity_val_steps != 0:
+            self._run_sanity_check(val_loaders)
         for callback in self.callbacks:
             callback.on_train_start(self, module)
         module.on_train_start()
         self.strategy.check_placement(module)  # once, before the first step
+        loaded_at = self.current_epoch
         while not self._finished():
-            self._run_train_epoch(train_loader, val_loader)
+            if self._reload_due(data, loaded_at):
+                train_loader, val_loaders = self._load_fit_data(data)
+                loaded_at = self.current_epoch
+            self._run_train_epoch(train_loader, val_loaders)
         for callback in self.callbacks:
             callback.on_train_end(self, module)
         module.on_train_end()
         for callback in self.callbacks:
             callback.on_fit_end(self, module)
         module.on_fit_end()
+
+    def _load_fit_data(self, data: DataSource) -> tuple[Any, list[Any] | None]:
+        """The training loader and the validation loaders (None: no validation), prepared."""
+        [train_loader] = data.loaders("train")
+        self.max_epochs = default_max_epochs(self.max_epochs, self.max_steps, train_loader, warn=self.is_global_zero)
+        every = self.reload_dataloaders_every_n_epochs  # a reloaded loader gets a seed of its own, not epoch 0's
+        offset = self.current_epoch - self.current_epoch % every if every else 0
+        train_loader, self.num_training_batches = self._prepare_loader(train_loader, "train", True, offset)
+        train_loader, self._train_sampler = resumable(train_loader)  # records each epoch's RNG for resuming
+        prepared = [self._prepare_loader(loader, "validate", False, offset) for loader in data.loaders("val")]
+        self.num_val_batches = [count for _, count in prepared]
+        if not any(self.num_val_batches):
+            return train_loader, None  # limit_val_batches=0: no validation at all, hooks included (as in Lightning)
+        return train_loader, [loader for loader, _ in prepared]
+
+    def _reload_due(self, data: DataSource, loaded_at: int) -> bool:
+        """reload_dataloaders_every_n_epochs: at epochs 0, n, 2n, ... the hooks make new loaders."""
+        every = self.reload_dataloaders_every_n_epochs
+        return (bool(every) and self.current_epoch % every == 0 and self.current_epoch != loaded_at
+                and (data.from_hook("train") or data.from_hook("val")))
 
     def _finished(self) -> bool:
         return (
@@ -405,7 +489,7 @@ class Trainer:
             or (self.max_epochs is not None and self.current_epoch >= self.max_epochs)
         )
 
-    def _run_train_epoch(self, train_loader: Any, val_loader: Any) -> None:
+    def _run_train_epoch(self, train_loader: Any, val_loaders: list[Any] | None) -> None:
         module, strategy, hooks = self.module, self.strategy, self._hooks
         self.model.train()
         self.metrics.start_training()
@@ -413,7 +497,7 @@ class Trainer:
             callback.on_train_epoch_start(self, module)
         module.on_train_epoch_start()
         num_batches = self.num_training_batches
-        val_every = self._val_every(num_batches) if val_loader is not None else None
+        val_every = self._val_every(num_batches) if val_loaders is not None else None
         batch_idx = -1
         for batch_idx, batch in self._iterate_train(train_loader):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
@@ -432,7 +516,7 @@ class Trainer:
             if self._train_batches_seen % self.log_every_n_steps == 0:
                 self._log_step()
             if val_every is not None and self._validation_due(batch_idx, val_every, num_batches):
-                self._run_validation(val_loader)
+                self._run_validation(val_loaders)
             if self._preemption.stop_now and self._ends_window(batch_idx, num_batches):  # a plain bool read
                 self._save_for_preemption()
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
@@ -630,49 +714,61 @@ class Trainer:
         count = self._train_batches_seen if self.check_val_every_n_epoch is None else batch_idx + 1
         return count % val_every == 0
 
-    def _run_sanity_check(self, val_loader: Any) -> None:
+    def _run_sanity_check(self, val_loaders: list[Any]) -> None:
         self.sanity_checking = True
         try:
-            limit = self.num_val_batches if self.num_sanity_val_steps == -1 else min(self.num_sanity_val_steps, self.num_val_batches)
+            steps = math.inf if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
             with preserved_rng():  # checking costs the training run no random numbers
-                self._evaluation_loop("validate", val_loader, limit)
+                self._evaluation_loop("validate", val_loaders, [min(steps, count) for count in self.num_val_batches])
         finally:
             self.sanity_checking = False
 
-    def _run_validation(self, val_loader: Any) -> None:
+    def _run_validation(self, val_loaders: list[Any]) -> None:
         # Validating leaves every RNG as it found it: the weights do not depend on when (or
         # whether) validation runs, and a checkpoint written just before it resumes exactly.
         with preserved_rng():
-            self._evaluation_loop("validate", val_loader, self.num_val_batches)
+            self._evaluation_loop("validate", val_loaders, self.num_val_batches)
         self.model.train()
         self.metrics.start_training()
 
-    def _run_evaluation(self, stage: str, loader: Any) -> Any:
-        loader, self.num_val_batches = self._prepare_loader(loader, stage, shuffle=False)
-        return self._evaluation_loop(stage, loader, self.num_val_batches)
+    def _run_evaluation(self, stage: str, loaders: list[Any]) -> Any:
+        if not loaders:
+            raise ValueError(f"Trainer.{stage} got an empty list of loaders; pass at least one DataLoader.")
+        prepared = [self._prepare_loader(loader, stage, False) for loader in loaders]
+        counts = [count for _, count in prepared]
+        setattr(self, NUM_BATCHES[stage], counts)
+        return self._evaluation_loop(stage, [loader for loader, _ in prepared], counts)
 
-    def _evaluation_loop(self, stage: str, loader: Any, limit: int | float) -> Any:
-        """One pass of validation, test or predict, under ``torch.inference_mode``."""
+    def _evaluation_loop(self, stage: str, loaders: list[Any], limits: list[int | float]) -> Any:
+        """One pass of validation, test or predict over each loader in turn, under
+        ``torch.inference_mode`` (``torch.no_grad`` with ``Trainer(inference_mode=False)``)."""
         module = self.module
-        hooks = evaluation_hooks(stage, self.callbacks, module)
+        several = len(loaders) > 1  # then steps and batch hooks get dataloader_idx, metrics a suffix
+        hooks = evaluation_hooks(stage, self.callbacks, module, several)
         self.model.eval()
         self.metrics.start_evaluation()
         for hook in hooks.start:
             hook(self, module)
         hooks.module_start()
         hooks.module_epoch_start()
-        predictions = []
-        with torch.inference_mode():
-            for batch_idx, batch in enumerate(loader):
-                if batch_idx >= limit:
-                    break
-                batch = self.strategy.batch_to_device(batch)
-                with self._forward_context():
-                    outputs = hooks.step(batch, batch_idx)
-                if stage == "predict":
-                    predictions.append(outputs)
-                for hook in hooks.batch_end:
-                    hook(self, module, outputs, batch, batch_idx)
+        predictions: list[list[Any]] = []
+        with torch.inference_mode() if self.inference_mode else torch.no_grad():
+            for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
+                self.metrics.evaluation.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
+                step_index = (dataloader_idx,) if hooks.step_takes_dataloader_idx else ()
+                hook_index = (dataloader_idx,) if several else ()
+                predictions.append([])
+                for batch_idx, batch in enumerate(loader):
+                    if batch_idx >= limit:
+                        break
+                    batch = self.strategy.batch_to_device(batch)
+                    with self._forward_context():
+                        outputs = hooks.step(batch, batch_idx, *step_index)
+                    if stage == "predict":
+                        predictions[-1].append(outputs)
+                    for hook in hooks.batch_end:
+                        hook(self, module, outputs, batch, batch_idx, *hook_index)
+        self.metrics.evaluation.dataloader_suffix = ""
         hooks.module_epoch_end()
         values, specs = self.metrics.read_epoch_values(self.metrics.evaluation)
         if not self.sanity_checking:
@@ -681,11 +777,12 @@ class Trainer:
             hook(self, module)
         hooks.module_end()
         if stage != "predict":
-            return [values]
+            return split_by_dataloader(values, len(loaders))
         if self.strategy.world_size > 1:  # every rank returns all of them, in the dataset's order
-            gathered = self.strategy.all_gather_object(move_to_device(predictions, torch.device("cpu"), non_blocking=False))
-            predictions = [prediction for shard in gathered for prediction in shard]
-        return predictions
+            for index, shard in enumerate(predictions):
+                gathered = self.strategy.all_gather_object(move_to_device(shard, torch.device("cpu"), non_blocking=False))
+                predictions[index] = [prediction for rank in gathered for prediction in rank]
+        return predictions if several else predictions[0]
 
     # =========================================================================================
     # Guards: non-finite losses and preemption
@@ -744,8 +841,10 @@ class Trainer:
     # =========================================================================================
     # Small helpers
     # =========================================================================================
-    def _prepare_loader(self, loader: Any, stage: str, shuffle: bool) -> tuple[Any, int | float]:
-        return prepare_loader(loader, stage, shuffle=shuffle, strategy=self.strategy, seed=self.seed, limit=self.limits[stage])
+    def _prepare_loader(self, loader: Any, stage: str, shuffle: bool, seed_offset: int = 0) -> tuple[Any, int | float]:
+        seed = None if self.seed is None else self.seed + seed_offset
+        return prepare_loader(loader, stage, shuffle=shuffle, strategy=self.strategy, seed=seed, limit=self.limits[stage],
+                              sequential=bool(self.overfit_batches), shard=self.use_distributed_sampler)
 
     @property
     def is_global_zero(self) -> bool:

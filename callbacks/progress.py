@@ -56,7 +56,7 @@ class ProgressBar(Callback):
         if not (self.enabled and self.interactive):
             return
         total = self._total(trainer.num_training_batches)
-        epochs = f"/{trainer.max_epochs}" if trainer.max_epochs is not None else ""
+        epochs = f"/{trainer.max_epochs}" if trainer.max_epochs not in (None, -1) else ""
         self._bar = self._tqdm(total=total, desc=f"Epoch {trainer.current_epoch + 1}{epochs}",
                                leave=self.leave, dynamic_ncols=True, file=sys.stderr)
 
@@ -78,7 +78,7 @@ class ProgressBar(Callback):
             self._bar.close()
             self._bar = None
         elif not self.interactive:
-            epochs = f"/{trainer.max_epochs}" if trainer.max_epochs is not None else ""
+            epochs = f"/{trainer.max_epochs}" if trainer.max_epochs not in (None, -1) else ""
             metrics = _format(trainer.progress_bar_metrics)
             print(f"Epoch {trainer.current_epoch + 1}{epochs}: step {trainer.global_step}"
                   + (f", {metrics}" if metrics else ""), file=sys.stderr, flush=True)

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from strategies.accelerators import check_agrees, device_count
 from strategies.transfer import move_to_device
 
 
@@ -42,6 +43,17 @@ class Strategy:
     @property
     def is_global_zero(self) -> bool:
         return self.global_rank == 0
+
+    def configure_devices(self, accelerator: str, devices: int | str | list[int], num_nodes: int) -> None:
+        """Take the Trainer's ``accelerator``, ``devices`` and ``num_nodes`` (read by
+        ``strategies/accelerators.py``): fill in what this strategy leaves open, and raise a
+        ValueError naming both sides when they contradict it. Here: one process on one device."""
+        check_agrees(accelerator, f"{type(self).__name__}({self.device})", self.device.type)
+        if device_count(devices) not in (None, 1) or num_nodes != 1:
+            raise ValueError(
+                f"Trainer(devices={devices!r}, num_nodes={num_nodes}) with {type(self).__name__}, which runs one "
+                'process on one device. Use strategy="ddp" (or a strategies.DDP) for several.'
+            )
 
     def validate(self) -> None:
         """Check the request against this machine, before anything starts. Raise with a fix."""

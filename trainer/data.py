@@ -70,7 +70,8 @@ def set_sampler_epoch(loader: Any, epoch: int) -> None:
 
 
 def default_max_epochs(max_epochs: int | None, max_steps: int, loader: Any, warn: bool = True) -> int | None:
-    """``max_epochs``, or 1000 (with a warning if ``warn``) when neither it nor ``max_steps`` bounds the run."""
+    """``max_epochs``, or 1000 (with a warning if ``warn``) when neither it nor ``max_steps`` bounds the run
+    (-1: no epoch limit, as in Lightning; a time limit or should_stop ends the run)."""
     if max_epochs is None and max_steps == -1:
         if loader_length(loader) is None:
             raise ValueError(

@@ -11,6 +11,7 @@ Performance notes are marked "hot loop": nothing there converts a tensor to a Py
 from __future__ import annotations
 
 import contextlib
+import datetime
 import itertools
 import math
 import os
@@ -40,6 +41,8 @@ from trainer.optim import SchedulerConfig, parse_optimizers
 from trainer.preemption import Preemption
 from trainer.resume import resumable, resume_iterator
 from trainer.seed import preserved_rng, seed_everything, use_deterministic_algorithms
+from trainer.shorthands import reject_unknown_arguments
+from trainer.shorthands import translate as translate_shorthands
 from trainer.state import checkpoint_state, handoff_state, receive_handoff, restore
 
 STAGES = ("fit", "validate", "test", "predict")
@@ -74,7 +77,7 @@ class Trainer:
         max_epochs: int | None = None,
         max_steps: int = -1,
         strategy: str | Strategy = "auto",
-        devices: int | str = "auto",
+        devices: int | str | list[int] = "auto",
         callbacks: list[Callback] | Callback | None = None,
         accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None,
@@ -94,7 +97,23 @@ class Trainer:
         seed: int | None = None,
         deterministic: bool = False,
         on_nonfinite_loss: str = "raise",
+        accelerator: str = "auto",
+        num_nodes: int = 1,
+        fast_dev_run: bool | int = False,
+        min_epochs: int | None = None,
+        min_steps: int | None = None,
+        max_time: str | datetime.timedelta | dict[str, int] | None = None,
+        overfit_batches: int | float = 0.0,
+        enable_model_summary: bool = True,
+        benchmark: bool | None = None,
+        detect_anomaly: bool = False,
+        inference_mode: bool = True,
+        use_distributed_sampler: bool = True,
+        sync_batchnorm: bool = False,
+        reload_dataloaders_every_n_epochs: int = 0,
+        **unknown: Any,
     ) -> None:
+        reject_unknown_arguments(unknown, Trainer.__init__)  # a close match, or the Cadence way (trainer/shorthands.py)
         limits = {"train": limit_train_batches, "validate": limit_val_batches,
                   "test": limit_test_batches, "predict": limit_predict_batches}
         check_trainer_arguments(
@@ -102,34 +121,45 @@ class Trainer:
             log_every_n_steps=log_every_n_steps, check_val_every_n_epoch=check_val_every_n_epoch,
             gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
             val_check_interval=val_check_interval, limits=limits, num_sanity_val_steps=num_sanity_val_steps,
-            on_nonfinite_loss=on_nonfinite_loss,
+            on_nonfinite_loss=on_nonfinite_loss, min_epochs=min_epochs, min_steps=min_steps,
+            reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
+            flags={"benchmark": benchmark, "detect_anomaly": detect_anomaly, "inference_mode": inference_mode,
+                   "use_distributed_sampler": use_distributed_sampler, "sync_batchnorm": sync_batchnorm},
         )
         if seed is not None:
             seed_everything(seed)  # validates; seeded again at the start of each stage
 
-        self.max_epochs = max_epochs
-        self.max_steps = max_steps
-        self.strategy = strategies_package.resolve_strategy(strategy, devices)
+        # Lightning's shorthands become a strategy, callbacks and the plain settings below.
+        run = translate_shorthands(
+            accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes, callbacks=callbacks,
+            logger=logger, enable_progress_bar=enable_progress_bar, enable_checkpointing=enable_checkpointing,
+            enable_model_summary=enable_model_summary, fast_dev_run=fast_dev_run, overfit_batches=overfit_batches,
+            max_time=max_time, max_epochs=max_epochs, max_steps=max_steps, limits=limits,
+            num_sanity_val_steps=num_sanity_val_steps, val_check_interval=val_check_interval,
+            check_val_every_n_epoch=check_val_every_n_epoch, benchmark=benchmark, detect_anomaly=detect_anomaly,
+            sync_batchnorm=sync_batchnorm,
+        )
+        self.strategy = run.strategy
         self.strategy.validate()
+        self.callbacks = run.callbacks
+        self.max_epochs, self.max_steps, self.min_epochs, self.min_steps = run.max_epochs, run.max_steps, min_epochs, min_steps
+        self.fast_dev_run = fast_dev_run
+        self.overfit_batches = overfit_batches
+        self.val_check_interval = run.val_check_interval
+        self.check_val_every_n_epoch = run.check_val_every_n_epoch
+        self.limits = run.limits
+        self.num_sanity_val_steps = run.num_sanity_val_steps
+        self.reload_dataloaders_every_n_epochs = reload_dataloaders_every_n_epochs
+        self.use_distributed_sampler = use_distributed_sampler
+        self.inference_mode = inference_mode
         self.accumulate_grad_batches = accumulate_grad_batches
         self.gradient_clip_val = gradient_clip_val
         self.gradient_clip_algorithm = gradient_clip_algorithm
-        self.val_check_interval = val_check_interval
-        self.check_val_every_n_epoch = check_val_every_n_epoch
-        self.limits = limits
-        self.num_sanity_val_steps = num_sanity_val_steps
         self.log_every_n_steps = log_every_n_steps
         self.default_root_dir = Path(default_root_dir) if default_root_dir is not None else Path.cwd()
         self.seed = seed
-        self.overfit_batches = 0
-        self.use_distributed_sampler = True
-        self.inference_mode = True
-        self.reload_dataloaders_every_n_epochs = 0
         self.deterministic = deterministic
         self.on_nonfinite_loss = on_nonfinite_loss
-        self.callbacks = callbacks_package.default_callbacks(
-            callbacks, enable_progress_bar=enable_progress_bar, enable_checkpointing=enable_checkpointing, logger=logger
-        )
 
         # Public loop state (Lightning names).
         self.current_epoch = 0
@@ -438,6 +468,7 @@ class Trainer:
         checkpoint = self._read_checkpoint(ckpt_path, data)
         train_loader, val_loaders = self._load_fit_data(data)
         self.should_stop, self._resume_position, self._unchecked_losses = False, None, []
+        self._said_min_not_met = False
         if checkpoint is not None:
             restore(self, ckpt_path, state=checkpoint)
         for callback in self.callbacks:
@@ -484,10 +515,21 @@ class Trainer:
 
     def _finished(self) -> bool:
         return (
-            self.should_stop
+            (self.should_stop and self._may_stop())
             or (self.max_steps != -1 and self.global_step >= self.max_steps)
-            or (self.max_epochs is not None and self.current_epoch >= self.max_epochs)
+            or (self.max_epochs not in (None, -1) and self.current_epoch >= self.max_epochs)
         )
+
+    def _may_stop(self) -> bool:
+        """should_stop is set: stop, unless min_epochs/min_steps are not met yet (as in Lightning,
+        early stopping then waits; a preemption signal does not)."""
+        if self._preemption.stop_now or ((self.min_epochs or 0) <= self.current_epoch and (self.min_steps or 0) <= self.global_step):
+            return True
+        if not self._said_min_not_met and self.is_global_zero:
+            self._said_min_not_met = True
+            print(f"Cadence: should_stop was set, but min_epochs={self.min_epochs} / min_steps={self.min_steps} are not "
+                  "met yet; training continues until they are.", file=sys.stderr)
+        return False
 
     def _run_train_epoch(self, train_loader: Any, val_loaders: list[Any] | None) -> None:
         module, strategy, hooks = self.module, self.strategy, self._hooks
@@ -520,7 +562,7 @@ class Trainer:
             if self._preemption.stop_now and self._ends_window(batch_idx, num_batches):  # a plain bool read
                 self._save_for_preemption()
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
-            if self.should_stop or (self.max_steps != -1 and self.global_step >= self.max_steps):
+            if (self.should_stop and self._may_stop()) or (self.max_steps != -1 and self.global_step >= self.max_steps):
                 break
         if batch_idx == -1 and self._resume_position is None:
             raise RuntimeError(

@@ -57,6 +57,33 @@ def checkpoint_state(trainer: Trainer) -> dict[str, Any]:
     return state
 
 
+def read_checkpoint(ckpt_path: Path | None, datamodule: DataModule | None) -> dict[str, Any] | None:
+    """The checkpoint at ``ckpt_path``, read once; its datamodule state is restored now, before the
+    datamodule's loader hooks run (as in Lightning). The stage restores the rest (:func:`restore`)."""
+    if ckpt_path is None:
+        return None
+    checkpoint = checkpoint_io.load_checkpoint(ckpt_path)
+    if datamodule is not None and "datamodule" in checkpoint:
+        datamodule.load_state_dict(checkpoint["datamodule"])
+    return checkpoint
+
+
+def fitted_module(trainer: Trainer, stage: str, ckpt_path: Any) -> tuple[TrainingModule, Any]:
+    """``validate/test/predict(model=None)``: the last module run, and the checkpoint to load into
+    it: ``ckpt_path``, or (as in Lightning, with a warning) the ModelCheckpoint's best one."""
+    if trainer.lightning_module is None:
+        raise TypeError(f"Trainer.{stage}() got no model, and this Trainer has run none yet. Pass the module: "
+                        f"trainer.{stage}(model, ...).")
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback is not None else ""
+    if ckpt_path is None and best:
+        if trainer.is_global_zero:
+            warnings.warn(f"Trainer.{stage}() got no model and no ckpt_path, so it loads the best checkpoint of the "
+                          f"last fit ({best}). Pass ckpt_path=\"best\", \"last\" or a path to choose (and silence "
+                          "this warning).", stacklevel=4)
+        ckpt_path = "best"
+    return trainer.lightning_module, ckpt_path
+
+
 def _datamodule_state(trainer: Trainer) -> dict[str, Any]:
     datamodule = trainer._data.datamodule if trainer._data is not None else None
     if datamodule is None:

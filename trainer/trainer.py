@@ -16,7 +16,6 @@ import itertools
 import math
 import os
 import sys
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ from typing import Any
 import torch
 
 import callbacks as callbacks_package
-import strategies as strategies_package
 from callbacks import Callback
 from strategies import Strategy
 from strategies.transfer import move_to_device
@@ -35,15 +33,16 @@ from trainer.data_source import STAGE_KIND, DataSource, collect_data, prepare_da
 from trainer.datamodule import DataModule
 from trainer.metrics import MetricStore, format_results, split_by_dataloader
 from trainer.module import TrainingModule
-from trainer.guards import first_nonfinite, nonfinite_loss_error
+from trainer.guards import check_losses, window_is_finite
 from trainer.hooks import evaluation_hooks, single_owner, step_hooks
-from trainer.optim import SchedulerConfig, parse_optimizers
+from trainer.optim import SchedulerConfig, parse_optimizers, step_schedulers
 from trainer.preemption import Preemption
 from trainer.resume import resumable, resume_iterator
 from trainer.seed import preserved_rng, seed_everything, use_deterministic_algorithms
 from trainer.shorthands import reject_unknown_arguments
 from trainer.shorthands import translate as translate_shorthands
-from trainer.state import checkpoint_state, handoff_state, receive_handoff, restore
+from trainer.schedule import validation_due, validation_interval
+from trainer.state import checkpoint_state, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore
 
 STAGES = ("fit", "validate", "test", "predict")
 CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
@@ -281,7 +280,7 @@ class Trainer:
                 "module hook). After fit, save the weights with torch.save(model.state_dict(), path), "
                 "or use callbacks.ModelCheckpoint."
             )
-        self._check_losses()  # never write weights that a non-finite loss produced
+        check_losses(self)  # never write weights that a non-finite loss produced
         state = checkpoint_state(self)
         error = None
         if self.strategy.is_global_zero:
@@ -301,27 +300,12 @@ class Trainer:
     def _evaluate(self, stage: str, model: TrainingModule | None, dataloaders: Any, ckpt_path: Any, datamodule: Any,
                   verbose: bool) -> Any:
         if model is None:  # the module of the last fit, by default with its best checkpoint
-            model, ckpt_path = self._fitted_module(stage, ckpt_path)
+            model, ckpt_path = fitted_module(self, stage, ckpt_path)
         data = collect_data(stage, model, dataloaders, None, datamodule, previous_datamodule=self.datamodule)
         output = self._launch(stage, model, data, ckpt_path)
         if verbose and self.is_global_zero and (table := format_results(output, stage)):
             print(table)
         return output
-
-    def _fitted_module(self, stage: str, ckpt_path: Any) -> tuple[TrainingModule, Any]:
-        """``validate/test/predict(model=None)``: the last module run, and the checkpoint to load into
-        it: ``ckpt_path``, or (as in Lightning, with a warning) the ModelCheckpoint's best one."""
-        if self.lightning_module is None:
-            raise TypeError(f"Trainer.{stage}() got no model, and this Trainer has run none yet. Pass the module: "
-                            f"trainer.{stage}(model, ...).")
-        best = self.checkpoint_callback.best_model_path if self.checkpoint_callback is not None else ""
-        if ckpt_path is None and best:
-            if self.is_global_zero:
-                warnings.warn(f"Trainer.{stage}() got no model and no ckpt_path, so it loads the best checkpoint of the "
-                              f"last fit ({best}). Pass ckpt_path=\"best\", \"last\" or a path to choose (and silence "
-                              "this warning).", stacklevel=4)
-            ckpt_path = "best"
-        return self.lightning_module, ckpt_path
 
     def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> Any:
         if ckpt_path is not None:  # before anything starts, so a wrong path costs nothing
@@ -372,7 +356,7 @@ class Trainer:
                 with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
                     output = self._run_fit(module, data, ckpt_path)
             else:
-                checkpoint = self._read_checkpoint(ckpt_path, data)
+                checkpoint = read_checkpoint(ckpt_path, data.datamodule)
                 if checkpoint is not None:
                     restore(self, ckpt_path, model_only=True, state=checkpoint)
                 output = self._run_evaluation(stage, data.loaders(STAGE_KIND[stage]))
@@ -454,18 +438,8 @@ class Trainer:
     # =========================================================================================
     # fit: the loop
     # =========================================================================================
-    def _read_checkpoint(self, ckpt_path: Any, data: DataSource) -> dict[str, Any] | None:
-        """The checkpoint, read once; its datamodule state is restored now, before the datamodule's
-        loader hooks run (as in Lightning). The rest is restored by the stage."""
-        if ckpt_path is None:
-            return None
-        checkpoint = checkpoint_io.load_checkpoint(ckpt_path)
-        if data.datamodule is not None and "datamodule" in checkpoint:
-            data.datamodule.load_state_dict(checkpoint["datamodule"])
-        return checkpoint
-
     def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
-        checkpoint = self._read_checkpoint(ckpt_path, data)
+        checkpoint = read_checkpoint(ckpt_path, data.datamodule)
         train_loader, val_loaders = self._load_fit_data(data)
         self.should_stop, self._resume_position, self._unchecked_losses = False, None, []
         self._said_min_not_met = False
@@ -539,7 +513,9 @@ class Trainer:
             callback.on_train_epoch_start(self, module)
         module.on_train_epoch_start()
         num_batches = self.num_training_batches
-        val_every = self._val_every(num_batches) if val_loaders is not None else None
+        val_every = None
+        if val_loaders is not None:
+            val_every = validation_interval(self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch, num_batches)
         batch_idx = -1
         for batch_idx, batch in self._iterate_train(train_loader):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
@@ -557,7 +533,8 @@ class Trainer:
                 hook(outputs, batch, batch_idx)
             if self._train_batches_seen % self.log_every_n_steps == 0:
                 self._log_step()
-            if val_every is not None and self._validation_due(batch_idx, val_every, num_batches):
+            if val_every is not None and validation_due(self.val_check_interval, self.check_val_every_n_epoch, batch_idx,
+                                                        val_every, num_batches, self._train_batches_seen):
                 self._run_validation(val_loaders)
             if self._preemption.stop_now and self._ends_window(batch_idx, num_batches):  # a plain bool read
                 self._save_for_preemption()
@@ -606,7 +583,7 @@ class Trainer:
                 outputs, loss = self._forward_backward(batch, batch_idx)
         # Checked later (log step, epoch end, checkpoint), so no host sync here.
         self._unchecked_losses.append((loss.detach(), batch_idx, self.global_step))
-        if steps_now and (self.on_nonfinite_loss != "skip" or self._window_is_finite()):
+        if steps_now and (self.on_nonfinite_loss != "skip" or window_is_finite(self)):
             self._optimizer_step(module)
         return outputs
 
@@ -667,22 +644,7 @@ class Trainer:
         optimizer.zero_grad(set_to_none=True)
         self.global_step += 1
         if stepped and self.lr_scheduler_configs:
-            self._step_schedulers("step")
-
-    def _step_schedulers(self, interval: str) -> None:
-        count = self.global_step if interval == "step" else self.current_epoch + 1
-        for config in self.lr_scheduler_configs:
-            if config.interval != interval or count % config.frequency != 0:
-                continue
-            if config.needs_metric:
-                if config.monitor not in self.callback_metrics:
-                    raise RuntimeError(
-                        f"ReduceLROnPlateau watches {config.monitor!r}, which was not logged; logged "
-                        f"metrics are {sorted(self.callback_metrics)}. Log it with self.log or fix 'monitor'."
-                    )
-                config.scheduler.step(float(self.callback_metrics[config.monitor]))
-            else:
-                config.scheduler.step()
+            step_schedulers(self.lr_scheduler_configs, "step", self.global_step, self.callback_metrics)
 
     def _log_step(self) -> None:
         """Every log_every_n_steps batches: start this step's copy to the host; publish the last."""
@@ -691,11 +653,11 @@ class Trainer:
         if received is not None:
             step, values, specs = received
             self._publish(values, specs, step)
-        self._check_losses()
+        check_losses(self)
         self._preemption.agree(self.strategy)  # with several processes: stop on every rank, or none
 
     def _end_train_epoch(self) -> None:
-        self._check_losses()
+        check_losses(self)
         self._in_epoch_end = True
         received = self.metrics.receive()
         if received is not None:
@@ -707,7 +669,7 @@ class Trainer:
         specs.update(received[2])
         self._publish(values, specs, self.global_step)
         if self._automatic_optimization:  # as in Lightning, manual optimization steps its own
-            self._step_schedulers("epoch")
+            step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics)
         for callback in self.callbacks:
             callback.on_train_epoch_end(self, self.module)
         self.module.on_train_epoch_end()
@@ -730,32 +692,6 @@ class Trainer:
     # =========================================================================================
     # Validation, test, predict
     # =========================================================================================
-    def _val_every(self, num_batches: int | float) -> int | None:
-        if self.check_val_every_n_epoch is not None and (self.current_epoch + 1) % self.check_val_every_n_epoch != 0:
-            return None
-        if isinstance(self.val_check_interval, int):
-            if self.check_val_every_n_epoch is not None and self.val_check_interval > num_batches:
-                raise ValueError(
-                    f"Trainer(val_check_interval={self.val_check_interval}) is more than the {num_batches} "
-                    "training batches of an epoch, so validation would never run. Use a smaller int, or "
-                    "check_val_every_n_epoch=None to count batches across epochs."
-                )
-            return self.val_check_interval
-        if num_batches == math.inf:
-            raise ValueError(
-                "val_check_interval is a fraction of the epoch, but the training loader has no length. "
-                "Use an int val_check_interval (every N batches)."
-            )
-        return max(1, int(num_batches * self.val_check_interval))
-
-    def _validation_due(self, batch_idx: int, val_every: int, num_batches: int | float) -> bool:
-        """As in Lightning: an int interval counts batches of the epoch, or of the whole run when
-        check_val_every_n_epoch is None; a float interval also validates after the epoch's last batch."""
-        if isinstance(self.val_check_interval, float):
-            return (batch_idx + 1) % val_every == 0 or batch_idx + 1 == num_batches
-        count = self._train_batches_seen if self.check_val_every_n_epoch is None else batch_idx + 1
-        return count % val_every == 0
-
     def _run_sanity_check(self, val_loaders: list[Any]) -> None:
         self.sanity_checking = True
         try:
@@ -827,33 +763,8 @@ class Trainer:
         return predictions if several else predictions[0]
 
     # =========================================================================================
-    # Guards: non-finite losses and preemption
+    # Preemption
     # =========================================================================================
-    def _check_losses(self) -> None:
-        """on_nonfinite_loss="raise": fail on the first NaN/inf loss since the last check (one host sync)."""
-        losses, self._unchecked_losses = self._unchecked_losses, []
-        if self.on_nonfinite_loss != "raise" or not losses:
-            return
-        bad = first_nonfinite(losses)
-        if self.strategy.reduce_any(bad is not None):  # every rank raises, none waits at a collective
-            raise nonfinite_loss_error(bad, self.current_epoch, self._last_checkpoint)
-
-    def _window_is_finite(self) -> bool:
-        """on_nonfinite_loss="skip", before an optimizer step: if a loss of this accumulation window
-        is NaN/inf, drop its gradients, count it and return False. Deciding now costs a host sync."""
-        losses, self._unchecked_losses = self._unchecked_losses, []
-        bad = first_nonfinite(losses)
-        if not self.strategy.reduce_any(bad is not None):
-            return True
-        for optimizer in self.optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        self.num_skipped_steps += 1
-        if self.num_skipped_steps == 1 and self.is_global_zero:
-            where = f"the loss is {bad[0]} at batch {bad[1]}" if bad is not None else "another rank saw a non-finite loss"
-            warnings.warn(f"Skipped an optimizer step at epoch {self.current_epoch}, global step {self.global_step}: "
-                          f"{where}. Further skips are counted in trainer.num_skipped_steps.", stacklevel=2)
-        return False
-
     def _ends_window(self, batch_idx: int, num_batches: int | float) -> bool:
         """True after the batch that ends an accumulation window (every batch in manual optimization):
         a checkpoint there holds no half-accumulated gradients."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -60,15 +59,6 @@ class Normalized(Regressor):
 def data(count: int = 32, batch_size: int = 4, shuffle: bool = False) -> DataLoader:
     x = torch.arange(count * 4, dtype=torch.float32).reshape(count, 4) / count
     return DataLoader(TensorDataset(x, x[:, :2]), batch_size=batch_size, shuffle=shuffle)
-
-
-@pytest.fixture
-def two_gpus(monkeypatch):
-    """Pretend this machine has two CUDA devices (the queries only; nothing runs on them)."""
-    properties = SimpleNamespace(name="NVIDIA Test GPU", total_memory=80 * 2**30, major=9, minor=0)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
 
 
 # --- unknown arguments ---------------------------------------------------------------------------

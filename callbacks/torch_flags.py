@@ -42,6 +42,7 @@ class TorchFlags(Callback):
             torch.autograd.set_detect_anomaly(True)
 
     def teardown(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
-        if self._previous:
+        if self._previous:  # empty when the stage failed before setup
             torch.backends.cudnn.benchmark = self._previous["benchmark"]
             torch.autograd.set_detect_anomaly(self._previous["anomaly"])
+        self._previous = {}

@@ -36,6 +36,8 @@ def parse_devices(devices: Any, accelerator: str) -> int | str | list[int]:
     Lightning's spellings are read too: ``-1`` (every GPU), ``"2"`` (a count), ``"0,1"`` (indices).
     """
     given = devices
+    if devices is None:  # Cadence took it for "auto" before Lightning's names came; Lightning's tutorials pass it
+        return "auto"
     if isinstance(devices, str) and devices.strip() != "auto":
         text = devices.strip()
         try:

@@ -89,6 +89,7 @@ def test_accelerator_and_a_strategy_that_contradict_each_other_name_both():
 
 def test_cpu_with_several_devices_is_ddp_over_gloo_and_a_strategy_object_takes_the_trainers_devices():
     assert isinstance(Trainer(accelerator="cpu").strategy, SingleDevice)
+    assert isinstance(Trainer(accelerator="cpu", devices=None).strategy, SingleDevice)  # as "auto" (a DQN tutorial passes it)
     strategy = Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn").strategy
     assert isinstance(strategy, DDP) and (strategy.backend, strategy.devices, strategy.start_method) == ("gloo", 2, "spawn")
     given = DDP(find_unused_parameters=True)

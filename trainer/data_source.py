@@ -76,7 +76,7 @@ class DataSource:
             return []
         owner = self.hook_owner(kind)
         if owner is None:
-            return loader_list(self.given(kind), self._where(kind), several=kind != "train")
+            return loader_list(self.given(kind), self.argument_text(kind), several=kind != "train")
         loaders = getattr(owner, HOOKS[kind])()
         where = f"{type(owner).__name__}.{HOOKS[kind]}()"
         if loaders is None and kind == "val":
@@ -85,7 +85,8 @@ class DataSource:
             raise ValueError(f"{where} returned None; return a DataLoader (or another iterable of batches).")
         return loader_list(loaders, where, several=kind != "train")
 
-    def _where(self, kind: str) -> str:
+    def argument_text(self, kind: str) -> str:
+        """How errors name where ``kind`` loaders were passed: "Trainer.fit(val_dataloaders=...)"."""
         return f"Trainer.{self.stage}({self.argument(kind)}=...)"
 
 
@@ -115,7 +116,8 @@ def collect_data(stage: str, module: Any, loaders: Any, val_loaders: Any, datamo
             raise ValueError(f"Trainer.{stage} got both loaders and a datamodule; pass the loaders, or let the "
                              "datamodule's *_dataloader hooks make them.")
     kind = STAGE_KIND.get(stage, "train")
-    if datamodule is None and loaders is None and not overrides(module, HOOKS[kind]) and previous_datamodule is not None:
+    if (stage != "fit" and datamodule is None and loaders is None and not overrides(module, HOOKS[kind])
+            and previous_datamodule is not None):
         datamodule = previous_datamodule  # trainer.test() after fit(model, datamodule=dm)
     if stage == "fit":
         data = DataSource(stage, module, datamodule, train_dataloaders=loaders, val_dataloaders=val_loaders)
@@ -123,7 +125,7 @@ def collect_data(stage: str, module: Any, loaders: Any, val_loaders: Any, datamo
         data = DataSource(stage, module, datamodule, dataloaders=loaders)
     for name in ("train", "val") if stage == "fit" else (kind,):  # what was passed is checked now
         if data.given(name) is not None:
-            loader_list(data.given(name), data._where(name), several=name != "train")
+            loader_list(data.given(name), data.argument_text(name), several=name != "train")
     _check_steps(stage, module)
     if not data.defines(kind):
         owner = f"the datamodule {type(datamodule).__name__}" if datamodule is not None else type(module).__name__

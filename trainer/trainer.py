@@ -141,7 +141,8 @@ class Trainer:
         self.strategy = run.strategy
         self.strategy.validate()
         self.callbacks = run.callbacks
-        self.max_epochs, self.max_steps, self.min_epochs, self.min_steps = run.max_epochs, run.max_steps, min_epochs, min_steps
+        self.max_epochs, self.max_steps = run.max_epochs, run.max_steps
+        self.min_epochs, self.min_steps = min_epochs, min_steps
         self.fast_dev_run = fast_dev_run
         self.overfit_batches = overfit_batches
         self.val_check_interval = run.val_check_interval
@@ -497,7 +498,8 @@ class Trainer:
     def _may_stop(self) -> bool:
         """should_stop is set: stop, unless min_epochs/min_steps are not met yet (as in Lightning,
         early stopping then waits; a preemption signal does not)."""
-        if self._preemption.stop_now or ((self.min_epochs or 0) <= self.current_epoch and (self.min_steps or 0) <= self.global_step):
+        met = (self.min_epochs or 0) <= self.current_epoch and (self.min_steps or 0) <= self.global_step
+        if met or self._preemption.stop_now:
             return True
         if not self._said_min_not_met and self.is_global_zero:
             self._said_min_not_met = True
@@ -515,7 +517,8 @@ class Trainer:
         num_batches = self.num_training_batches
         val_every = None
         if val_loaders is not None:
-            val_every = validation_interval(self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch, num_batches)
+            val_every = validation_interval(self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch,
+                                            num_batches)
         batch_idx = -1
         for batch_idx, batch in self._iterate_train(train_loader):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.

@@ -12,11 +12,15 @@ from callbacks.base import Callback
 from callbacks.early_stopping import EarlyStopping
 from callbacks.logging import AsyncLogger, CSVLogger, TensorBoardLogger, default_loggers
 from callbacks.model_checkpoint import ModelCheckpoint
+from callbacks.model_summary import ModelSummary
 from callbacks.progress import ProgressBar
+from callbacks.sync_batchnorm import SyncBatchNorm
+from callbacks.timer import Timer
+from callbacks.torch_flags import TorchFlags
 
 __all__ = [
-    "AsyncLogger", "CSVLogger", "Callback", "EarlyStopping", "ModelCheckpoint", "ProgressBar",
-    "TensorBoardLogger", "default_callbacks",
+    "AsyncLogger", "CSVLogger", "Callback", "EarlyStopping", "ModelCheckpoint", "ModelSummary", "ProgressBar",
+    "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags", "default_callbacks",
 ]
 
 

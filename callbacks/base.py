@@ -75,8 +75,9 @@ class Callback:
     def on_validation_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
 
     def on_validation_batch_end(
-        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None: ...
+        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        """After each batch; ``dataloader_idx`` is passed when there are several loaders."""
 
     def on_validation_end(self, trainer: Trainer, module: TrainingModule) -> None:
         """After validation; ``trainer.callback_metrics`` holds its epoch values."""
@@ -84,7 +85,7 @@ class Callback:
     def on_test_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
 
     def on_test_batch_end(
-        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None: ...
 
     def on_test_end(self, trainer: Trainer, module: TrainingModule) -> None: ...
@@ -92,7 +93,7 @@ class Callback:
     def on_predict_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
 
     def on_predict_batch_end(
-        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None: ...
 
     def on_predict_end(self, trainer: Trainer, module: TrainingModule) -> None: ...

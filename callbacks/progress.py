@@ -37,6 +37,7 @@ class ProgressBar(Callback):
         self.interactive = False
         self._bar: Any = None
         self._eval_bar: Any = None
+        self._eval_batches = 0
         self._tqdm: Any = None
 
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
@@ -55,7 +56,7 @@ class ProgressBar(Callback):
         if not (self.enabled and self.interactive):
             return
         total = self._total(trainer.num_training_batches)
-        epochs = f"/{trainer.max_epochs}" if trainer.max_epochs is not None else ""
+        epochs = f"/{trainer.max_epochs}" if trainer.max_epochs not in (None, -1) else ""
         self._bar = self._tqdm(total=total, desc=f"Epoch {trainer.current_epoch + 1}{epochs}",
                                leave=self.leave, dynamic_ncols=True, file=sys.stderr)
 
@@ -77,20 +78,22 @@ class ProgressBar(Callback):
             self._bar.close()
             self._bar = None
         elif not self.interactive:
-            epochs = f"/{trainer.max_epochs}" if trainer.max_epochs is not None else ""
+            epochs = f"/{trainer.max_epochs}" if trainer.max_epochs not in (None, -1) else ""
             metrics = _format(trainer.progress_bar_metrics)
             print(f"Epoch {trainer.current_epoch + 1}{epochs}: step {trainer.global_step}"
                   + (f", {metrics}" if metrics else ""), file=sys.stderr, flush=True)
 
     # --- evaluation --------------------------------------------------------------------------
-    def _start_eval(self, trainer: Trainer, description: str) -> None:
+    def _start_eval(self, trainer: Trainer, description: str, num_batches: list[int | float]) -> None:
+        self._eval_batches = 0  # over every loader of the pass
         if self.enabled and self.interactive and not trainer.sanity_checking:
-            self._eval_bar = self._tqdm(total=self._total(trainer.num_val_batches), desc=description,
+            self._eval_bar = self._tqdm(total=self._total(sum(num_batches)), desc=description,
                                         leave=False, dynamic_ncols=True, file=sys.stderr)
 
-    def _advance_eval(self, batch_idx: int) -> None:
-        if self._eval_bar is not None and (batch_idx + 1) % self.refresh_rate == 0:
-            self._eval_bar.update(batch_idx + 1 - self._eval_bar.n)
+    def _advance_eval(self) -> None:
+        self._eval_batches += 1
+        if self._eval_bar is not None and self._eval_batches % self.refresh_rate == 0:
+            self._eval_bar.update(self._eval_batches - self._eval_bar.n)
 
     def _end_eval(self, trainer: Trainer, description: str) -> None:
         if self._eval_bar is not None:
@@ -104,28 +107,31 @@ class ProgressBar(Callback):
                 print(f"{description}: {_format(shown)}", file=sys.stderr, flush=True)
 
     def on_validation_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._start_eval(trainer, "Validation")
+        self._start_eval(trainer, "Validation", trainer.num_val_batches)
 
-    def on_validation_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self._advance_eval(batch_idx)
+    def on_validation_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int,
+                             dataloader_idx: int = 0) -> None:
+        self._advance_eval()
 
     def on_validation_end(self, trainer: Trainer, module: TrainingModule) -> None:
         self._end_eval(trainer, "Validation")
 
     def on_test_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._start_eval(trainer, "Test")
+        self._start_eval(trainer, "Test", trainer.num_test_batches)
 
-    def on_test_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self._advance_eval(batch_idx)
+    def on_test_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int,
+                             dataloader_idx: int = 0) -> None:
+        self._advance_eval()
 
     def on_test_end(self, trainer: Trainer, module: TrainingModule) -> None:
         self._end_eval(trainer, "Test")
 
     def on_predict_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._start_eval(trainer, "Predict")
+        self._start_eval(trainer, "Predict", trainer.num_predict_batches)
 
-    def on_predict_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self._advance_eval(batch_idx)
+    def on_predict_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int,
+                             dataloader_idx: int = 0) -> None:
+        self._advance_eval()
 
     def on_predict_end(self, trainer: Trainer, module: TrainingModule) -> None:
         self._end_eval(trainer, "Predict")

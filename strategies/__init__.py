@@ -1,7 +1,7 @@
 """Where and how many: device placement, process launch, model wrapping, collectives.
 
-``resolve_strategy`` turns the Trainer's ``strategy=`` and ``devices=`` arguments into a
-:class:`Strategy`; it is the one string registry of the project.
+``resolve_strategy`` turns the Trainer's ``strategy=``, ``accelerator=``, ``devices=`` and
+``num_nodes=`` arguments into a :class:`Strategy`; it is the one string registry of the project.
 """
 
 from __future__ import annotations
@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from strategies.accelerators import (
+    STRATEGY_DEVICE_TYPES, check_agrees, check_num_nodes, device_count, parse_accelerator, parse_devices,
+)
 from strategies.base import Strategy
 from strategies.mps import MPS
 from strategies.single import SingleDevice, auto_device
@@ -19,7 +22,10 @@ if TYPE_CHECKING:
 
 __all__ = ["DDP", "FSDP", "MPS", "SingleDevice", "Strategy", "resolve_strategy"]
 
-STRATEGY_NAMES = '"auto", "cpu", "cuda", "cuda:N", "mps", "ddp", "fsdp" or a strategies.Strategy'
+STRATEGY_NAMES = ('"auto", "cpu", "cuda", "cuda:N", "mps", "ddp" (also "ddp_spawn", "ddp_fork"), "fsdp" '
+                  'or a strategies.Strategy')
+#: The names that choose DDP; "ddp_fork" and "ddp_notebook" start the workers with fork.
+DDP_NAMES = ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")
 
 
 def __getattr__(name: str) -> Any:
@@ -36,47 +42,67 @@ def __getattr__(name: str) -> Any:
 
 
 def _single_device_count(devices: Any, strategy: str) -> None:
-    if devices not in ("auto", 1, None):
+    if devices not in ("auto", 1, None) and not (isinstance(devices, list) and len(devices) == 1):
         raise ValueError(
             f'Trainer(strategy="{strategy}", devices={devices!r}) runs one process on one device. '
             'Use devices=1 (or "auto"), or strategy="ddp" to train on several devices.'
         )
 
 
-def resolve_strategy(strategy: Any, devices: Any = "auto") -> Strategy:
-    """Turn ``Trainer(strategy=..., devices=...)`` into a Strategy, or raise a ValueError that says
-    what would work."""
+def resolve_strategy(strategy: Any, devices: Any = "auto", accelerator: Any = "auto", num_nodes: int = 1) -> Strategy:
+    """Turn ``Trainer(strategy=..., devices=..., accelerator=..., num_nodes=...)`` into a Strategy, or
+    raise a ValueError that says what would work.
+
+    ``accelerator`` picks the device type (``strategies/accelerators.py``) and must agree with a
+    strategy that names one (``"cuda"``, ``SingleDevice("cpu")``, ``DDP(backend="nccl")``). A
+    strategy object gets the settings it leaves open (``DDP(devices="auto")``) from the Trainer's.
+    """
+    accelerator = parse_accelerator(accelerator)
+    devices = parse_devices(devices, accelerator)
+    check_num_nodes(num_nodes)
     if isinstance(strategy, Strategy):
+        strategy.configure_devices(accelerator, devices, num_nodes)
         return strategy
     if not isinstance(strategy, str):
         raise ValueError(
             f"Trainer(strategy={strategy!r}) is not a strategy. Use {STRATEGY_NAMES}."
         )
     name = strategy.strip().lower()
-    if name == "ddp":
-        from strategies.ddp import DDP
-
-        return DDP(devices=devices)
-    if name == "fsdp":
-        from strategies.fsdp import FSDP
-
-        return FSDP(devices=devices)
+    if name in DDP_NAMES or name == "fsdp":
+        return _ddp(name, devices, accelerator, num_nodes)
     if name == "auto":
         from strategies.process_group import launched_by_torchrun
 
         # Under torchrun with several processes, "auto" joins the group, as "ddp" does.
-        if (isinstance(devices, int) and devices > 1) or (launched_by_torchrun() and os.environ["WORLD_SIZE"] != "1"):
-            from strategies.ddp import DDP
+        if (device_count(devices) or 1) > 1 or num_nodes > 1 or (launched_by_torchrun() and os.environ["WORLD_SIZE"] != "1"):
+            return _ddp("ddp", devices, accelerator, num_nodes)
+        if accelerator == "auto" and not isinstance(devices, list):
+            chosen = SingleDevice(auto_device())
+            chosen.detected = True
+            return chosen
+        name = "cuda" if accelerator == "auto" else accelerator  # "auto" with devices=[i]: GPU i
+    if name == "cuda" and isinstance(devices, list):
+        name = f"cuda:{devices[0]}"
+    device_type = "cuda" if name.startswith("cuda:") else STRATEGY_DEVICE_TYPES.get(name)
+    if device_type is None or (name.startswith("cuda:") and not name[5:].isdigit()):
+        raise ValueError(f'Trainer(strategy="{strategy}") is not a strategy. Use {STRATEGY_NAMES}.')
+    check_agrees(accelerator, f'"{strategy}"', device_type)
+    _single_device_count(devices, strategy)
+    if num_nodes > 1:
+        raise ValueError(f'Trainer(strategy="{strategy}", num_nodes={num_nodes}) runs one process; training on '
+                         'several machines needs strategy="ddp" under torchrun.')
+    return MPS() if name == "mps" else SingleDevice(name)
 
-            return DDP(devices=devices)
-        _single_device_count(devices, strategy)
-        chosen = SingleDevice(auto_device())
-        chosen.detected = True
-        return chosen
-    if name == "mps":
-        _single_device_count(devices, strategy)
-        return MPS()
-    if name == "cpu" or name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
-        _single_device_count(devices, strategy)
-        return SingleDevice(name)
-    raise ValueError(f'Trainer(strategy="{strategy}") is not a strategy. Use {STRATEGY_NAMES}.')
+
+def _ddp(name: str, devices: Any, accelerator: str, num_nodes: int) -> Strategy:
+    """DDP for the DDP names, FSDP for "fsdp" (it launches as DDP does), with the Trainer's devices."""
+    if name == "fsdp":
+        from strategies.fsdp import FSDP
+
+        strategy = FSDP()
+    else:
+        from strategies.ddp import DDP
+
+        strategy = DDP(start_method="fork" if name in ("ddp_fork", "ddp_notebook") else "spawn")
+    strategy.configure_devices(accelerator, devices, num_nodes)
+    return strategy

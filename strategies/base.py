@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from strategies.accelerators import check_agrees, device_count
 from strategies.checkpoint_files import save_atomic
 from strategies.sharded_checkpoint import read_checkpoint
 from strategies.transfer import move_to_device
@@ -46,6 +47,17 @@ class Strategy:
     @property
     def is_global_zero(self) -> bool:
         return self.global_rank == 0
+
+    def configure_devices(self, accelerator: str, devices: int | str | list[int], num_nodes: int) -> None:
+        """Take the Trainer's ``accelerator``, ``devices`` and ``num_nodes`` (read by
+        ``strategies/accelerators.py``): fill in what this strategy leaves open, and raise a
+        ValueError naming both sides when they contradict it. Here: one process on one device."""
+        check_agrees(accelerator, f"{type(self).__name__}({self.device})", self.device.type)
+        if device_count(devices) not in (None, 1) or num_nodes != 1:
+            raise ValueError(
+                f"Trainer(devices={devices!r}, num_nodes={num_nodes}) with {type(self).__name__}, which runs one "
+                'process on one device. Use strategy="ddp" (or a strategies.DDP) for several.'
+            )
 
     def validate(self) -> None:
         """Check the request against this machine, before anything starts. Raise with a fix."""
@@ -116,11 +128,12 @@ class Strategy:
         """Run the module's ``training_step`` through ``model`` (DDP must see the forward)."""
         return model.training_step(batch, batch_idx)
 
-    def evaluation_context(self) -> contextlib.AbstractContextManager:
-        """The context validation, test and predict run in: ``torch.inference_mode``, or
-        ``torch.no_grad`` where tensors made during evaluation must stay usable in training (FSDP
-        reuses the buffers it gathers parameters into)."""
-        return torch.inference_mode()
+    def evaluation_context(self, inference_mode: bool = True) -> contextlib.AbstractContextManager:
+        """The context validation, test and predict run in: ``torch.inference_mode``
+        (``Trainer(inference_mode=True)``, the default), or ``torch.no_grad`` when the user asks for
+        it or where tensors made during evaluation must stay usable in training (FSDP reuses the
+        buffers it gathers parameters into)."""
+        return torch.inference_mode() if inference_mode else torch.no_grad()
 
     def mixed_precision(self, dtype: torch.dtype) -> bool:
         """Take over mixed precision in ``dtype`` (``Trainer(precision=...)``): return True when the

@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from strategies import forensics
+from strategies.accelerators import check_agrees
 from strategies.base import Strategy
 from strategies.loaders import shard_dataloader
 from strategies.process_group import (
@@ -77,8 +78,9 @@ class DDP(Strategy):
     """Data-parallel training on several devices, one process each.
 
     Args:
-        devices: processes per machine when spawning: an int, or ``"auto"`` (every visible GPU
-            with NCCL, else 1). Under torchrun, ``--nproc-per-node`` decides; this must match or be "auto".
+        devices: processes per machine when spawning: an int, ``"auto"`` (every visible GPU
+            with NCCL, else 1), or a list of the GPUs to use (``[0, 2]``: local rank r trains on
+            the r-th of them). Under torchrun, ``--nproc-per-node`` decides; this must match or be "auto".
         backend: ``"nccl"`` (GPUs) or ``"gloo"`` (CPU); default NCCL when CUDA is available.
         start_method: how workers start when spawning: ``"spawn"``, ``"forkserver"`` or ``"fork"``.
         find_unused_parameters, gradient_as_bucket_view, static_graph: passed to
@@ -86,16 +88,19 @@ class DDP(Strategy):
             and memory; turn it off if your code replaces ``param.grad`` objects.
         timeout: seconds a collective waits for the slowest rank before failing with a report of
             where every rank was.
+        num_nodes: machines; more than one needs torchrun (``Trainer(num_nodes=...)`` sets it).
 
     Example::
 
         Trainer(strategy=DDP(devices=4), max_epochs=10)   # or Trainer(strategy="ddp", devices=4)
     """
 
-    def __init__(self, devices: int | str = "auto", backend: str | None = None, start_method: str = "spawn",
+    def __init__(self, devices: int | str | list[int] = "auto", backend: str | None = None, start_method: str = "spawn",
                  find_unused_parameters: bool = False, gradient_as_bucket_view: bool = True,
-                 static_graph: bool = False, timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S) -> None:
+                 static_graph: bool = False, timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S,
+                 num_nodes: int = 1) -> None:
         self.devices = devices
+        self.num_nodes = num_nodes
         self.backend = backend
         self.start_method = start_method
         self.find_unused_parameters = find_unused_parameters
@@ -148,7 +153,7 @@ class DDP(Strategy):
             return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
         if self.devices == "auto":
             return torch.cuda.device_count() if self.resolved_backend == "nccl" else 1
-        return self.devices
+        return len(self.devices) if isinstance(self.devices, list) else self.devices
 
     @property
     def global_rank(self) -> int:
@@ -180,15 +185,22 @@ class DDP(Strategy):
     def validate(self) -> None:
         if not dist.is_available():
             raise ValueError("strategy=\"ddp\" needs torch.distributed, which this PyTorch build lacks. Use a single device.")
-        if self.devices != "auto" and (isinstance(self.devices, bool) or not isinstance(self.devices, int) or self.devices < 1):
-            raise ValueError(f'{type(self).__name__}(devices={self.devices!r}): use an int >= 1 (processes on this machine) or "auto".')
+        name = type(self).__name__
+        if isinstance(self.devices, list):
+            if self.resolved_backend != "nccl":
+                raise ValueError(f"{name}(devices={self.devices}) lists GPU indices, but the backend is "
+                                 f'"{self.resolved_backend}" (CPU processes). Pass a number of processes, e.g. devices={len(self.devices)}.')
+        elif self.devices != "auto" and (isinstance(self.devices, bool) or not isinstance(self.devices, int) or self.devices < 1):
+            raise ValueError(f'{name}(devices={self.devices!r}): use an int >= 1 (processes on this machine) or "auto".')
+        if isinstance(self.num_nodes, bool) or not isinstance(self.num_nodes, int) or self.num_nodes < 1:
+            raise ValueError(f"{name}(num_nodes={self.num_nodes!r}): use an int >= 1 (the number of machines).")
         if self.start_method not in START_METHODS:
             raise ValueError(f'{type(self).__name__}(start_method="{self.start_method}"): use one of {START_METHODS}.')
         backend = self.resolved_backend
         if backend not in BACKENDS:
             raise ValueError(f'{type(self).__name__}(backend="{backend}") is not a torch.distributed backend; use "nccl" (GPUs) or "gloo" (CPU).')
         if backend == "nccl":
-            check_gpus(self.num_processes)
+            check_gpus(max(self.devices) + 1 if isinstance(self.devices, list) else self.num_processes)
         if not dist.is_backend_available(backend):
             raise ValueError(
                 f'{type(self).__name__}(backend="{backend}") is not available in this PyTorch build (torch {torch.__version__}). '
@@ -196,13 +208,47 @@ class DDP(Strategy):
             )
         if launched_by_torchrun():
             started = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
-            if self.devices not in ("auto", started):
+            nodes = int(os.environ["WORLD_SIZE"]) // started
+            if self.num_nodes != 1 and self.num_nodes != nodes:
+                raise ValueError(
+                    f"num_nodes={self.num_nodes}, but torchrun started {nodes} machine(s) (WORLD_SIZE="
+                    f"{os.environ['WORLD_SIZE']}, {started} per machine). Match --nnodes, or leave num_nodes at 1."
+                )
+            asked = len(self.devices) if isinstance(self.devices, list) else self.devices
+            if asked not in ("auto", started):
                 raise ValueError(
                     f"{type(self).__name__}(devices={self.devices}) but torchrun started {started} processes on this machine "
                     f'(--nproc-per-node). Use devices="auto" or devices={started}.'
                 )
+        elif self.num_nodes > 1:
+            raise ValueError(
+                f"num_nodes={self.num_nodes} trains on {self.num_nodes} machines, which a spawned run cannot reach: "
+                f"start the script on each machine with torchrun --nnodes={self.num_nodes} "
+                "--nproc-per-node=N --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT (see the README)."
+            )
         elif "MASTER_PORT" in os.environ:
             check_port_free(os.environ.get("MASTER_ADDR", "127.0.0.1"), os.environ["MASTER_PORT"])
+
+    def configure_devices(self, accelerator: str, devices: int | str | list[int], num_nodes: int) -> None:
+        """The Trainer's ``accelerator`` picks the backend this DDP leaves open (cpu: gloo, gpu: nccl);
+        its ``devices`` and ``num_nodes`` fill ``"auto"`` and 1. Contradictions are errors."""
+        if accelerator == "mps":
+            raise ValueError('Trainer(accelerator="mps", strategy="ddp"): DDP does not run on Apple GPUs. Use '
+                             'accelerator="cpu" to run DDP on the CPU cores, or strategy="mps" for one process.')
+        shown = f"DDP(backend={self.backend!r})" if self.backend is not None else '"ddp"'
+        check_agrees(accelerator, shown, {"nccl": "cuda", "gloo": "cpu"}.get(self.backend or ""))
+        if self.backend is None and accelerator != "auto":
+            self.backend = "gloo" if accelerator == "cpu" else "nccl"
+        if devices != "auto":
+            if self.devices not in ("auto", devices):
+                raise ValueError(f"Trainer(devices={devices!r}) and DDP(devices={self.devices!r}) disagree; set "
+                                 "devices in one place.")
+            self.devices = devices
+        if num_nodes != 1:
+            if self.num_nodes not in (1, num_nodes):
+                raise ValueError(f"Trainer(num_nodes={num_nodes}) and DDP(num_nodes={self.num_nodes}) disagree; set "
+                                 "num_nodes in one place.")
+            self.num_nodes = num_nodes
 
     def launch(self, function: Callable[..., Any], *args: Any) -> Any:
         """Join torchrun's group when this process is one of its ranks; else spawn the workers."""
@@ -238,7 +284,8 @@ class DDP(Strategy):
             join_launched_group(self, _nothing, ())
         self._reset_runtime()
         backend = self.resolved_backend
-        self.device = torch.device("cuda", self._local_rank) if backend == "nccl" else torch.device("cpu")
+        index = self.devices[self._local_rank] if isinstance(self.devices, list) else self._local_rank
+        self.device = torch.device("cuda", index) if backend == "nccl" else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         elif self._mode == "spawn" and "OMP_NUM_THREADS" not in os.environ:

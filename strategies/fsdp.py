@@ -213,7 +213,7 @@ class FSDP(DDP):
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
         return _without_gradient_sync(model) if enabled else contextlib.nullcontext()
 
-    def evaluation_context(self) -> contextlib.AbstractContextManager:
+    def evaluation_context(self, inference_mode: bool = True) -> contextlib.AbstractContextManager:
         # FSDP gathers parameters into buffers it reuses: made under inference_mode, they could not
         # be used by the training step after validation.
         return torch.no_grad()

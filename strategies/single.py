@@ -102,8 +102,11 @@ class SingleDevice(Strategy):
     def describe(self) -> str:
         how = "detected" if self.detected else "chosen"
         if self.device.type == "cuda":
-            found = "; ".join(cuda_device_lines())
-            return f"Training on {self.device} ({how}). CUDA devices: {found}"
+            lines = cuda_device_lines()
+            text = f"Training on {self.device} ({how}). CUDA devices: {'; '.join(lines)}"
+            if len(lines) > 1:  # Lightning's Trainer() would take them all; say how
+                text += f' This run uses one; Trainer(devices={len(lines)}) or strategy="ddp" trains on all of them.'
+            return text
         if self.device.type == "mps":
             return f"Training on the Apple GPU (mps, {how})."
         note = "" if not self.detected else " No CUDA or MPS device was found: training will be slow."

@@ -5,6 +5,8 @@ Kept small on purpose: a test file states the module it trains itself, so it rea
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -53,3 +55,12 @@ def regression_data():
 def regression_loader(regression_data):
     """``regression_data`` in 8 batches of 8, in a fixed order."""
     return DataLoader(regression_data, batch_size=8)
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """Pretend this machine has two CUDA devices (the queries only; nothing runs on them)."""
+    properties = SimpleNamespace(name="NVIDIA Test GPU", total_memory=80 * 2**30, major=9, minor=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)

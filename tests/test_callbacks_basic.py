@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from callbacks import Callback, CSVLogger, EarlyStopping, ModelCheckpoint, ProgressBar, TensorBoardLogger
+from callbacks import Callback, CSVLogger, EarlyStopping, ModelCheckpoint, ModelSummary, ProgressBar, TensorBoardLogger
 from trainer import Trainer, TrainingModule
 
 
@@ -46,14 +46,15 @@ def test_a_plain_callback_changes_nothing(make_trainer, regression_loader):
 
 def test_the_default_trainer_adds_a_progress_bar_loggers_and_checkpoints():
     kinds = [type(callback) for callback in Trainer(strategy="cpu").callbacks]
-    assert kinds == [CSVLogger, TensorBoardLogger, ProgressBar, ModelCheckpoint]
-    quiet = Trainer(strategy="cpu", enable_progress_bar=False, enable_checkpointing=False, logger=False)
+    assert kinds == [CSVLogger, TensorBoardLogger, ProgressBar, ModelCheckpoint, ModelSummary]
+    quiet = Trainer(strategy="cpu", enable_progress_bar=False, enable_checkpointing=False, logger=False,
+                    enable_model_summary=False)
     assert quiet.callbacks == []
 
 
 def test_a_users_own_progress_bar_or_checkpoint_replaces_the_default():
     bar, checkpoint = ProgressBar(refresh_rate=5), ModelCheckpoint(monitor="val/loss")
-    trainer = Trainer(strategy="cpu", logger=False, callbacks=[checkpoint, bar])
+    trainer = Trainer(strategy="cpu", logger=False, callbacks=[checkpoint, bar], enable_model_summary=False)
     assert trainer.callbacks == [checkpoint, bar]
 
 

@@ -45,6 +45,11 @@ class Regressor(TrainingModule):
         return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 2)}
 
 
+class Validated(Regressor):
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", F.mse_loss(self.net(batch[0]), batch[1]))
+
+
 class OtherModel(Regressor):
     def __init__(self) -> None:
         super().__init__()
@@ -133,7 +138,7 @@ def test_a_checkpoint_from_a_newer_cadence_is_refused(checkpoint, make_trainer, 
 
 
 def test_validate_with_a_checkpoint_loads_its_weights_only(checkpoint, make_trainer, regression_loader):
-    model = Regressor()
+    model = Validated()
     make_trainer().validate(model, regression_loader, ckpt_path=checkpoint)
     saved = torch.load(checkpoint, weights_only=True)["state_dict"]
     assert all(torch.equal(value, saved[key]) for key, value in model.state_dict().items())
@@ -222,7 +227,7 @@ def test_ckpt_path_last_starts_fresh_when_there_is_none_but_validate_needs_one(m
         trainer.fit(Regressor(), regression_loader, ckpt_path="last")
     assert trainer.global_step == 8
     with pytest.raises(FileNotFoundError, match=r'Trainer.validate\(ckpt_path="last"\) found no last.ckpt'):
-        trainer.validate(Regressor(), regression_loader, ckpt_path="last")
+        trainer.validate(Validated(), regression_loader, ckpt_path="last")
 
 
 def test_a_checkpoint_inside_an_accumulation_window_warns_that_it_is_not_exact(make_trainer, regression_loader, tmp_path):

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from callbacks import CSVLogger
 from strategies import DDP
-from trainer import Trainer, TrainingModule
+from trainer import DataModule, Trainer, TrainingModule
 
 WORLD_SIZE = 2
 SAMPLES = 64
@@ -102,6 +102,29 @@ class Recorder(TrainingModule):
         Path(self.out_dir, f"rank{self.trainer.global_rank}.json").write_text(json.dumps(record))
 
 
+class PredictionData(DataModule):
+    """13 samples to predict, built in setup; each rank notes when it ran prepare_data and setup."""
+
+    def __init__(self, out_dir: str) -> None:
+        super().__init__()
+        self.out_dir = out_dir
+
+    def _note(self, hook: str) -> None:
+        with open(Path(self.out_dir, "data_hooks.txt"), "a") as file:
+            file.write(f"{hook} {self.trainer.global_rank} {time.monotonic()}\n")
+
+    def prepare_data(self):
+        self._note("prepare_data")
+        time.sleep(0.2)  # a slow download: no rank may set up before it is done
+
+    def setup(self, stage):
+        self._note("setup")
+        self.dataset = IndexedRegression(count=13)
+
+    def predict_dataloader(self):
+        return DataLoader(self.dataset, batch_size=4)
+
+
 @contextlib.contextmanager
 def stderr_into(path: Path):
     """Send file descriptor 2 (inherited by the workers) to ``path``."""
@@ -126,13 +149,14 @@ def spawned_fit(tmp_path_factory):
     trainer = Trainer(
         strategy=DDP(devices=WORLD_SIZE), max_epochs=EPOCHS, accumulate_grad_batches=ACCUMULATE,
         default_root_dir=out, logger=CSVLogger(), log_every_n_steps=2, seed=0,
+        max_time={"hours": 1},  # never reached: the ranks' Timer checks pair up at log steps, no hang
     )
     with stderr_into(out / "stderr.txt"):
         trainer.fit(model, DataLoader(data, batch_size=BATCH_SIZE, shuffle=True), DataLoader(data, batch_size=8))
         records = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
         csv_after_fit = (trainer.log_dir / "metrics.csv").read_text()
         validated = trainer.validate(model, DataLoader(data, batch_size=8))
-        predicted = trainer.predict(model, DataLoader(IndexedRegression(count=13), batch_size=4))
+        predicted = trainer.predict(model, datamodule=PredictionData(str(out)))
     return SimpleNamespace(trainer=trainer, model=model, initial=initial, data=data, records=records, out=out,
                            validated=validated, predicted=predicted, csv_after_fit=csv_after_fit,
                            stderr=(out / "stderr.txt").read_text())
@@ -192,6 +216,14 @@ def test_a_spawned_predict_returns_every_sample_once_in_the_dataset_order(spawne
     outputs = torch.cat([output for _, output in spawned_fit.predicted])
     with torch.no_grad():
         torch.testing.assert_close(outputs, spawned_fit.model.layer(IndexedRegression(count=13).x))
+
+
+def test_prepare_data_runs_on_local_rank_zero_before_any_rank_sets_up(spawned_fit):
+    # The prediction above read a DataModule: prepare_data ran once, and every setup began after it ended.
+    notes = [line.split() for line in (spawned_fit.out / "data_hooks.txt").read_text().splitlines()]
+    assert sorted((hook, rank) for hook, rank, _ in notes) == [("prepare_data", "0"), ("setup", "0"), ("setup", "1")]
+    prepared_at = float(next(at for hook, _, at in notes if hook == "prepare_data"))
+    assert all(float(at) >= prepared_at + 0.2 for hook, _, at in notes if hook == "setup")
 
 
 def test_the_trained_weights_and_counters_come_back_to_the_caller(spawned_fit):
@@ -362,8 +394,8 @@ def _unpicklable(kind: str):
     return model, loader
 
 
-@pytest.mark.parametrize(("kind", "culprit"), [("model", "module.transform"), ("dataset", "loader.dataset"),
-                                               ("collate_fn", "loader.collate_fn")])
+@pytest.mark.parametrize(("kind", "culprit"), [("model", "module.transform"), ("dataset", "data.train_dataloaders.dataset"),
+                                               ("collate_fn", "data.train_dataloaders.collate_fn")])
 def test_an_unpicklable_model_or_loader_is_named_before_any_process_starts(tmp_path, kind, culprit):
     model, loader = _unpicklable(kind)
     trainer = Trainer(strategy=DDP(devices=WORLD_SIZE), max_epochs=1, default_root_dir=tmp_path, logger=False)

@@ -151,6 +151,7 @@ def test_the_framework_turns_no_tensor_into_a_python_value_between_log_steps(tmp
     trainer = Trainer(
         max_epochs=2, strategy="cpu", default_root_dir=tmp_path, log_every_n_steps=log_every,
         callbacks=[position, ModelCheckpoint(monitor="val/loss")],  # plus the default bar and loggers
+        max_time={"hours": 1},  # never reached: its Timer reads the clock after every optimizer step
     )
     monkeypatch.setattr(sys, "stderr", TerminalLikeStream())
     recorder = SyncRecorder(position)

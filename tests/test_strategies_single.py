@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections import namedtuple
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,15 +18,6 @@ from torch.utils.data import DataLoader, TensorDataset
 import strategies
 from strategies import SingleDevice, Strategy, resolve_strategy
 from trainer import Trainer, TrainingModule
-
-
-@pytest.fixture
-def two_gpus(monkeypatch):
-    """Pretend this machine has two CUDA devices (the queries only; nothing runs on them)."""
-    properties = SimpleNamespace(name="NVIDIA Test GPU", total_memory=80 * 2**30, major=9, minor=0)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
 
 
 @pytest.fixture

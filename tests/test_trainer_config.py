@@ -121,7 +121,7 @@ def test_python_dash_m_trainer_is_the_cadence_command():
     "edit, match",
     [
         (("trainer:", "trainer:\n      max_epoch: 3"),
-         r"trainer has unknown key\(s\) \['max_epoch'\]; Trainer accepts: max_epochs, max_steps"),
+         r"trainer: Trainer\(max_epoch=3\): no such argument; did you mean max_epochs\?"),
         (("width: 2", "wdth: 2"),
          r"model.init_args has unknown key\(s\) \['wdth'\]; Tiny accepts: width, lr, tags"),
         (("{width: 2, lr: 0.05}", "{lr: 0.05}"), r"model.init_args is missing \['width'\], which Tiny requires"),

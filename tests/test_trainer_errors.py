@@ -27,6 +27,14 @@ class Model(TrainingModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+class Evaluated(Model):
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", F.mse_loss(self.layer(batch[0]), batch[1]))
+
+    def test_step(self, batch, batch_idx):
+        self.log("test/loss", F.mse_loss(self.layer(batch[0]), batch[1]))
+
+
 # --- what training_step returns ------------------------------------------------------------
 @pytest.mark.parametrize(
     "step, match",
@@ -112,7 +120,7 @@ def test_an_empty_loader_is_an_error(make_trainer):
     with pytest.raises(ValueError, match=r"The train DataLoader is empty \(len 0\)"):
         make_trainer(max_epochs=1).fit(Model(), empty)
     with pytest.raises(ValueError, match=r"The test DataLoader is empty \(len 0\)"):
-        make_trainer().test(Model(), empty)
+        make_trainer().test(Evaluated(), empty)
 
 
 def test_drop_last_with_too_few_samples_is_an_empty_loader(make_trainer):
@@ -136,25 +144,20 @@ def test_validation_step_without_a_val_loader_warns(make_trainer, regression_loa
 
 
 def test_evaluation_without_a_loader_is_an_error(make_trainer):
-    with pytest.raises(ValueError, match=r"Trainer.validate got no dataloaders and the module's val_dataloader\(\)"):
-        make_trainer().validate(Model())
-    with pytest.raises(ValueError, match=r"Trainer.fit got no train_dataloaders"):
+    with pytest.raises(ValueError, match=r"Trainer.validate got no dataloaders, and Evaluated defines no val_dataloader\(\)"):
+        make_trainer().validate(Evaluated())
+    with pytest.raises(ValueError, match=r"Trainer.fit got no train_dataloaders, and Model defines no train_dataloader\(\)"):
         make_trainer().fit(Model())
-
-
-def test_evaluation_takes_one_loader(make_trainer, regression_loader):
-    with pytest.raises(ValueError, match="Trainer.test takes one DataLoader; got 2"):
-        make_trainer().test(Model(), [regression_loader, regression_loader])
 
 
 def test_a_fractional_val_check_interval_needs_a_length(make_trainer, regression_loader):
     with pytest.raises(ValueError, match="val_check_interval is a fraction of the epoch, but the training loader has no length"):
-        make_trainer(max_steps=2).fit(Model(), DataLoader(Stream(), batch_size=4), regression_loader)
+        make_trainer(max_steps=2).fit(Evaluated(), DataLoader(Stream(), batch_size=4), regression_loader)
 
 
 def test_an_int_val_check_interval_longer_than_the_epoch_is_an_error(make_trainer, regression_loader):
     with pytest.raises(ValueError, match=r"val_check_interval=9\) is more than the 8 training batches"):
-        make_trainer(max_epochs=1, val_check_interval=9).fit(Model(), regression_loader, regression_loader)
+        make_trainer(max_epochs=1, val_check_interval=9).fit(Evaluated(), regression_loader, regression_loader)
 
 
 # --- the Trainer's arguments ------------------------------------------------------------------

@@ -243,8 +243,9 @@ def test_limit_val_batches_that_leaves_no_batch_turns_validation_off_hooks_and_a
 def test_limit_test_and_predict_batches_cut_those_stages(make_trainer, regression_loader):
     trainer = make_trainer(limit_test_batches=2, limit_predict_batches=0.5)
     assert len(trainer.predict(Model(), regression_loader)) == 4
+    assert trainer.num_predict_batches == [4]  # per loader, as in Lightning
     trainer.test(Model(), regression_loader)
-    assert trainer.num_val_batches == 2
+    assert trainer.num_test_batches == [2]
 
 
 def test_max_steps_stops_in_the_middle_of_an_epoch(make_trainer, regression_loader):

@@ -21,13 +21,31 @@ def check_positive_int(value: Any, name: str, allow_none: bool = False) -> None:
         raise ValueError(f"Trainer({name}={value!r}): use an int >= 1{' or None' if allow_none else ''}.")
 
 
+def check_count(value: Any, name: str) -> None:
+    """None or an int >= 0 (``min_epochs``, ``min_steps``, ``reload_dataloaders_every_n_epochs``)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"Trainer({name}={value!r}): use an int >= 0{'' if name.startswith('reload') else ' or None'}.")
+
+
 def check_trainer_arguments(
     *, max_epochs: Any, max_steps: Any, accumulate_grad_batches: Any, log_every_n_steps: Any,
     check_val_every_n_epoch: Any, gradient_clip_val: Any, gradient_clip_algorithm: Any,
     val_check_interval: Any, limits: dict[str, Any], num_sanity_val_steps: Any, on_nonfinite_loss: Any,
+    min_epochs: Any = None, min_steps: Any = None, reload_dataloaders_every_n_epochs: Any = 0,
+    flags: dict[str, Any] | None = None,
 ) -> None:
-    """Raise a ValueError for the first ``Trainer(...)`` argument that cannot work."""
-    check_positive_int(max_epochs, "max_epochs", allow_none=True)
+    """Raise a ValueError for the first ``Trainer(...)`` argument that cannot work.
+
+    ``flags`` are the boolean arguments by name (``inference_mode``, ``sync_batchnorm``, ...).
+    """
+    if max_epochs != -1:  # -1: no epoch limit, as in Lightning
+        check_positive_int(max_epochs, "max_epochs", allow_none=True)
+    for name, value in (("min_epochs", min_epochs), ("min_steps", min_steps),
+                        ("reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs)):
+        check_count(value, name)
+    for name, value in (flags or {}).items():
+        if not isinstance(value, bool) and not (name == "benchmark" and value is None):
+            raise ValueError(f"Trainer({name}={value!r}): use True or False{' (or None)' if name == 'benchmark' else ''}.")
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < -1 or max_steps == 0:
         raise ValueError(f"Trainer(max_steps={max_steps!r}): use -1 (no limit) or an int >= 1.")
     check_positive_int(accumulate_grad_batches, "accumulate_grad_batches")

@@ -107,17 +107,22 @@ def check_exists(path: str | os.PathLike) -> Path:
     return path
 
 
-def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], root: Path, warn: bool) -> Path | None:
+def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], root: Path, warn: bool,
+                      best: str | None = None) -> Path | None:
     """The checkpoint ``Trainer.<stage>(ckpt_path=...)`` loads, checked before anything starts.
 
     ``"last"`` is the newest ``last.ckpt`` (a file, or a sharded directory) in ``checkpoint_dirs``
     (the ModelCheckpoints' explicit dirpaths) if there are any, else under
     ``<root>/cadence_logs/version_*/checkpoints/``. When there is none, ``fit`` starts from scratch
     (returns None, with a warning if ``warn``), so one command both starts a run and resumes it;
-    the other stages need a checkpoint.
+    the other stages need a checkpoint. ``"best"`` (validate, test, predict) is ``best``, the
+    ModelCheckpoint's ``best_model_path`` (None: there is no ModelCheckpoint).
     """
     if not isinstance(ckpt_path, (str, os.PathLike)):
-        raise TypeError(f"Trainer.{stage}(ckpt_path={ckpt_path!r}): pass a checkpoint path, \"last\" or None.")
+        names = '"last"' if stage == "fit" else '"last", "best"'
+        raise TypeError(f"Trainer.{stage}(ckpt_path={ckpt_path!r}): pass a checkpoint path, {names} or None.")
+    if str(ckpt_path) == "best":
+        return _best(stage, best)
     if str(ckpt_path) != "last":
         recover_interrupted_replace(Path(ckpt_path))
         return check_exists(ckpt_path)
@@ -137,6 +142,37 @@ def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], r
     if warn:
         warnings.warn(f"fit(ckpt_path=\"last\") found no last.ckpt in {where}; training starts from scratch.", stacklevel=5)
     return None
+
+
+def _best(stage: str, best: str | None) -> Path:
+    if stage == "fit":
+        raise ValueError('Trainer.fit(ckpt_path="best"): fit continues from "last" or a checkpoint file; "best" '
+                         "loads the best weights into validate, test or predict.")
+    if best is None:
+        raise ValueError(f'Trainer.{stage}(ckpt_path="best") loads the best checkpoint of a callbacks.ModelCheckpoint, '
+                         'and this Trainer has none. Pass ckpt_path="last" or a path.')
+    if not best:
+        raise FileNotFoundError(f'Trainer.{stage}(ckpt_path="best"): the ModelCheckpoint has saved no ranked checkpoint '
+                                'yet (no fit ran with it, or save_top_k=0). Pass ckpt_path="last" or a path.')
+    return check_exists(best)
+
+
+def resumed_log_dir(ckpt_path: Path | None, root: Path) -> Path | None:
+    """A run resumed from <root>/cadence_logs/version_N/checkpoints/ keeps logging in version_N, so
+    rerunning one command continues one run; any other checkpoint (None) gets a new version."""
+    if ckpt_path is None or ckpt_path.parent.name != "checkpoints":
+        return None
+    version, logs = ckpt_path.resolve().parent.parent, root / "cadence_logs"
+    if version.name.startswith("version_") and logs.exists() and version.parent == logs.resolve():
+        return logs / version.name
+    return None
+
+
+def next_log_dir(root: Path) -> Path:
+    """``<root>/cadence_logs/version_N`` with the next free N."""
+    logs = root / "cadence_logs"
+    versions = [int(p.name.split("_")[1]) for p in logs.glob("version_*") if p.name.split("_")[1].isdigit()]
+    return logs / f"version_{max(versions, default=-1) + 1}"
 
 
 def check_resumable(state: dict[str, Any], path: Path) -> None:

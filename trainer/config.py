@@ -92,6 +92,7 @@ def load_config(path: str | os.PathLike, overrides: list[tuple[str, str]] = ()) 
 def check_config(config: dict[str, Any]) -> Run:
     """Check every section against the signatures it names; return the run, nothing built yet."""
     from trainer.module import TrainingModule
+    from trainer.shorthands import reject_unknown_arguments
     from trainer.trainer import Trainer
 
     unknown = sorted(set(config) - set(SECTIONS))
@@ -104,6 +105,11 @@ def check_config(config: dict[str, Any]) -> Run:
     trainer_args = config.get("trainer") or {}
     if not isinstance(trainer_args, dict):
         raise ValueError(f"trainer must be a mapping of Trainer arguments; got {type(trainer_args).__name__}.")
+    try:  # Trainer takes **unknown only to name the close match; the file is checked the same way
+        reject_unknown_arguments({name: value for name, value in trainer_args.items()
+                                  if name not in inspect.signature(Trainer).parameters or name == "unknown"}, Trainer.__init__)
+    except TypeError as error:
+        raise ValueError(f"trainer: {error}") from None
     trainer = Spec("trainer", Trainer, _checked_kwargs("trainer", Trainer, trainer_args))
     ckpt_path = config.get("ckpt_path")
     if ckpt_path is not None and not isinstance(ckpt_path, str):

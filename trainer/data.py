@@ -1,16 +1,21 @@
-"""DataLoader helpers: how many batches, ``limit_*_batches``, and rebuilding a loader.
+"""DataLoader helpers: where a stage's loader comes from, how it is prepared for the strategy, how
+many batches it has, ``limit_*_batches``, and rebuilding a loader.
 
 The loop never fetches a batch to learn something about a loader; these read its attributes.
 """
 
 from __future__ import annotations
 
+import math
+import warnings
 from typing import Any
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 # Lives with the strategies, which rebuild loaders to shard them; re-exported for the loop.
 from strategies.loaders import rebuild_dataloader  # noqa: F401
+from trainer.preemption import workers_ignore_preemption
+from trainer.seed import seed_worker_of_rank, seeded_generator
 
 
 def loader_length(loader: Any) -> int | None:
@@ -62,3 +67,59 @@ def set_sampler_epoch(loader: Any, epoch: int) -> None:
     for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
+
+
+def default_max_epochs(max_epochs: int | None, max_steps: int, loader: Any, warn: bool = True) -> int | None:
+    """``max_epochs``, or 1000 (with a warning if ``warn``) when neither it nor ``max_steps`` bounds the run
+    (-1: no epoch limit, as in Lightning; a time limit or should_stop ends the run)."""
+    if max_epochs is None and max_steps == -1:
+        if loader_length(loader) is None:
+            raise ValueError(
+                "The training loader has no length (an IterableDataset) and neither max_epochs nor "
+                "max_steps is set, so training would never end. Pass Trainer(max_steps=N) or max_epochs=N."
+            )
+        if warn:
+            warnings.warn("Neither max_epochs nor max_steps is set; training stops after max_epochs=1000.", stacklevel=2)
+        return 1000
+    return max_epochs
+
+
+def prepare_loader(loader: Any, stage: str, *, shuffle: bool, strategy: Any, seed: int | None,
+                   limit: Any, sequential: bool = False, shard: bool = True) -> tuple[Any, int | float]:
+    """The strategy's shard of ``loader``, seeded (generator and workers), and how many of its
+    batches to run under ``limit`` (``limit_*_batches``; ``math.inf`` for a loader without length).
+
+    Args:
+        sequential: ``overfit_batches``: a shuffling loader reads in order instead (with a warning),
+            so that the same batches come every epoch.
+        shard: ``use_distributed_sampler``: let the strategy give each process its share (False:
+            the loader is used as it is, on every rank).
+    """
+    if isinstance(loader, DataLoader):
+        changes = {}
+        if seed is not None and loader.generator is None:
+            # Its shuffle order and worker seeds then follow the seed alone, not whatever else
+            # draws from torch's global RNG (model code, augmentation in the main process).
+            changes.update(seeded_generator(loader, seed))
+        if loader.num_workers > 0:
+            init = loader.worker_init_fn
+            if init is None and seed is not None:  # seeded workers, distinct per rank
+                init = seed_worker_of_rank(strategy.global_rank)
+            # Workers ignore SIGTERM/SIGINT: the main process saves and stops (trainer/preemption.py).
+            changes["worker_init_fn"] = workers_ignore_preemption(init)
+        if sequential and isinstance(loader.sampler, RandomSampler) and loader.batch_size is not None:
+            if strategy.is_global_zero:
+                warnings.warn(f"Trainer(overfit_batches=...) overfits the same batches every epoch, so the {stage} "
+                              "loader's shuffling is turned off.", stacklevel=4)
+            changes["sampler"] = SequentialSampler(loader.dataset)
+        if changes:
+            loader = rebuild_dataloader(loader, **changes)
+    if loader_length(loader) == 0:
+        raise ValueError(f"The {stage} DataLoader is empty (len 0). Check the dataset and batch_size/drop_last.")
+    # Prediction shards in blocks, so that the ranks' outputs put end to end keep the dataset's order.
+    if shard:
+        loader = strategy.setup_dataloader(loader, shuffle=shuffle, contiguous=stage == "predict")
+    count = limited_length(loader_length(loader), limit)
+    if count == 0 and stage == "train":
+        raise ValueError("limit_train_batches=0 leaves no batch to train on; use a value > 0.")
+    return loader, math.inf if count is None else count

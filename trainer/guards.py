@@ -11,6 +11,7 @@ its step skipped. ``"ignore"`` checks nothing.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -62,3 +63,30 @@ def nonfinite_loss_error(bad: tuple[float, int, int] | None, epoch: int, last_ch
         "scaling, bad samples (NaN/inf in the data). Trainer(on_nonfinite_loss='skip') skips such "
         "steps instead."
     )
+
+
+def check_losses(trainer: Any) -> None:
+    """on_nonfinite_loss="raise": fail on the first NaN/inf loss since the last check (one host sync)."""
+    losses, trainer._unchecked_losses = trainer._unchecked_losses, []
+    if trainer.on_nonfinite_loss != "raise" or not losses:
+        return
+    bad = first_nonfinite(losses)
+    if trainer.strategy.reduce_any(bad is not None):  # every rank raises, none waits at a collective
+        raise nonfinite_loss_error(bad, trainer.current_epoch, trainer._last_checkpoint)
+
+
+def window_is_finite(trainer: Any) -> bool:
+    """on_nonfinite_loss="skip", before an optimizer step: if a loss of this accumulation window
+    is NaN/inf, drop its gradients, count it and return False. Deciding now costs a host sync."""
+    losses, trainer._unchecked_losses = trainer._unchecked_losses, []
+    bad = first_nonfinite(losses)
+    if not trainer.strategy.reduce_any(bad is not None):
+        return True
+    for optimizer in trainer.optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    trainer.num_skipped_steps += 1
+    if trainer.num_skipped_steps == 1 and trainer.is_global_zero:
+        where = f"the loss is {bad[0]} at batch {bad[1]}" if bad is not None else "another rank saw a non-finite loss"
+        warnings.warn(f"Skipped an optimizer step at epoch {trainer.current_epoch}, global step {trainer.global_step}: "
+                      f"{where}. Further skips are counted in trainer.num_skipped_steps.", stacklevel=3)
+    return False

@@ -8,6 +8,7 @@ optimizer step) has at most one owner (:func:`single_owner`).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import types
 from typing import Any
 
@@ -63,27 +64,49 @@ class EvaluationHooks:
     module_epoch_start: Any
     module_epoch_end: Any
     module_end: Any
+    step_takes_dataloader_idx: bool = False  # pass dataloader_idx to the step (several loaders)
 
 
-def evaluation_hooks(stage: str, callbacks: list[Callback], module: TrainingModule) -> EvaluationHooks:
+def evaluation_hooks(stage: str, callbacks: list[Callback], module: TrainingModule,
+                     several: bool = False) -> EvaluationHooks:
+    """The hooks of ``stage``; with ``several`` loaders, whether the step takes ``dataloader_idx``
+    (as in Lightning, a step of several loaders must take it, and one of one loader must not require it)."""
     if stage == "validate":
-        return EvaluationHooks(
+        hooks = EvaluationHooks(
             module.validation_step, [c.on_validation_start for c in callbacks],
             [c.on_validation_batch_end for c in callbacks], [c.on_validation_end for c in callbacks],
             module.on_validation_start, module.on_validation_epoch_start, module.on_validation_epoch_end,
             module.on_validation_end,
         )
-    if stage == "test":
-        return EvaluationHooks(
+    elif stage == "test":
+        hooks = EvaluationHooks(
             module.test_step, [c.on_test_start for c in callbacks],
             [c.on_test_batch_end for c in callbacks], [c.on_test_end for c in callbacks],
             module.on_test_start, module.on_test_epoch_start, module.on_test_epoch_end, module.on_test_end,
         )
-    return EvaluationHooks(
-        module.predict_step, [c.on_predict_start for c in callbacks],
-        [c.on_predict_batch_end for c in callbacks], [c.on_predict_end for c in callbacks],
-        module.on_predict_start, module.on_predict_epoch_start, module.on_predict_epoch_end, module.on_predict_end,
-    )
+    else:
+        hooks = EvaluationHooks(
+            module.predict_step, [c.on_predict_start for c in callbacks],
+            [c.on_predict_batch_end for c in callbacks], [c.on_predict_end for c in callbacks],
+            module.on_predict_start, module.on_predict_epoch_start, module.on_predict_epoch_end, module.on_predict_end,
+        )
+    hooks.step_takes_dataloader_idx = _takes_dataloader_idx(hooks.step, several) and several
+    return hooks
+
+
+def _takes_dataloader_idx(step: Any, several: bool) -> bool:
+    parameters = inspect.signature(step).parameters
+    takes = "dataloader_idx" in parameters or any(p.kind == p.VAR_POSITIONAL for p in parameters.values())
+    name = f"{type(getattr(step, '__self__', None)).__name__}.{step.__name__}"
+    overridden = getattr(step, "__func__", step) is not getattr(TrainingModule, step.__name__, None)
+    if several and not takes and overridden:
+        raise TypeError(f"{name} runs over several loaders but takes no dataloader_idx. Add it to the signature: "
+                        f"def {step.__name__}(self, batch, batch_idx, dataloader_idx=0).")
+    required = parameters.get("dataloader_idx")
+    if not several and required is not None and required.default is inspect.Parameter.empty:
+        raise TypeError(f"{name} requires dataloader_idx, but runs over one loader, which passes none. Give it a "
+                        "default: dataloader_idx=0.")
+    return takes and overridden
 
 
 def single_owner(owners: list[Callback], seam: str) -> Callback | None:

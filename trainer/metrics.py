@@ -8,6 +8,7 @@ tensor and copied to the host with ``non_blocking=True``; that copy is read at t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +36,13 @@ class StageMetrics:
         self.specs: dict[str, MetricSpec] = {}
         self.step_values: dict[str, Any] = {}
         self.epoch_totals: dict[str, list[Any]] = {}  # name -> [device total, weight]
+        #: "/dataloader_idx_N" while evaluation runs loader N of several (Lightning's keys), else "".
+        self.dataloader_suffix = ""
 
     def log(self, name: str, value: Any, prog_bar: bool, on_step: bool | None, on_epoch: bool | None,
             sync_dist: bool, reduce_fx: str, batch_size: int | None) -> None:
+        if self.dataloader_suffix:
+            name += self.dataloader_suffix
         spec = self.specs.get(name)
         if spec is None:
             spec = self._register(name, value, prog_bar, on_step, on_epoch, sync_dist, reduce_fx)
@@ -159,6 +164,39 @@ class MetricStore:
         values = stage_metrics.take_epoch_values()
         copy = _HostCopy(-1, {_key(n, s, "epoch"): (v, s) for n, (v, s) in values.items()}, self.reduce, self.gather)
         return copy.values(), copy.specs
+
+
+def split_by_dataloader(values: dict[str, float], count: int) -> list[dict[str, float]]:
+    """One dict per evaluation loader, as ``validate``/``test`` return them: loader N's keys (which
+    end in "/dataloader_idx_N" when there are several), and the keys logged outside the loaders
+    (``on_validation_epoch_end``) in every dict."""
+    if count == 1:
+        return [values]
+    pattern = re.compile(r"/dataloader_idx_(\d+)$")
+    results: list[dict[str, float]] = [{} for _ in range(count)]
+    for key, value in values.items():
+        match = pattern.search(key)
+        for index, result in enumerate(results):
+            if match is None or int(match.group(1)) == index:
+                result[key] = value
+    return results
+
+
+def format_results(results: list[dict[str, float]] | Any, stage: str) -> str:
+    """The metrics ``validate``/``test`` return, as a table with one column per loader."""
+    if not isinstance(results, list) or not any(isinstance(result, dict) and result for result in results):
+        return ""
+    names = sorted({re.sub(r"/dataloader_idx_\d+$", "", key) for result in results for key in result})
+    title = "Validate metric" if stage == "validate" else f"{stage.capitalize()} metric"
+    width = max(len(title), *(len(name) for name in names)) + 2
+    lines = [title.ljust(width) + "".join(f"DataLoader {index}".rjust(16) for index in range(len(results)))]
+    for name in names:
+        cells = []
+        for index, result in enumerate(results):
+            value = result.get(name, result.get(f"{name}/dataloader_idx_{index}"))
+            cells.append(("" if value is None else f"{value:.6g}").rjust(16))
+        lines.append(name.ljust(width) + "".join(cells))
+    return "\n".join(lines)
 
 
 class _HostCopy:

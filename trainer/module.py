@@ -201,6 +201,12 @@ class TrainingModule(nn.Module):
         )
 
     # --- optional data hooks ---------------------------------------------------------------
+    #: Call prepare_data once per machine (True) or once in all (False: shared storage).
+    prepare_data_per_node: bool = True
+
+    def prepare_data(self) -> None:
+        """Download or write data, once per machine before any process sets up (see DataModule)."""
+
     def train_dataloader(self) -> Any:
         return None
 

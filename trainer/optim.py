@@ -93,3 +93,20 @@ def parse_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[S
         scheduler_items = returned[1] if isinstance(returned[1], (list, tuple)) else [returned[1]]
         return optimizers, [_scheduler_config(item, f"at {i}") for i, item in enumerate(scheduler_items)]
     return [_optimizer(item) for item in returned], []
+
+
+def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, metrics: dict[str, Any]) -> None:
+    """Step the schedulers of ``interval`` ("step" or "epoch") whose frequency divides ``count``
+    (the global step, or the number of epochs done); ReduceLROnPlateau reads its metric."""
+    for config in configs:
+        if config.interval != interval or count % config.frequency != 0:
+            continue
+        if config.needs_metric:
+            if config.monitor not in metrics:
+                raise RuntimeError(
+                    f"ReduceLROnPlateau watches {config.monitor!r}, which was not logged; logged "
+                    f"metrics are {sorted(metrics)}. Log it with self.log or fix 'monitor'."
+                )
+            config.scheduler.step(float(metrics[config.monitor]))
+        else:
+            config.scheduler.step()

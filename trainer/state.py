@@ -17,10 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from strategies.checkpoint_files import read_file
+from strategies.sharded_checkpoint import STATE_FILE, is_sharded_checkpoint
 from trainer import checkpoint as checkpoint_io
 from trainer.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
+    from trainer.datamodule import DataModule
     from trainer.module import TrainingModule
     from trainer.trainer import Trainer
 
@@ -51,10 +54,51 @@ def checkpoint_state(trainer: Trainer) -> dict[str, Any]:
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         "callback_metrics": dict(trainer.callback_metrics),
         "hyper_parameters": checkpoint_io.plain_hyperparameters(module.hparams),
+        **_datamodule_state(trainer),
         "versions": {"torch": str(torch.__version__), "python": platform.python_version(), "cadence": _version()},
     }
     module.on_save_checkpoint(state)
     return state
+
+
+def read_checkpoint(ckpt_path: Path | None, datamodule: DataModule | None) -> dict[str, Any] | None:
+    """With a datamodule, its state is restored now, before its loader hooks run (as in Lightning).
+    A checkpoint file is read once, here, and returned for :func:`restore`; of a sharded directory
+    only its small state file is read (each rank reads its shards later, through the strategy), and
+    None is returned, as it is without a datamodule."""
+    if ckpt_path is None or datamodule is None:
+        return None
+    if is_sharded_checkpoint(ckpt_path):
+        checkpoint, whole = read_file(ckpt_path / STATE_FILE), None
+    else:
+        checkpoint = whole = checkpoint_io.load_checkpoint(ckpt_path)
+    if "datamodule" in checkpoint:
+        datamodule.load_state_dict(checkpoint["datamodule"])
+    return whole
+
+
+def fitted_module(trainer: Trainer, stage: str, ckpt_path: Any) -> tuple[TrainingModule, Any]:
+    """``validate/test/predict(model=None)``: the last module run, and the checkpoint to load into
+    it: ``ckpt_path``, or (as in Lightning, with a warning) the ModelCheckpoint's best one."""
+    if trainer.lightning_module is None:
+        raise TypeError(f"Trainer.{stage}() got no model, and this Trainer has run none yet. Pass the module: "
+                        f"trainer.{stage}(model, ...).")
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback is not None else ""
+    if ckpt_path is None and best:
+        if trainer.is_global_zero:
+            warnings.warn(f"Trainer.{stage}() got no model and no ckpt_path, so it loads the best checkpoint of the "
+                          f"last fit ({best}). Pass ckpt_path=\"best\", \"last\" or a path to choose (and silence "
+                          "this warning).", stacklevel=4)
+        ckpt_path = "best"
+    return trainer.lightning_module, ckpt_path
+
+
+def _datamodule_state(trainer: Trainer) -> dict[str, Any]:
+    datamodule = trainer._data.datamodule if trainer._data is not None else None
+    if datamodule is None:
+        return {}
+    return {"datamodule": datamodule.state_dict(),
+            "datamodule_hyper_parameters": checkpoint_io.plain_hyperparameters(datamodule.hparams)}
 
 
 def loop_position(trainer: Trainer) -> tuple[int, int]:
@@ -65,12 +109,14 @@ def loop_position(trainer: Trainer) -> tuple[int, int]:
     return trainer.current_epoch, trainer.batch_idx + 1
 
 
-def restore(trainer: Trainer, path: Path, model_only: bool = False) -> None:
+def restore(trainer: Trainer, path: Path, model_only: bool = False, state: dict[str, Any] | None = None) -> None:
     """Load the checkpoint at ``path``: the weights and, unless ``model_only``, the training state.
     The strategy reads it in its layout (one file; under FSDP each rank its shards, resharded when
-    the checkpoint was written by another number of processes)."""
+    the checkpoint was written by another number of processes), unless :func:`read_checkpoint`
+    already read the whole file (``state``). A datamodule's state is restored earlier, by the Trainer."""
     strategy, module = trainer.strategy, trainer.module
-    state = strategy.load_checkpoint(path, module, [] if model_only else trainer.optimizers)
+    if state is None:
+        state = strategy.load_checkpoint(path, module, [] if model_only else trainer.optimizers)
     checkpoint_io.check_format(state, path)
     if not model_only:
         checkpoint_io.check_resumable(state, path)
@@ -107,9 +153,10 @@ def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> 
                       "It is not restored; pass the same callbacks (same monitor/mode) to continue them.", stacklevel=3)
 
 
-def handoff_state(trainer: Trainer, module: TrainingModule) -> dict[str, Any]:
+def handoff_state(trainer: Trainer, module: TrainingModule, datamodule: DataModule | None = None) -> dict[str, Any]:
     """What a spawned rank zero sends back so the caller's objects reflect the run."""
     return {
+        "datamodule": datamodule.state_dict() if datamodule is not None else None,
         "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.module_state_dict(module, full=True).items()},
         "current_epoch": trainer.current_epoch,
         "global_step": trainer.global_step,
@@ -119,12 +166,15 @@ def handoff_state(trainer: Trainer, module: TrainingModule) -> dict[str, Any]:
     }
 
 
-def receive_handoff(trainer: Trainer, module: TrainingModule, handoff: dict[str, Any]) -> None:
+def receive_handoff(trainer: Trainer, module: TrainingModule, handoff: dict[str, Any],
+                    datamodule: DataModule | None = None) -> None:
     # Layers that configure_model builds (late, in the workers) are built here too; built on the
     # meta device (for FSDP), they take the trained tensors as they are (assign).
     module.configure_model()
     on_meta = any(tensor.is_meta for tensor in itertools.chain(module.parameters(), module.buffers()))
     module.load_state_dict(handoff["state_dict"], assign=on_meta)
+    if datamodule is not None and handoff.get("datamodule") is not None:
+        datamodule.load_state_dict(handoff["datamodule"])
     trainer._preemption.signal_number = handoff.get("preempted_by")
     trainer.current_epoch, trainer.global_step = handoff["current_epoch"], handoff["global_step"]
     trainer.callback_metrics = {k: torch.tensor(v) for k, v in handoff["callback_metrics"].items()}

@@ -11,11 +11,11 @@ Performance notes are marked "hot loop": nothing there converts a tensor to a Py
 from __future__ import annotations
 
 import contextlib
+import datetime
 import itertools
 import math
 import os
 import sys
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,26 +23,31 @@ from typing import Any
 import torch
 
 import callbacks as callbacks_package
-import strategies as strategies_package
 from callbacks import Callback
 from strategies import Strategy
 from strategies.transfer import move_to_device
 from trainer import checkpoint as checkpoint_io
-from trainer.arguments import check_trainer_arguments, loss_of, require_training_module
-from trainer.data import limited_length, loader_length, rebuild_dataloader, set_sampler_epoch
-from trainer.metrics import MetricStore
+from trainer.arguments import check_trainer_arguments, loss_of
+from trainer.data import default_max_epochs, loader_length, prepare_loader, set_sampler_epoch
+from trainer.data_source import STAGE_KIND, DataSource, collect_data, prepare_data
+from trainer.datamodule import DataModule
+from trainer.metrics import MetricStore, format_results, split_by_dataloader
 from trainer.module import TrainingModule
-from trainer.guards import first_nonfinite, nonfinite_loss_error
+from trainer.guards import check_losses, window_is_finite
 from trainer.hooks import evaluation_hooks, single_owner, step_hooks
-from trainer.optim import SchedulerConfig, parse_optimizers
-from trainer.preemption import Preemption, workers_ignore_preemption
+from trainer.optim import SchedulerConfig, parse_optimizers, step_schedulers
+from trainer.preemption import Preemption
 from trainer.resume import resumable, resume_iterator
-from trainer.seed import (
-    preserved_rng, seed_everything, seed_worker_of_rank, seeded_generator, use_deterministic_algorithms,
-)
-from trainer.state import checkpoint_state, handoff_state, receive_handoff, restore
+from trainer.seed import preserved_rng, seed_everything, use_deterministic_algorithms
+from trainer.shorthands import reject_unknown_arguments
+from trainer.shorthands import translate as translate_shorthands
+from trainer.schedule import validation_due, validation_interval
+from trainer.state import checkpoint_state, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore
 
 STAGES = ("fit", "validate", "test", "predict")
+CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
+#: The attribute holding each evaluation stage's batches per loader (Lightning's names).
+NUM_BATCHES = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}
 
 
 class Trainer:
@@ -71,7 +76,7 @@ class Trainer:
         max_epochs: int | None = None,
         max_steps: int = -1,
         strategy: str | Strategy = "auto",
-        devices: int | str = "auto",
+        devices: int | str | list[int] = "auto",
         callbacks: list[Callback] | Callback | None = None,
         accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None,
@@ -91,7 +96,23 @@ class Trainer:
         seed: int | None = None,
         deterministic: bool = False,
         on_nonfinite_loss: str = "raise",
+        accelerator: str = "auto",
+        num_nodes: int = 1,
+        fast_dev_run: bool | int = False,
+        min_epochs: int | None = None,
+        min_steps: int | None = None,
+        max_time: str | datetime.timedelta | dict[str, int] | None = None,
+        overfit_batches: int | float = 0.0,
+        enable_model_summary: bool = True,
+        benchmark: bool | None = None,
+        detect_anomaly: bool = False,
+        inference_mode: bool = True,
+        use_distributed_sampler: bool = True,
+        sync_batchnorm: bool = False,
+        reload_dataloaders_every_n_epochs: int = 0,
+        **unknown: Any,
     ) -> None:
+        reject_unknown_arguments(unknown, Trainer.__init__)  # a close match, or the Cadence way (trainer/shorthands.py)
         limits = {"train": limit_train_batches, "validate": limit_val_batches,
                   "test": limit_test_batches, "predict": limit_predict_batches}
         check_trainer_arguments(
@@ -99,30 +120,46 @@ class Trainer:
             log_every_n_steps=log_every_n_steps, check_val_every_n_epoch=check_val_every_n_epoch,
             gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
             val_check_interval=val_check_interval, limits=limits, num_sanity_val_steps=num_sanity_val_steps,
-            on_nonfinite_loss=on_nonfinite_loss,
+            on_nonfinite_loss=on_nonfinite_loss, min_epochs=min_epochs, min_steps=min_steps,
+            reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
+            flags={"benchmark": benchmark, "detect_anomaly": detect_anomaly, "inference_mode": inference_mode,
+                   "use_distributed_sampler": use_distributed_sampler, "sync_batchnorm": sync_batchnorm},
         )
         if seed is not None:
             seed_everything(seed)  # validates; seeded again at the start of each stage
 
-        self.max_epochs = max_epochs
-        self.max_steps = max_steps
-        self.strategy = strategies_package.resolve_strategy(strategy, devices)
+        # Lightning's shorthands become a strategy, callbacks and the plain settings below.
+        run = translate_shorthands(
+            accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes, callbacks=callbacks,
+            logger=logger, enable_progress_bar=enable_progress_bar, enable_checkpointing=enable_checkpointing,
+            enable_model_summary=enable_model_summary, fast_dev_run=fast_dev_run, overfit_batches=overfit_batches,
+            max_time=max_time, max_epochs=max_epochs, max_steps=max_steps, limits=limits,
+            num_sanity_val_steps=num_sanity_val_steps, val_check_interval=val_check_interval,
+            check_val_every_n_epoch=check_val_every_n_epoch, benchmark=benchmark, detect_anomaly=detect_anomaly,
+            sync_batchnorm=sync_batchnorm,
+        )
+        self.strategy = run.strategy
         self.strategy.validate()
+        self.callbacks = run.callbacks
+        self.max_epochs, self.max_steps = run.max_epochs, run.max_steps
+        self.min_epochs, self.min_steps = min_epochs, min_steps
+        self.fast_dev_run = fast_dev_run
+        self.overfit_batches = overfit_batches
+        self.val_check_interval = run.val_check_interval
+        self.check_val_every_n_epoch = run.check_val_every_n_epoch
+        self.limits = run.limits
+        self.num_sanity_val_steps = run.num_sanity_val_steps
+        self.reload_dataloaders_every_n_epochs = reload_dataloaders_every_n_epochs
+        self.use_distributed_sampler = use_distributed_sampler
+        self.inference_mode = inference_mode
         self.accumulate_grad_batches = accumulate_grad_batches
         self.gradient_clip_val = gradient_clip_val
         self.gradient_clip_algorithm = gradient_clip_algorithm
-        self.val_check_interval = val_check_interval
-        self.check_val_every_n_epoch = check_val_every_n_epoch
-        self.limits = limits
-        self.num_sanity_val_steps = num_sanity_val_steps
         self.log_every_n_steps = log_every_n_steps
         self.default_root_dir = Path(default_root_dir) if default_root_dir is not None else Path.cwd()
         self.seed = seed
         self.deterministic = deterministic
         self.on_nonfinite_loss = on_nonfinite_loss
-        self.callbacks = callbacks_package.default_callbacks(
-            callbacks, enable_progress_bar=enable_progress_bar, enable_checkpointing=enable_checkpointing, logger=logger
-        )
 
         # Public loop state (Lightning names).
         self.current_epoch = 0
@@ -134,7 +171,12 @@ class Trainer:
         self.logged_metrics: dict[str, float] = {}
         self.progress_bar_metrics: dict[str, float] = {}
         self.num_training_batches: int | float = math.inf
-        self.num_val_batches: int = 0
+        self.num_val_batches: list[int | float] = []  # per validation loader (also for Trainer.validate)
+        self.num_test_batches: list[int | float] = []
+        self.num_predict_batches: list[int | float] = []
+        self.lightning_module: TrainingModule | None = None  # the module of the running or last stage
+        self.datamodule: DataModule | None = None  # the DataModule of the latest stage given one
+        self._data: DataSource | None = None  # where the running stage's loaders come from
         self.log_dir: Path | None = None
         self.module: TrainingModule | None = None  # the user's module while a stage runs
         self.model: torch.nn.Module | None = None  # what the strategy wrapped (DDP), or the module
@@ -157,16 +199,20 @@ class Trainer:
     # The public entry points
     # =========================================================================================
     def fit(self, model: TrainingModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
-            ckpt_path: str | os.PathLike | None = None) -> None:
+            datamodule: DataModule | None = None, ckpt_path: str | os.PathLike | None = None) -> None:
         """Train ``model``. What happens, in order:
 
             strategy.launch (DDP spawns here, or joins a torchrun group)
-            seed; setup hooks; module.configure_model; move the model once; callbacks'
-            configure_model; strategy wrap (DDP, FSDP); configure_optimizers; restore ckpt_path if given
+            seed; prepare_data (datamodule, module: local rank zero; the others wait)
+            setup hooks (datamodule, callbacks, module); module.configure_model; move the model once;
+            callbacks' configure_model; strategy wrap (DDP, FSDP); configure_optimizers
+            train_dataloader, val_dataloader (given, or the datamodule's or module's hooks)
+            restore ckpt_path if given
             on_fit_start
             sanity validation (num_sanity_val_steps batches, nothing logged)
             on_train_start
-            each epoch until max_epochs, max_steps or should_stop:
+            each epoch until max_epochs, max_steps or should_stop (once min_epochs/min_steps are met):
+                every reload_dataloaders_every_n_epochs: the loaders again from their hooks
                 on_train_epoch_start
                 each batch: to device (non_blocking) -> on_train_batch_start
                     -> forward (training_step) under the callbacks' forward contexts
@@ -180,45 +226,48 @@ class Trainer:
                 on_train_epoch_end
             on_train_end
             on_fit_end
-            teardown (also after an error, which first calls on_exception)
+            teardown: datamodule, callbacks, module (also after an error, which first calls on_exception)
             SystemExit(128 + signal number) if a signal stopped the run
 
+        The data: loaders (``val_dataloaders`` may be a list or dict of them), or a ``DataModule``
+        (``datamodule=dm``, or ``fit(model, dm)``), or neither (the module's ``*_dataloader`` hooks).
         Callbacks run in the order given, each before the module's hook of the same name.
         ``ckpt_path`` is a checkpoint file, or "last" (``trainer/checkpoint.py``): the run then
         continues exactly where that checkpoint was written, in the same log directory.
         """
-        train_dataloaders = self._loader_or_hook(train_dataloaders, model, "train_dataloader", "fit")
-        if val_dataloaders is None and type(model).val_dataloader is not TrainingModule.val_dataloader:
-            val_dataloaders = model.val_dataloader()
-        validates = type(model).validation_step is not TrainingModule.validation_step
-        if val_dataloaders is None and validates and self.limits["validate"] != 0:
-            warnings.warn(
-                f"{type(model).__name__} defines validation_step but fit got no val_dataloaders and the "
-                "module has no val_dataloader(); validation will not run. Pass val_dataloaders=... to fit.",
-                stacklevel=2,
-            )
-        self._check_run_length(train_dataloaders)
-        self._launch("fit", model, train_dataloaders, val_dataloaders, ckpt_path)
+        data = collect_data("fit", model, train_dataloaders, val_dataloaders, datamodule,
+                            validates=self.limits["validate"] != 0)
+        self._launch("fit", model, data, ckpt_path)
 
-    def validate(self, model: TrainingModule, dataloaders: Any = None, ckpt_path: str | None = None) -> list[dict[str, float]]:
-        """Run ``validation_step`` over ``dataloaders``; return ``[{metric: value}]`` (epoch means)."""
-        dataloaders = self._loader_or_hook(dataloaders, model, "val_dataloader", "validate")
-        return self._launch("validate", model, dataloaders, None, ckpt_path)
+    def validate(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
+                 datamodule: DataModule | None = None, verbose: bool = True) -> list[dict[str, float]]:
+        """Run ``validation_step`` over ``dataloaders`` (one loader, or a list or dict of them);
+        return one dict of epoch metrics per loader, ``[{metric: value}]``.
 
-    def test(self, model: TrainingModule, dataloaders: Any = None, ckpt_path: str | None = None) -> list[dict[str, float]]:
-        """Run ``test_step`` over ``dataloaders``; return ``[{metric: value}]`` (epoch means)."""
-        dataloaders = self._loader_or_hook(dataloaders, model, "test_dataloader", "test")
-        return self._launch("test", model, dataloaders, None, ckpt_path)
+        Without ``model``: the module of the last ``fit``, with the weights of ``ckpt_path``
+        (``"best"``, ``"last"`` or a file; when not given, the best checkpoint of that fit, if any).
+        ``verbose`` prints the metrics on rank zero.
+        """
+        return self._evaluate("validate", model, dataloaders, ckpt_path, datamodule, verbose)
 
-    def predict(self, model: TrainingModule, dataloaders: Any = None, ckpt_path: str | None = None) -> list[Any]:
-        """Run ``predict_step`` over ``dataloaders``; return the outputs, one per batch, in order.
+    def test(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
+             datamodule: DataModule | None = None, verbose: bool = True) -> list[dict[str, float]]:
+        """Run ``test_step`` over ``dataloaders``; return one dict of epoch metrics per loader
+        (see :meth:`validate` for ``model``, ``ckpt_path`` and ``verbose``)."""
+        return self._evaluate("test", model, dataloaders, ckpt_path, datamodule, verbose)
+
+    def predict(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
+                datamodule: DataModule | None = None, return_predictions: bool | None = None) -> list[Any] | None:
+        """Run ``predict_step`` over ``dataloaders``; return the outputs, one per batch, in order (a
+        list of such lists for several loaders; None with ``return_predictions=False``).
 
         Under DDP each rank predicts one contiguous block of the dataset, and the outputs of all
         ranks come back (to the caller of a spawned run, and on every rank under torchrun) end to
-        end, on the CPU: the whole dataset, in order, each sample once.
+        end, on the CPU: the whole dataset, in order, each sample once. See :meth:`validate` for
+        ``model`` and ``ckpt_path``.
         """
-        dataloaders = self._loader_or_hook(dataloaders, model, "predict_dataloader", "predict")
-        return self._launch("predict", model, dataloaders, None, ckpt_path)
+        predictions = self._evaluate("predict", model, dataloaders, ckpt_path, datamodule, verbose=False)
+        return None if return_predictions is False else predictions
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
         """Write the whole training state to ``path`` atomically, in the strategy's layout: one file
@@ -233,34 +282,53 @@ class Trainer:
                 "module hook). After fit, save the weights with torch.save(model.state_dict(), path), "
                 "or use callbacks.ModelCheckpoint."
             )
-        self._check_losses()  # never write weights that a non-finite loss produced
+        check_losses(self)  # never write weights that a non-finite loss produced
         self.strategy.save_checkpoint(checkpoint_state(self), path)  # every rank returns, or raises, together
         self._last_checkpoint = (str(path), self.global_step)
 
     # =========================================================================================
     # Launch and per-process setup
     # =========================================================================================
-    def _launch(self, stage: str, module: TrainingModule, loader: Any, val_loader: Any, ckpt_path: Any) -> Any:
-        require_training_module(module, stage)
+    def _evaluate(self, stage: str, model: TrainingModule | None, dataloaders: Any, ckpt_path: Any, datamodule: Any,
+                  verbose: bool) -> Any:
+        if model is None:  # the module of the last fit, by default with its best checkpoint
+            model, ckpt_path = fitted_module(self, stage, ckpt_path)
+        data = collect_data(stage, model, dataloaders, None, datamodule, previous_datamodule=self.datamodule)
+        output = self._launch(stage, model, data, ckpt_path)
+        if verbose and self.is_global_zero and (table := format_results(output, stage)):
+            print(table)
+        return output
+
+    def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> Any:
         if ckpt_path is not None:  # before anything starts, so a wrong path costs nothing
-            ckpt_path = self._resolve_ckpt_path(ckpt_path, stage)
+            directories = [Path(c.dirpath) for c in self.callbacks
+                           if isinstance(c, callbacks_package.ModelCheckpoint) and c.dirpath is not None]
+            best = self.checkpoint_callback.best_model_path if self.checkpoint_callback is not None else None
+            ckpt_path = checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, self.default_root_dir,
+                                                        self.is_global_zero, best=best)
         if self.log_dir is None:  # a resumed run keeps the version directory its checkpoint is in
-            self.log_dir = (self._log_dir_of(ckpt_path) if stage == "fit" else None) or self._next_log_dir()
-        output, handoff = self.strategy.launch(self._run_stage, stage, module, loader, val_loader, ckpt_path)
+            resumed = checkpoint_io.resumed_log_dir(ckpt_path, self.default_root_dir) if stage == "fit" else None
+            self.log_dir = resumed or checkpoint_io.next_log_dir(self.default_root_dir)
+        self.lightning_module = module  # after the stage too: validate/test/predict(model=None) use it
+        if data.datamodule is not None:
+            self.datamodule = data.datamodule
+        output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path)
         if handoff is not None:  # the work ran in other processes: bring its results here
-            receive_handoff(self, module, handoff)
+            receive_handoff(self, module, handoff, data.datamodule)
         self._preemption.exit_if_stopped()  # SystemExit(128 + signal) once a signal stopped fit
         return output
 
-    def _run_stage(self, stage: str, module: TrainingModule, loader: Any, val_loader: Any, ckpt_path: Any) -> tuple[Any, Any]:
+    def _run_stage(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> tuple[Any, Any]:
         """Everything one process does for one stage; returns (output, handoff for the caller)."""
         self.stage = stage
         if stage != "fit":
             self.progress_bar_metrics = {}
         self.strategy.setup_environment()
         self.log_dir = self.strategy.broadcast_object(self.log_dir)  # torchrun ranks each chose one; use rank zero's
-        self.module = module
+        self.module, self._data = module, data
         module._trainer = self
+        if data.datamodule is not None:
+            data.datamodule.trainer = self
         try:
             if self.seed is not None:
                 seed_everything(self.seed)
@@ -268,6 +336,9 @@ class Trainer:
                 use_deterministic_algorithms()
             if self.strategy.is_global_zero:
                 print(self.strategy.describe(), file=sys.stderr)
+            prepare_data(data, self.strategy)  # local rank zero; the other processes wait
+            if data.datamodule is not None:
+                data.datamodule.setup(stage)
             for callback in self.callbacks:
                 callback.setup(self, module, stage)
             module.setup(stage)
@@ -275,18 +346,21 @@ class Trainer:
             self.model = self._setup_model(module, stage)
             if stage == "fit":
                 with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
-                    output = self._run_fit(module, loader, val_loader, ckpt_path)
+                    output = self._run_fit(module, data, ckpt_path)
             else:
+                checkpoint = read_checkpoint(ckpt_path, data.datamodule)
                 if ckpt_path is not None:
-                    restore(self, ckpt_path, model_only=True)
-                output = self._run_evaluation(stage, loader)
-            handoff = handoff_state(self, module) if self.strategy.launches_subprocesses else None
+                    restore(self, ckpt_path, model_only=True, state=checkpoint)
+                output = self._run_evaluation(stage, data.loaders(STAGE_KIND[stage]))
+            handoff = handoff_state(self, module, data.datamodule) if self.strategy.launches_subprocesses else None
             return output, handoff
         except BaseException as error:
             for callback in self.callbacks:
                 callback.on_exception(self, module, error)
             raise
         finally:
+            if data.datamodule is not None:
+                data.datamodule.teardown(stage)
             for callback in self.callbacks:
                 callback.teardown(self, module, stage)
             module.teardown(stage)
@@ -295,7 +369,7 @@ class Trainer:
                 handle.remove()
             self._step_hook_handles = []
             module._trainer = None
-            self.module = self.model = None
+            self.module = self.model = self._data = None
 
     def _setup_model(self, module: TrainingModule, stage: str) -> torch.nn.Module:
         """The one setup order of every strategy (each step sees what the previous one built):
@@ -356,26 +430,28 @@ class Trainer:
     # =========================================================================================
     # fit: the loop
     # =========================================================================================
-    def _run_fit(self, module: TrainingModule, train_loader: Any, val_loader: Any, ckpt_path: Any) -> None:
-        train_loader = self._prepare_loader(train_loader, "train", shuffle=True)
-        train_loader, self._train_sampler = resumable(train_loader)  # records each epoch's RNG for resuming
-        val_loader = self._prepare_loader(val_loader, "validate", shuffle=False) if val_loader is not None else None
-        if self.num_val_batches == 0:
-            val_loader = None  # limit_val_batches=0: no validation at all, hooks included (as in Lightning)
+    def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
+        checkpoint = read_checkpoint(ckpt_path, data.datamodule)
+        train_loader, val_loaders = self._load_fit_data(data)
         self.should_stop, self._resume_position, self._unchecked_losses = False, None, []
+        self._said_min_not_met = False
         if ckpt_path is not None:
-            restore(self, ckpt_path)
+            restore(self, ckpt_path, state=checkpoint)
         for callback in self.callbacks:
             callback.on_fit_start(self, module)
         module.on_fit_start()
-        if val_loader is not None and self._resume_position is None and self.num_sanity_val_steps != 0:
-            self._run_sanity_check(val_loader)
+        if val_loaders is not None and self._resume_position is None and self.num_sanity_val_steps != 0:
+            self._run_sanity_check(val_loaders)
         for callback in self.callbacks:
             callback.on_train_start(self, module)
         module.on_train_start()
         self.strategy.check_placement(module)  # once, before the first step
+        loaded_at = self.current_epoch
         while not self._finished():
-            self._run_train_epoch(train_loader, val_loader)
+            if self._reload_due(data, loaded_at):
+                train_loader, val_loaders = self._load_fit_data(data)
+                loaded_at = self.current_epoch
+            self._run_train_epoch(train_loader, val_loaders)
         for callback in self.callbacks:
             callback.on_train_end(self, module)
         module.on_train_end()
@@ -383,14 +459,46 @@ class Trainer:
             callback.on_fit_end(self, module)
         module.on_fit_end()
 
+    def _load_fit_data(self, data: DataSource) -> tuple[Any, list[Any] | None]:
+        """The training loader and the validation loaders (None: no validation), prepared."""
+        [train_loader] = data.loaders("train")
+        self.max_epochs = default_max_epochs(self.max_epochs, self.max_steps, train_loader, warn=self.is_global_zero)
+        every = self.reload_dataloaders_every_n_epochs  # a reloaded loader gets a seed of its own, not epoch 0's
+        offset = self.current_epoch - self.current_epoch % every if every else 0
+        train_loader, self.num_training_batches = self._prepare_loader(train_loader, "train", True, offset)
+        train_loader, self._train_sampler = resumable(train_loader)  # records each epoch's RNG for resuming
+        prepared = [self._prepare_loader(loader, "validate", False, offset) for loader in data.loaders("val")]
+        self.num_val_batches = [count for _, count in prepared]
+        if not any(self.num_val_batches):
+            return train_loader, None  # limit_val_batches=0: no validation at all, hooks included (as in Lightning)
+        return train_loader, [loader for loader, _ in prepared]
+
+    def _reload_due(self, data: DataSource, loaded_at: int) -> bool:
+        """reload_dataloaders_every_n_epochs: at epochs 0, n, 2n, ... the hooks make new loaders."""
+        every = self.reload_dataloaders_every_n_epochs
+        return (bool(every) and self.current_epoch % every == 0 and self.current_epoch != loaded_at
+                and (data.from_hook("train") or data.from_hook("val")))
+
     def _finished(self) -> bool:
         return (
-            self.should_stop
+            (self.should_stop and self._may_stop())
             or (self.max_steps != -1 and self.global_step >= self.max_steps)
-            or (self.max_epochs is not None and self.current_epoch >= self.max_epochs)
+            or (self.max_epochs not in (None, -1) and self.current_epoch >= self.max_epochs)
         )
 
-    def _run_train_epoch(self, train_loader: Any, val_loader: Any) -> None:
+    def _may_stop(self) -> bool:
+        """should_stop is set: stop, unless min_epochs/min_steps are not met yet (as in Lightning,
+        early stopping then waits; a preemption signal does not)."""
+        met = (self.min_epochs or 0) <= self.current_epoch and (self.min_steps or 0) <= self.global_step
+        if met or self._preemption.stop_now:
+            return True
+        if not self._said_min_not_met and self.is_global_zero:
+            self._said_min_not_met = True
+            print(f"Cadence: should_stop was set, but min_epochs={self.min_epochs} / min_steps={self.min_steps} are not "
+                  "met yet; training continues until they are.", file=sys.stderr)
+        return False
+
+    def _run_train_epoch(self, train_loader: Any, val_loaders: list[Any] | None) -> None:
         module, strategy, hooks = self.module, self.strategy, self._hooks
         self.model.train()
         self.metrics.start_training()
@@ -398,7 +506,10 @@ class Trainer:
             callback.on_train_epoch_start(self, module)
         module.on_train_epoch_start()
         num_batches = self.num_training_batches
-        val_every = self._val_every(num_batches) if val_loader is not None else None
+        val_every = None
+        if val_loaders is not None:
+            val_every = validation_interval(self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch,
+                                            num_batches)
         batch_idx = -1
         for batch_idx, batch in self._iterate_train(train_loader):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
@@ -416,12 +527,13 @@ class Trainer:
                 hook(outputs, batch, batch_idx)
             if self._train_batches_seen % self.log_every_n_steps == 0:
                 self._log_step()
-            if val_every is not None and self._validation_due(batch_idx, val_every, num_batches):
-                self._run_validation(val_loader)
+            if val_every is not None and validation_due(self.val_check_interval, self.check_val_every_n_epoch, batch_idx,
+                                                        val_every, num_batches, self._train_batches_seen):
+                self._run_validation(val_loaders)
             if self._preemption.stop_now and self._ends_window(batch_idx, num_batches):  # a plain bool read
                 self._save_for_preemption()
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
-            if self.should_stop or (self.max_steps != -1 and self.global_step >= self.max_steps):
+            if (self.should_stop and self._may_stop()) or (self.max_steps != -1 and self.global_step >= self.max_steps):
                 break
         if batch_idx == -1 and self._resume_position is None:
             raise RuntimeError(
@@ -465,7 +577,7 @@ class Trainer:
                 outputs, loss = self._forward_backward(batch, batch_idx)
         # Checked later (log step, epoch end, checkpoint), so no host sync here.
         self._unchecked_losses.append((loss.detach(), batch_idx, self.global_step))
-        if steps_now and (self.on_nonfinite_loss != "skip" or self._window_is_finite()):
+        if steps_now and (self.on_nonfinite_loss != "skip" or window_is_finite(self)):
             self._optimizer_step(module)
         return outputs
 
@@ -526,22 +638,7 @@ class Trainer:
         optimizer.zero_grad(set_to_none=True)
         self.global_step += 1
         if stepped and self.lr_scheduler_configs:
-            self._step_schedulers("step")
-
-    def _step_schedulers(self, interval: str) -> None:
-        count = self.global_step if interval == "step" else self.current_epoch + 1
-        for config in self.lr_scheduler_configs:
-            if config.interval != interval or count % config.frequency != 0:
-                continue
-            if config.needs_metric:
-                if config.monitor not in self.callback_metrics:
-                    raise RuntimeError(
-                        f"ReduceLROnPlateau watches {config.monitor!r}, which was not logged; logged "
-                        f"metrics are {sorted(self.callback_metrics)}. Log it with self.log or fix 'monitor'."
-                    )
-                config.scheduler.step(float(self.callback_metrics[config.monitor]))
-            else:
-                config.scheduler.step()
+            step_schedulers(self.lr_scheduler_configs, "step", self.global_step, self.callback_metrics)
 
     def _log_step(self) -> None:
         """Every log_every_n_steps batches: start this step's copy to the host; publish the last."""
@@ -550,11 +647,11 @@ class Trainer:
         if received is not None:
             step, values, specs = received
             self._publish(values, specs, step)
-        self._check_losses()
+        check_losses(self)
         self._preemption.agree(self.strategy)  # with several processes: stop on every rank, or none
 
     def _end_train_epoch(self) -> None:
-        self._check_losses()
+        check_losses(self)
         self._in_epoch_end = True
         received = self.metrics.receive()
         if received is not None:
@@ -566,7 +663,7 @@ class Trainer:
         specs.update(received[2])
         self._publish(values, specs, self.global_step)
         if self._automatic_optimization:  # as in Lightning, manual optimization steps its own
-            self._step_schedulers("epoch")
+            step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics)
         for callback in self.callbacks:
             callback.on_train_epoch_end(self, self.module)
         self.module.on_train_epoch_end()
@@ -589,76 +686,61 @@ class Trainer:
     # =========================================================================================
     # Validation, test, predict
     # =========================================================================================
-    def _val_every(self, num_batches: int | float) -> int | None:
-        if self.check_val_every_n_epoch is not None and (self.current_epoch + 1) % self.check_val_every_n_epoch != 0:
-            return None
-        if isinstance(self.val_check_interval, int):
-            if self.check_val_every_n_epoch is not None and self.val_check_interval > num_batches:
-                raise ValueError(
-                    f"Trainer(val_check_interval={self.val_check_interval}) is more than the {num_batches} "
-                    "training batches of an epoch, so validation would never run. Use a smaller int, or "
-                    "check_val_every_n_epoch=None to count batches across epochs."
-                )
-            return self.val_check_interval
-        if num_batches == math.inf:
-            raise ValueError(
-                "val_check_interval is a fraction of the epoch, but the training loader has no length. "
-                "Use an int val_check_interval (every N batches)."
-            )
-        return max(1, int(num_batches * self.val_check_interval))
-
-    def _validation_due(self, batch_idx: int, val_every: int, num_batches: int | float) -> bool:
-        """As in Lightning: an int interval counts batches of the epoch, or of the whole run when
-        check_val_every_n_epoch is None; a float interval also validates after the epoch's last batch."""
-        if isinstance(self.val_check_interval, float):
-            return (batch_idx + 1) % val_every == 0 or batch_idx + 1 == num_batches
-        count = self._train_batches_seen if self.check_val_every_n_epoch is None else batch_idx + 1
-        return count % val_every == 0
-
-    def _run_sanity_check(self, val_loader: Any) -> None:
+    def _run_sanity_check(self, val_loaders: list[Any]) -> None:
         self.sanity_checking = True
         try:
-            limit = self.num_val_batches if self.num_sanity_val_steps == -1 else min(self.num_sanity_val_steps, self.num_val_batches)
+            steps = math.inf if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
             with preserved_rng():  # checking costs the training run no random numbers
-                self._evaluation_loop("validate", val_loader, limit)
+                self._evaluation_loop("validate", val_loaders, [min(steps, count) for count in self.num_val_batches])
         finally:
             self.sanity_checking = False
 
-    def _run_validation(self, val_loader: Any) -> None:
+    def _run_validation(self, val_loaders: list[Any]) -> None:
         # Validating leaves every RNG as it found it: the weights do not depend on when (or
         # whether) validation runs, and a checkpoint written just before it resumes exactly.
         with preserved_rng():
-            self._evaluation_loop("validate", val_loader, self.num_val_batches)
+            self._evaluation_loop("validate", val_loaders, self.num_val_batches)
         self.model.train()
         self.metrics.start_training()
 
-    def _run_evaluation(self, stage: str, loader: Any) -> Any:
-        loader = self._prepare_loader(loader, stage, shuffle=False)
-        limit = self.num_val_batches
-        return self._evaluation_loop(stage, loader, limit)
+    def _run_evaluation(self, stage: str, loaders: list[Any]) -> Any:
+        if not loaders:
+            raise ValueError(f"Trainer.{stage} got an empty list of loaders; pass at least one DataLoader.")
+        prepared = [self._prepare_loader(loader, stage, False) for loader in loaders]
+        counts = [count for _, count in prepared]
+        setattr(self, NUM_BATCHES[stage], counts)
+        return self._evaluation_loop(stage, [loader for loader, _ in prepared], counts)
 
-    def _evaluation_loop(self, stage: str, loader: Any, limit: int | float) -> Any:
-        """One pass of validation, test or predict, under ``torch.inference_mode``."""
+    def _evaluation_loop(self, stage: str, loaders: list[Any], limits: list[int | float]) -> Any:
+        """One pass of validation, test or predict over each loader in turn, under
+        ``torch.inference_mode`` (``torch.no_grad`` with ``Trainer(inference_mode=False)``)."""
         module = self.module
-        hooks = evaluation_hooks(stage, self.callbacks, module)
+        several = len(loaders) > 1  # then steps and batch hooks get dataloader_idx, metrics a suffix
+        hooks = evaluation_hooks(stage, self.callbacks, module, several)
         self.model.eval()
         self.metrics.start_evaluation()
         for hook in hooks.start:
             hook(self, module)
         hooks.module_start()
         hooks.module_epoch_start()
-        predictions = []
-        with self.strategy.evaluation_context():  # inference_mode; no_grad under FSDP
-            for batch_idx, batch in enumerate(loader):
-                if batch_idx >= limit:
-                    break
-                batch = self.strategy.batch_to_device(batch)
-                with self._forward_context():
-                    outputs = hooks.step(batch, batch_idx)
-                if stage == "predict":
-                    predictions.append(outputs)
-                for hook in hooks.batch_end:
-                    hook(self, module, outputs, batch, batch_idx)
+        predictions: list[list[Any]] = []
+        with self.strategy.evaluation_context(self.inference_mode):  # no_grad under FSDP
+            for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
+                self.metrics.evaluation.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
+                step_index = (dataloader_idx,) if hooks.step_takes_dataloader_idx else ()
+                hook_index = (dataloader_idx,) if several else ()
+                predictions.append([])
+                for batch_idx, batch in enumerate(loader):
+                    if batch_idx >= limit:
+                        break
+                    batch = self.strategy.batch_to_device(batch)
+                    with self._forward_context():
+                        outputs = hooks.step(batch, batch_idx, *step_index)
+                    if stage == "predict":
+                        predictions[-1].append(outputs)
+                    for hook in hooks.batch_end:
+                        hook(self, module, outputs, batch, batch_idx, *hook_index)
+        self.metrics.evaluation.dataloader_suffix = ""
         hooks.module_epoch_end()
         values, specs = self.metrics.read_epoch_values(self.metrics.evaluation)
         if not self.sanity_checking:
@@ -667,96 +749,16 @@ class Trainer:
             hook(self, module)
         hooks.module_end()
         if stage != "predict":
-            return [values]
+            return split_by_dataloader(values, len(loaders))
         if self.strategy.world_size > 1:  # every rank returns all of them, in the dataset's order
-            gathered = self.strategy.all_gather_object(move_to_device(predictions, torch.device("cpu"), non_blocking=False))
-            predictions = [prediction for shard in gathered for prediction in shard]
-        return predictions
+            for index, shard in enumerate(predictions):
+                gathered = self.strategy.all_gather_object(move_to_device(shard, torch.device("cpu"), non_blocking=False))
+                predictions[index] = [prediction for rank in gathered for prediction in rank]
+        return predictions if several else predictions[0]
 
     # =========================================================================================
-    # Loaders
+    # Preemption
     # =========================================================================================
-    def _loader_or_hook(self, loader: Any, module: Any, hook: str, stage: str) -> Any:
-        require_training_module(module, stage)  # first: fit reads the module's hooks next
-        if loader is None:
-            loader = getattr(module, hook)()
-        if loader is None:
-            argument = "train_dataloaders" if stage == "fit" else "dataloaders"
-            raise ValueError(f"Trainer.{stage} got no {argument} and the module's {hook}() returned None. Pass a DataLoader.")
-        if isinstance(loader, (list, tuple)) and stage != "fit":
-            if len(loader) != 1:
-                raise ValueError(f"Trainer.{stage} takes one DataLoader; got {len(loader)}.")
-            loader = loader[0]
-        return loader
-
-    def _check_run_length(self, loader: Any) -> None:
-        if self.max_epochs is None and self.max_steps == -1:
-            if loader_length(loader) is None:
-                raise ValueError(
-                    "The training loader has no length (an IterableDataset) and neither max_epochs nor "
-                    "max_steps is set, so training would never end. Pass Trainer(max_steps=N) or max_epochs=N."
-                )
-            warnings.warn("Neither max_epochs nor max_steps is set; training stops after max_epochs=1000.", stacklevel=3)
-            self.max_epochs = 1000
-
-    def _prepare_loader(self, loader: Any, stage: str, shuffle: bool) -> Any:
-        """The strategy's shard of ``loader``, seeded (generator and workers), and its number of batches."""
-        if isinstance(loader, torch.utils.data.DataLoader):
-            changes = {}
-            if self.seed is not None and loader.generator is None:
-                # Its shuffle order and worker seeds then follow the seed alone, not whatever else
-                # draws from torch's global RNG (model code, augmentation in the main process).
-                changes.update(seeded_generator(loader, self.seed))
-            if loader.num_workers > 0:
-                init = loader.worker_init_fn
-                if init is None and self.seed is not None:  # seeded workers, distinct per rank
-                    init = seed_worker_of_rank(self.strategy.global_rank)
-                # Workers ignore SIGTERM/SIGINT: the main process saves and stops (trainer/preemption.py).
-                changes["worker_init_fn"] = workers_ignore_preemption(init)
-            if changes:
-                loader = rebuild_dataloader(loader, **changes)
-        if loader_length(loader) == 0:
-            raise ValueError(f"The {stage} DataLoader is empty (len 0). Check the dataset and batch_size/drop_last.")
-        # Prediction shards in blocks, so that the ranks' outputs put end to end keep the dataset's order.
-        loader = self.strategy.setup_dataloader(loader, shuffle=shuffle, contiguous=stage == "predict")
-        length = loader_length(loader)
-        count = limited_length(length, self.limits[stage])
-        if count == 0 and stage == "train":
-            raise ValueError("limit_train_batches=0 leaves no batch to train on; use a value > 0.")
-        if stage == "train":
-            self.num_training_batches = math.inf if count is None else count
-        else:
-            self.num_val_batches = math.inf if count is None else count
-        return loader
-
-    # =========================================================================================
-    # Guards: non-finite losses and preemption
-    # =========================================================================================
-    def _check_losses(self) -> None:
-        """on_nonfinite_loss="raise": fail on the first NaN/inf loss since the last check (one host sync)."""
-        losses, self._unchecked_losses = self._unchecked_losses, []
-        if self.on_nonfinite_loss != "raise" or not losses:
-            return
-        bad = first_nonfinite(losses)
-        if self.strategy.reduce_any(bad is not None):  # every rank raises, none waits at a collective
-            raise nonfinite_loss_error(bad, self.current_epoch, self._last_checkpoint)
-
-    def _window_is_finite(self) -> bool:
-        """on_nonfinite_loss="skip", before an optimizer step: if a loss of this accumulation window
-        is NaN/inf, drop its gradients, count it and return False. Deciding now costs a host sync."""
-        losses, self._unchecked_losses = self._unchecked_losses, []
-        bad = first_nonfinite(losses)
-        if not self.strategy.reduce_any(bad is not None):
-            return True
-        for optimizer in self.optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        self.num_skipped_steps += 1
-        if self.num_skipped_steps == 1 and self.is_global_zero:
-            where = f"the loss is {bad[0]} at batch {bad[1]}" if bad is not None else "another rank saw a non-finite loss"
-            warnings.warn(f"Skipped an optimizer step at epoch {self.current_epoch}, global step {self.global_step}: "
-                          f"{where}. Further skips are counted in trainer.num_skipped_steps.", stacklevel=2)
-        return False
-
     def _ends_window(self, batch_idx: int, num_batches: int | float) -> bool:
         """True after the batch that ends an accumulation window (every batch in manual optimization):
         a checkpoint there holds no half-accumulated gradients."""
@@ -784,31 +786,13 @@ class Trainer:
                   "with fit(..., ckpt_path=\"last\") to resume.", file=sys.stderr, flush=True)
 
     # =========================================================================================
-    # Checkpoint state
-    # =========================================================================================
-    def _resolve_ckpt_path(self, ckpt_path: str | os.PathLike, stage: str) -> Path | None:
-        directories = [Path(c.dirpath) for c in self.callbacks
-                       if isinstance(c, callbacks_package.ModelCheckpoint) and c.dirpath is not None]
-        return checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, self.default_root_dir, self.is_global_zero)
-
-    def _log_dir_of(self, ckpt_path: Path | None) -> Path | None:
-        """A run resumed from <default_root_dir>/cadence_logs/version_N/checkpoints/ keeps logging in
-        version_N, so rerunning one command continues one run; any other checkpoint gets a new version."""
-        if ckpt_path is None or ckpt_path.parent.name != "checkpoints":
-            return None
-        version, root = ckpt_path.resolve().parent.parent, self.default_root_dir / "cadence_logs"
-        if version.name.startswith("version_") and root.exists() and version.parent == root.resolve():
-            return root / version.name
-        return None
-
-    def _next_log_dir(self) -> Path:
-        root = self.default_root_dir / "cadence_logs"
-        versions = [int(p.name.split("_")[1]) for p in root.glob("version_*") if p.name.split("_")[1].isdigit()]
-        return root / f"version_{max(versions, default=-1) + 1}"
-
-    # =========================================================================================
     # Small helpers
     # =========================================================================================
+    def _prepare_loader(self, loader: Any, stage: str, shuffle: bool, seed_offset: int = 0) -> tuple[Any, int | float]:
+        seed = None if self.seed is None else self.seed + seed_offset
+        return prepare_loader(loader, stage, shuffle=shuffle, strategy=self.strategy, seed=seed, limit=self.limits[stage],
+                              sequential=bool(self.overfit_batches), shard=self.use_distributed_sampler)
+
     @property
     def is_global_zero(self) -> bool:
         return self.strategy.is_global_zero

@@ -1,0 +1,182 @@
+"""Several validation, test and prediction loaders (run in turn, ``dataloader_idx``, Lightning's metric
+suffixes), a module without the step a loader is given to, and validate/test/predict after fit with
+``model=None`` and ``ckpt_path="best" | "last"``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks import Callback, ModelCheckpoint
+from trainer import TrainingModule
+
+
+def loader(offset: float, count: int = 8, batch_size: int = 4) -> DataLoader:
+    """``count`` samples whose targets are the inputs' first two columns plus ``offset``."""
+    x = torch.arange(count * 4, dtype=torch.float32).reshape(count, 4) / 10
+    return DataLoader(TensorDataset(x, x[:, :2] + offset), batch_size=batch_size)
+
+
+class Regressor(TrainingModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+        self.seen: list[tuple[int, int]] = []  # (dataloader_idx, batch_idx) of each evaluation batch
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.mse_loss(self.layer(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        self.seen.append((dataloader_idx, batch_idx))
+        x, y = batch
+        self.log("val/loss", F.mse_loss(self.layer(x), y))
+
+    def on_validation_epoch_end(self):
+        self.log("val/epochs", 1.0)  # outside the loaders: no suffix, in every loader's results
+
+    def test_step(self, batch, batch_idx, dataloader_idx=0):
+        x, y = batch
+        self.log("test/loss", F.mse_loss(self.layer(x), y))
+
+    def predict_step(self, batch, batch_idx, dataloader_idx=0):
+        return dataloader_idx, batch_idx
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def expected_loss(module: TrainingModule, data: DataLoader) -> float:
+    x, y = data.dataset.tensors
+    with torch.no_grad():
+        return F.mse_loss(module.layer(x), y).item()
+
+
+# --- several loaders -----------------------------------------------------------------------------
+def test_two_validation_loaders_run_in_turn_with_their_index_and_suffixed_metrics(make_trainer):
+    module, near, far = Regressor(), loader(0.0), loader(5.0)
+    results = make_trainer().validate(module, [near, far], verbose=False)
+    assert module.seen == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert results == [
+        {"val/loss/dataloader_idx_0": pytest.approx(expected_loss(module, near)), "val/epochs": 1.0},
+        {"val/loss/dataloader_idx_1": pytest.approx(expected_loss(module, far)), "val/epochs": 1.0},
+    ]
+
+
+def test_fit_validates_on_each_loader_of_a_dict_and_logs_them_apart(make_trainer):
+    module = Regressor()
+    trainer = make_trainer(max_epochs=1, num_sanity_val_steps=1, limit_val_batches=1)
+    trainer.fit(module, loader(0.0), {"near": loader(0.0), "far": loader(5.0)})
+    assert module.seen == [(0, 0), (1, 0)] * 2  # the sanity check and the epoch's validation, one batch each
+    assert trainer.num_val_batches == [1, 1]
+    assert {"val/loss/dataloader_idx_0", "val/loss/dataloader_idx_1"} <= set(trainer.callback_metrics)
+
+
+def test_callbacks_get_the_dataloader_idx_of_each_batch(make_trainer):
+    seen = []
+
+    class Recording(Callback):
+        def on_test_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
+            seen.append((dataloader_idx, batch_idx))
+
+    make_trainer(callbacks=[Recording()]).test(Regressor(), [loader(0.0), loader(1.0, count=4)], verbose=False)
+    assert seen == [(0, 0), (0, 1), (1, 0)]
+
+
+def test_predict_over_two_loaders_returns_one_list_each(make_trainer):
+    predictions = make_trainer().predict(Regressor(), [loader(0.0), loader(0.0, count=12)])
+    assert predictions == [[(0, 0), (0, 1)], [(1, 0), (1, 1), (1, 2)]]
+    assert make_trainer().predict(Regressor(), loader(0.0), return_predictions=False) is None
+
+
+def test_the_steps_signature_must_fit_the_number_of_loaders(make_trainer):
+    class WithoutIndex(Regressor):
+        def validation_step(self, batch, batch_idx):
+            pass
+
+    class RequiresIndex(Regressor):
+        def validation_step(self, batch, batch_idx, dataloader_idx):
+            pass
+
+    with pytest.raises(TypeError, match=r"WithoutIndex.validation_step runs over several loaders but takes no "
+                                        r"dataloader_idx. Add it to the signature: def validation_step\(self, batch, "
+                                        r"batch_idx, dataloader_idx=0\)"):
+        make_trainer().validate(WithoutIndex(), [loader(0.0), loader(1.0)])
+    with pytest.raises(TypeError, match="RequiresIndex.validation_step requires dataloader_idx, but runs over one "
+                                        "loader, which passes none. Give it a default: dataloader_idx=0"):
+        make_trainer().validate(RequiresIndex(), loader(0.0))
+
+
+def test_validate_prints_the_metrics_of_each_loader(make_trainer, capsys):
+    make_trainer().validate(Regressor(), [loader(0.0), loader(5.0)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["Validate", "metric", "DataLoader", "0", "DataLoader", "1"]
+    assert [line.split()[0] for line in lines[1:]] == ["val/epochs", "val/loss"]
+
+
+# --- a loader without its step ---------------------------------------------------------------------
+class Untouchable(DataLoader):
+    """A loader that fails the test if a batch is fetched from it."""
+
+    def __iter__(self):
+        raise AssertionError("a batch was fetched")
+
+
+def test_a_val_loader_for_a_module_without_validation_step_is_not_read_and_warns_once(make_trainer):
+    class TrainOnly(Regressor):
+        validation_step = TrainingModule.validation_step
+
+    trainer = make_trainer(max_epochs=2)
+    with pytest.warns(UserWarning, match="TrainOnly defines no validation_step, so validation is skipped") as warned:
+        trainer.fit(TrainOnly(), loader(0.0), Untouchable(loader(0.0).dataset))
+    assert len(warned) == 1 and trainer.global_step == 4
+
+
+# --- after fit: model=None, ckpt_path="best" | "last" -----------------------------------------------
+@pytest.fixture
+def fitted(make_trainer, tmp_path):
+    """Three epochs ranked by val/loss; the model then trains on with a bad step so its weights are
+    neither the best checkpoint's nor the last's."""
+    module = Regressor()
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpts", monitor="val/loss", save_top_k=1)
+    trainer = make_trainer(max_epochs=3, callbacks=[checkpoints], num_sanity_val_steps=0)
+    trainer.fit(module, loader(0.0), loader(0.0))
+    with torch.no_grad():
+        module.layer.weight.add_(100.0)
+    return trainer, module, checkpoints
+
+
+def weights_of(path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)["state_dict"]
+
+
+def test_test_without_a_model_loads_the_best_checkpoint_into_the_fitted_module(fitted):
+    trainer, module, checkpoints = fitted
+    with pytest.warns(UserWarning, match=r"got no model and no ckpt_path, so it loads the best checkpoint"):
+        [result] = trainer.test(dataloaders=loader(0.0), verbose=False)
+    assert torch.equal(module.layer.weight, weights_of(checkpoints.best_model_path)["layer.weight"])
+    assert result["test/loss"] == pytest.approx(expected_loss(module, loader(0.0)))
+
+
+@pytest.mark.parametrize("which", ["best", "last"])
+def test_ckpt_path_best_or_last_chooses_the_weights(fitted, which):
+    trainer, module, checkpoints = fitted
+    trainer.validate(ckpt_path=which, dataloaders=loader(0.0), verbose=False)
+    path = checkpoints.best_model_path if which == "best" else checkpoints.last_model_path
+    assert torch.equal(module.layer.weight, weights_of(path)["layer.weight"])
+
+
+def test_ckpt_path_best_needs_a_checkpoint_callback_and_a_model_needs_a_fit(make_trainer):
+    trainer = make_trainer()
+    with pytest.raises(TypeError, match=r"Trainer.test\(\) got no model, and this Trainer has run none yet"):
+        trainer.test(dataloaders=loader(0.0))
+    with pytest.raises(ValueError, match=r'Trainer.test\(ckpt_path="best"\) loads the best checkpoint of a '
+                                         "callbacks.ModelCheckpoint, and this Trainer has none"):
+        trainer.test(Regressor(), loader(0.0), ckpt_path="best")
+    with pytest.raises(ValueError, match=r'Trainer.fit\(ckpt_path="best"\): fit continues from "last"'):
+        trainer.fit(Regressor(), loader(0.0), ckpt_path="best")

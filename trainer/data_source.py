@@ -1,0 +1,222 @@
+"""Where a stage's loaders come from, checked before anything starts; called after setup.
+
+``fit``, ``validate``, ``test`` and ``predict`` take loaders, a :class:`~trainer.datamodule.DataModule`,
+or neither (the module's own ``*_dataloader`` hooks). :func:`collect_data` checks what was given
+before any process starts and returns a :class:`DataSource`; the stage's process calls its hooks in
+Lightning's order: ``prepare_data`` (:func:`prepare_data`), then ``setup``, and only then the
+``*_dataloader`` hooks (:meth:`DataSource.loaders`), so datasets built in ``setup`` exist when the
+loaders are made.
+
+Validation, test and prediction take several loaders, as a list or a dict; they run one after the
+other (``dataloader_idx`` 0, 1, ...). Training takes one.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import warnings
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from trainer.arguments import require_training_module
+from trainer.datamodule import DataModule, overrides
+
+#: The loader kinds, the hook that makes each, and the stages' kinds.
+HOOKS = {"train": "train_dataloader", "val": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
+STAGE_KIND = {"validate": "val", "test": "test", "predict": "predict"}
+STEPS = {"validate": "validation_step", "test": "test_step"}
+
+
+@dataclasses.dataclass
+class DataSource:
+    """The loaders of one stage: those given to the Trainer's method (named as its arguments, so
+    that an error about one names the argument), else the hooks of the datamodule (when there is
+    one) or of the module. Hooks are called by :meth:`loaders`, after setup."""
+
+    stage: str
+    module: Any
+    datamodule: DataModule | None = None
+    train_dataloaders: Any = None  # fit's
+    val_dataloaders: Any = None  # fit's
+    dataloaders: Any = None  # validate's, test's or predict's
+    skip: frozenset[str] = frozenset()  # kinds not to load (a val loader without validation_step)
+
+    def argument(self, kind: str) -> str:
+        """The name of the argument that gives ``kind`` loaders: ``train_dataloaders``, ..."""
+        if self.stage != "fit":
+            return "dataloaders"
+        return "train_dataloaders" if kind == "train" else "val_dataloaders"
+
+    def given(self, kind: str) -> Any:
+        """What the user passed for ``kind`` ("train", "val", "test" or "predict"); None: ask a hook."""
+        if self.stage == "fit":
+            return {"train": self.train_dataloaders, "val": self.val_dataloaders}.get(kind)
+        return self.dataloaders if kind == STAGE_KIND[self.stage] else None
+
+    def hook_owner(self, kind: str) -> Any:
+        """The datamodule or module whose ``*_dataloader`` hook gives ``kind``, or None. As in
+        Lightning, a datamodule's hooks replace the module's."""
+        if self.given(kind) is not None:
+            return None
+        owner = self.datamodule if self.datamodule is not None else self.module
+        return owner if overrides(owner, HOOKS[kind]) else None
+
+    def defines(self, kind: str) -> bool:
+        return kind not in self.skip and (self.given(kind) is not None or self.hook_owner(kind) is not None)
+
+    def from_hook(self, kind: str) -> bool:
+        return kind not in self.skip and self.hook_owner(kind) is not None
+
+    def loaders(self, kind: str) -> list[Any]:
+        """The ``kind`` loaders, as a list (one item for training); ``[]`` when there are none."""
+        if not self.defines(kind):
+            return []
+        owner = self.hook_owner(kind)
+        if owner is None:
+            return loader_list(self.given(kind), self.argument_text(kind), several=kind != "train")
+        loaders = getattr(owner, HOOKS[kind])()
+        where = f"{type(owner).__name__}.{HOOKS[kind]}()"
+        if loaders is None and kind == "val":
+            return []
+        if loaders is None:
+            raise ValueError(f"{where} returned None; return a DataLoader (or another iterable of batches).")
+        return loader_list(loaders, where, several=kind != "train")
+
+    def argument_text(self, kind: str) -> str:
+        """How errors name where ``kind`` loaders were passed: "Trainer.fit(val_dataloaders=...)"."""
+        return f"Trainer.{self.stage}({self.argument(kind)}=...)"
+
+
+def collect_data(stage: str, module: Any, loaders: Any, val_loaders: Any, datamodule: Any,
+                 previous_datamodule: DataModule | None = None, validates: bool = True) -> DataSource:
+    """Check what ``Trainer.<stage>`` was given and return where its loaders come from.
+
+    Args:
+        stage: ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``.
+        loaders: ``train_dataloaders`` (fit) or ``dataloaders``; a DataModule here is taken as ``datamodule``.
+        val_loaders: fit's ``val_dataloaders``.
+        previous_datamodule: the Trainer's datamodule from an earlier call, used by an evaluation
+            stage given no data when the module has no hook for it.
+        validates: fit validates at all (``limit_val_batches`` is not 0).
+    """
+    require_training_module(module, stage)
+    argument = "train_dataloaders" if stage == "fit" else "dataloaders"
+    if isinstance(loaders, DataModule):  # fit(model, dm), test(model, dm): Lightning takes these too
+        if datamodule is not None:
+            raise ValueError(f"Trainer.{stage} got a DataModule as {argument} and another as datamodule; pass one.")
+        loaders, datamodule = None, loaders
+    if datamodule is not None:
+        if not isinstance(datamodule, DataModule):
+            raise TypeError(f"Trainer.{stage}(datamodule=...) takes a trainer.DataModule; got "
+                            f"{type(datamodule).__name__}. Subclass DataModule, or pass loaders as {argument}.")
+        if loaders is not None or val_loaders is not None:
+            raise ValueError(f"Trainer.{stage} got both loaders and a datamodule; pass the loaders, or let the "
+                             "datamodule's *_dataloader hooks make them.")
+    kind = STAGE_KIND.get(stage, "train")
+    if (stage != "fit" and datamodule is None and loaders is None and not overrides(module, HOOKS[kind])
+            and previous_datamodule is not None):
+        datamodule = previous_datamodule  # trainer.test() after fit(model, datamodule=dm)
+    if stage == "fit":
+        data = DataSource(stage, module, datamodule, train_dataloaders=loaders, val_dataloaders=val_loaders)
+    else:
+        data = DataSource(stage, module, datamodule, dataloaders=loaders)
+    for name in ("train", "val") if stage == "fit" else (kind,):  # what was passed is checked now
+        if data.given(name) is not None:
+            loader_list(data.given(name), data.argument_text(name), several=name != "train")
+    _check_steps(stage, module)
+    if not data.defines(kind):
+        owner = f"the datamodule {type(datamodule).__name__}" if datamodule is not None else type(module).__name__
+        raise ValueError(f"Trainer.{stage} got no {argument}, and {owner} defines no {HOOKS[kind]}(). Pass a DataLoader "
+                         f"as {argument}, or define {HOOKS[kind]}().")
+    if stage == "fit":
+        data.skip = _check_validation(module, data, validates)
+    return data
+
+
+def _check_steps(stage: str, module: Any) -> None:
+    """An evaluation stage needs its step: raise before anything runs."""
+    name = type(module).__name__
+    if stage in STEPS and not overrides(module, STEPS[stage]):
+        raise TypeError(f"Trainer.{stage} runs {name}.{STEPS[stage]}(batch, batch_idx), which {name} does not "
+                        f"define. Define it and log metrics with self.log.")
+    if stage == "predict" and not overrides(module, "predict_step") and type(module).forward is torch.nn.Module.forward:
+        raise TypeError(f"Trainer.predict runs {name}.predict_step, whose default returns self(batch), but {name} "
+                        "defines neither predict_step(batch, batch_idx) nor forward. Define one of them.")
+
+
+def _check_validation(module: Any, data: DataSource, validates: bool) -> frozenset[str]:
+    """fit's validation: the kinds to skip, with a warning when loaders and validation_step do not meet."""
+    name = type(module).__name__
+    if not overrides(module, "validation_step"):
+        if data.defines("val") and validates:
+            warnings.warn(f"{name} defines no validation_step, so validation is skipped and its val loaders are not "
+                          "used. Define validation_step, or pass no val_dataloaders.", stacklevel=4)
+        return frozenset({"val"})
+    if not data.defines("val") and validates:
+        warnings.warn(f"{name} defines validation_step but fit got no val_dataloaders and no val_dataloader() hook; "
+                      "validation will not run. Pass val_dataloaders=... to fit.", stacklevel=4)
+    return frozenset()
+
+
+def loader_list(value: Any, where: str, several: bool) -> list[Any]:
+    """``value`` as a list of loaders: one loader, or a list/tuple/dict of them when ``several``.
+
+    Raises:
+        TypeError: something that is not an iterable of batches (a Dataset, a DataModule, a number).
+        ValueError: several loaders where one is expected.
+    """
+    if isinstance(value, (list, tuple, collections.abc.Mapping)) and not value:
+        if several:
+            return []  # no validation (or nothing to test: the stage says so)
+        raise ValueError(f"{where} got an empty {type(value).__name__}; pass one DataLoader.")
+    items = list(value.values()) if isinstance(value, collections.abc.Mapping) else value
+    if not (isinstance(value, (list, tuple, collections.abc.Mapping)) and all(_is_loader(item) for item in items)):
+        if isinstance(value, collections.abc.Mapping):
+            raise TypeError(f"{where} got a {type(value).__name__} that is not a dict of loaders. Pass a DataLoader, "
+                            "or a list or dict of DataLoaders (validation, test and predict take several).")
+        _check_loader(value, where)
+        return [value]  # one loader (a list of batches is one too)
+    for index, loader in enumerate(items):
+        _check_loader(loader, f"{where} item {index}")
+    if not several:
+        raise ValueError(f"{where} got a {type(value).__name__} of {len(items)} loader(s); training takes one "
+                         "DataLoader, passed on its own. To train on several datasets, combine them into one "
+                         "(torch.utils.data.ConcatDataset, or a dataset returning a tuple from each).")
+    return list(items)
+
+
+def _is_loader(value: Any) -> bool:
+    """A DataLoader or another iterable of batches, as opposed to a batch (a tensor, tuple, dict)."""
+    if isinstance(value, (DataLoader, DataModule, Dataset)):
+        return True
+    return isinstance(value, collections.abc.Iterable) and not isinstance(
+        value, (torch.Tensor, list, tuple, collections.abc.Mapping, str, bytes))
+
+
+def _check_loader(value: Any, where: str) -> None:
+    what = type(value).__name__
+    if isinstance(value, DataModule):
+        raise TypeError(f"{where} got the DataModule {what} where a loader is expected. Pass it as "
+                        "datamodule=... (or as the first argument after the model).")
+    if isinstance(value, Dataset) and not isinstance(value, IterableDataset):
+        raise TypeError(f"{where} got the dataset {what}, which yields samples, not batches. Wrap it in a "
+                        f"DataLoader: DataLoader(dataset, batch_size=...).")
+    if not isinstance(value, collections.abc.Iterable) or isinstance(value, (str, bytes)):
+        raise TypeError(f"{where} got {what}, which is not a loader. Pass a torch DataLoader or another "
+                        "iterable of batches.")
+
+
+def prepare_data(data: DataSource, strategy: Any) -> None:
+    """``prepare_data`` of the datamodule, then of the module, in one process per machine (local rank
+    zero), or in one in all (global rank zero) when their ``prepare_data_per_node`` is False; every
+    process then waits for it, so that none reads data still being written."""
+    owners = [owner for owner in (data.datamodule, data.module) if owner is not None and overrides(owner, "prepare_data")]
+    for owner in owners:
+        rank = strategy.local_rank if owner.prepare_data_per_node else strategy.global_rank
+        if rank == 0:
+            owner.prepare_data()
+    if owners:
+        strategy.barrier("prepare_data")

@@ -1,0 +1,36 @@
+"""When the training loop validates: ``val_check_interval`` and ``check_val_every_n_epoch``, as in Lightning."""
+
+from __future__ import annotations
+
+import math
+
+
+def validation_interval(val_check_interval: int | float, check_val_every_n_epoch: int | None, epoch: int,
+                        num_batches: int | float) -> int | None:
+    """Validate every this many training batches in ``epoch``; None: not in this epoch."""
+    if check_val_every_n_epoch is not None and (epoch + 1) % check_val_every_n_epoch != 0:
+        return None
+    if isinstance(val_check_interval, int):
+        if check_val_every_n_epoch is not None and val_check_interval > num_batches:
+            raise ValueError(
+                f"Trainer(val_check_interval={val_check_interval}) is more than the {num_batches} "
+                "training batches of an epoch, so validation would never run. Use a smaller int, or "
+                "check_val_every_n_epoch=None to count batches across epochs."
+            )
+        return val_check_interval
+    if num_batches == math.inf:
+        raise ValueError(
+            "val_check_interval is a fraction of the epoch, but the training loader has no length. "
+            "Use an int val_check_interval (every N batches)."
+        )
+    return max(1, int(num_batches * val_check_interval))
+
+
+def validation_due(val_check_interval: int | float, check_val_every_n_epoch: int | None, batch_idx: int,
+                   every: int, num_batches: int | float, batches_seen: int) -> bool:
+    """As in Lightning: an int interval counts batches of the epoch, or of the whole run (``batches_seen``)
+    when check_val_every_n_epoch is None; a float interval also validates after the epoch's last batch."""
+    if isinstance(val_check_interval, float):
+        return (batch_idx + 1) % every == 0 or batch_idx + 1 == num_batches
+    count = batches_seen if check_val_every_n_epoch is None else batch_idx + 1
+    return count % every == 0

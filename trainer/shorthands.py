@@ -1,0 +1,171 @@
+"""Lightning's Trainer shorthands, translated once, at construction, into what the loop knows.
+
+The loop reads none of these arguments; each becomes a strategy, callbacks or the plain settings
+it already has:
+
+    accelerator, devices, strategy, num_nodes   -> a Strategy (strategies.resolve_strategy)
+    fast_dev_run=n                              -> n batches of each stage (limits, max_steps=n, one epoch,
+                                                   no sanity check), no loggers, no checkpoints
+    overfit_batches=n                           -> limit_train_batches = limit_val_batches = n (and the
+                                                   loaders read in order: trainer/data.py)
+    max_time                                    -> callbacks.Timer
+    enable_model_summary                        -> callbacks.ModelSummary
+    benchmark, detect_anomaly                   -> callbacks.TorchFlags
+    sync_batchnorm                              -> callbacks.SyncBatchNorm
+
+:func:`reject_unknown_arguments` turns a misspelled or Lightning-only keyword into an error that
+names the close match, or the Cadence way to do the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import os
+import sys
+from typing import Any, Callable
+
+import callbacks as callbacks_package
+import strategies as strategies_package
+from callbacks import Callback, ModelSummary, SyncBatchNorm, Timer, TorchFlags
+from callbacks.timer import parse_duration
+from strategies import Strategy
+from trainer.data import check_limit
+
+#: Trainer arguments of Lightning (1.x and 2.x) that Cadence does not take, and what to do instead.
+LIGHTNING_ONLY = {
+    "gpus": 'accelerator="gpu", devices=N',
+    "num_processes": 'devices=N (with strategy="ddp" for several processes)',
+    "auto_select_gpus": 'devices=N: CUDA_VISIBLE_DEVICES chooses which GPUs are visible',
+    "tpu_cores": "nothing: Cadence runs on CPUs, CUDA GPUs and Apple GPUs, not TPUs",
+    "ipus": "nothing: Cadence runs on CPUs, CUDA GPUs and Apple GPUs, not IPUs",
+    "hpus": "nothing: Cadence runs on CPUs, CUDA GPUs and Apple GPUs, not HPUs",
+    "plugins": "callbacks for what plugins did (callbacks.AMP for mixed precision); the cluster environment "
+               "is torchrun's variables, and checkpoint files are written by the Trainer",
+    "barebones": "enable_progress_bar=False, enable_checkpointing=False, logger=False, enable_model_summary=False",
+    "resume_from_checkpoint": "trainer.fit(model, ..., ckpt_path=path)",
+    "replace_sampler_ddp": "use_distributed_sampler",
+    "reload_dataloaders_every_epoch": "reload_dataloaders_every_n_epochs=1",
+    "weights_summary": "enable_model_summary (or callbacks.ModelSummary(max_depth=...))",
+    "checkpoint_callback": "enable_checkpointing",
+    "progress_bar_refresh_rate": "callbacks=[callbacks.ProgressBar(refresh_rate=N)]",
+    "weights_save_path": "callbacks=[callbacks.ModelCheckpoint(dirpath=...)]",
+    "flush_logs_every_n_steps": "log_every_n_steps",
+    "terminate_on_nan": 'on_nonfinite_loss="raise"',
+    "track_grad_norm": "self.log of torch.nn.utils.get_total_norm(...) in on_before_optimizer_step",
+    "auto_lr_find": "nothing (Lightning 2 dropped it too): choose the learning rate by hand",
+    "auto_scale_batch_size": "nothing (Lightning 2 dropped it too): choose the batch size by hand",
+    "amp_backend": "callbacks.AMP",
+    "amp_level": "callbacks.AMP",
+    "move_metrics_to_cpu": "nothing: logged values reach the host at log steps already",
+    "multiple_trainloader_mode": "one training loader (combine datasets with torch.utils.data.ConcatDataset)",
+    "stochastic_weight_avg": "torch.optim.swa_utils in your module",
+    "prepare_data_per_node": "the prepare_data_per_node attribute of your DataModule or module",
+    "enable_autolog_hparams": "logger=False to log nothing; hyperparameters are kept in checkpoints",
+    "model_registry": "nothing: ModelCheckpoint writes the files; upload them yourself",
+    "suggest_integrations": "nothing: leave it out",
+}
+
+
+def reject_unknown_arguments(unknown: dict[str, Any], function: Callable[..., Any], where: str = "Trainer") -> None:
+    """Raise a TypeError for keyword arguments ``function`` does not take, naming the close match
+    (``max_epoch`` -> ``max_epochs``) or, for a Lightning argument, the Cadence way."""
+    if not unknown:
+        return
+    parameters = inspect.signature(function).parameters
+    accepted = [name for name, p in parameters.items() if name != "self" and p.kind != p.VAR_KEYWORD]
+    problems = []
+    for name, value in unknown.items():
+        if name in LIGHTNING_ONLY:
+            problems.append(f"{where}({name}={value!r}) is Lightning's; Cadence does not take it. Instead: "
+                            f"{LIGHTNING_ONLY[name]}.")
+            continue
+        match = difflib.get_close_matches(name, accepted, n=1, cutoff=0.75)
+        hint = f"did you mean {match[0]}?" if match else f"it takes: {', '.join(accepted)}."
+        problems.append(f"{where}({name}={value!r}): no such argument; {hint}")
+    raise TypeError("\n".join(problems))
+
+
+@dataclasses.dataclass
+class Translated:
+    """What ``Trainer.__init__`` stores: the strategy, the callbacks, and the loop's plain settings."""
+
+    strategy: Strategy
+    callbacks: list[Callback]
+    max_epochs: int | None
+    max_steps: int
+    limits: dict[str, Any]
+    num_sanity_val_steps: int
+    val_check_interval: int | float
+    check_val_every_n_epoch: int | None
+
+
+def translate(*, accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, callbacks: Any, logger: Any,
+              enable_progress_bar: bool, enable_checkpointing: bool, enable_model_summary: bool,
+              fast_dev_run: Any, overfit_batches: Any, max_time: Any, max_epochs: Any, max_steps: Any,
+              limits: dict[str, Any], num_sanity_val_steps: Any, val_check_interval: Any,
+              check_val_every_n_epoch: Any, benchmark: Any, detect_anomaly: Any, sync_batchnorm: Any) -> Translated:
+    """Check the shorthands and translate them (see the module's docstring). Plain arguments come
+    back unchanged unless ``fast_dev_run`` or ``overfit_batches`` overrides them."""
+    run = Translated(
+        strategy=strategies_package.resolve_strategy(strategy, devices, accelerator=accelerator, num_nodes=num_nodes),
+        callbacks=[], max_epochs=max_epochs, max_steps=max_steps, limits=dict(limits),
+        num_sanity_val_steps=num_sanity_val_steps, val_check_interval=val_check_interval,
+        check_val_every_n_epoch=check_val_every_n_epoch,
+    )
+    batches = _fast_dev_run_batches(fast_dev_run)
+    check_limit(overfit_batches, "overfit_batches")
+    if batches:
+        callbacks = _without_loggers_and_checkpoints(callbacks)
+        logger, enable_checkpointing = False, False
+        run.limits.update(test=batches, predict=batches)
+        if not overfit_batches:
+            run.limits.update(train=batches, validate=batches)
+        run.max_steps, run.max_epochs, run.num_sanity_val_steps = batches, 1, 0
+        run.val_check_interval, run.check_val_every_n_epoch = 1.0, 1
+        if os.environ.get("RANK", "0") == "0":  # torchrun starts every rank with these arguments
+            print(f"Trainer(fast_dev_run={fast_dev_run}): {batches} batch(es) of each stage; no loggers, no "
+                  "checkpoints.", file=sys.stderr)
+    if overfit_batches:
+        run.limits.update(train=overfit_batches, validate=overfit_batches)
+    run.callbacks = callbacks_package.default_callbacks(
+        callbacks, enable_progress_bar=enable_progress_bar, enable_checkpointing=enable_checkpointing, logger=logger
+    )
+    _add_model_summary(run.callbacks, enable_model_summary)
+    if max_time is not None:
+        run.callbacks.append(Timer(parse_duration(max_time, "Trainer(max_time")))
+        if run.max_epochs is None and run.max_steps == -1:
+            run.max_epochs = -1  # as in Lightning: the time limit alone ends the run
+    if benchmark is not None or detect_anomaly:
+        run.callbacks.append(TorchFlags(cudnn_benchmark=benchmark, detect_anomaly=bool(detect_anomaly)))
+    if sync_batchnorm:
+        run.callbacks.insert(0, SyncBatchNorm())  # before compile and other model changes
+    return run
+
+
+def _fast_dev_run_batches(fast_dev_run: Any) -> int:
+    if isinstance(fast_dev_run, bool):
+        return int(fast_dev_run)
+    if not isinstance(fast_dev_run, int) or fast_dev_run < 0:
+        raise ValueError(f"Trainer(fast_dev_run={fast_dev_run!r}): use True (one batch of each stage), False, or "
+                         "an int >= 0 (that many batches).")
+    return fast_dev_run
+
+
+def _without_loggers_and_checkpoints(callbacks: Any) -> Any:
+    """fast_dev_run: the user's callbacks less the loggers and ModelCheckpoints (nothing is written)."""
+    if callbacks is None or isinstance(callbacks, Callback):
+        callbacks = [] if callbacks is None else [callbacks]
+    writers = (callbacks_package.AsyncLogger, callbacks_package.ModelCheckpoint)
+    return [callback for callback in callbacks if not isinstance(callback, writers)]
+
+
+def _add_model_summary(callbacks: list[Callback], enabled: Any) -> None:
+    given = [callback for callback in callbacks if isinstance(callback, ModelSummary)]
+    if not isinstance(enabled, bool):
+        raise ValueError(f"Trainer(enable_model_summary={enabled!r}): use True or False.")
+    if given and not enabled:
+        raise ValueError("Trainer(enable_model_summary=False) but callbacks holds a ModelSummary; remove one of them.")
+    if enabled and not given:
+        callbacks.append(ModelSummary())

@@ -72,7 +72,7 @@ def test_outside_a_run_the_module_is_a_plain_nn_module():
     assert module.automatic_optimization is True
 
 
-def test_the_module_sees_the_trainer_only_while_it_runs(make_trainer, regression_loader):
+def test_the_module_sees_the_trainer_while_it_runs_and_after(make_trainer, regression_loader):
     seen = []
 
     class Watch(Model):
@@ -83,7 +83,8 @@ def test_the_module_sees_the_trainer_only_while_it_runs(make_trainer, regression
     trainer = make_trainer(max_epochs=2, limit_train_batches=2)
     trainer.fit(module, regression_loader)
     assert seen == [(True, 0, 1, "cpu"), (True, 0, 2, "cpu"), (True, 1, 3, "cpu"), (True, 1, 4, "cpu")]
-    assert module.trainer is None
+    # As in Lightning, the module still answers after fit (scripts read them to name their outputs).
+    assert (module.trainer, module.global_step, module.current_epoch) == (trainer, 4, 2)
 
 
 # --- self.log -------------------------------------------------------------------------------------
@@ -143,7 +144,7 @@ def test_step_values_reach_loggers_only_at_log_steps(make_trainer, regression_lo
     [
         ("", 1.0, {}, r"self.log\(name=''\): the name must be a non-empty string"),
         ("x", torch.ones(3), {}, r'self.log\("x", ...\) got a tensor of shape \(3,\); log a scalar'),
-        ("x", "high", {}, r'self.log\("x", ...\) got str; log a number or a one-element tensor'),
+        ("x", "high", {}, r'self.log\("x", ...\) got str; log a number, a one-element tensor or a metric object'),
         ("x", 1.0, {"reduce_fx": "median"}, r"self.log\(\"x\", reduce_fx='median'\): use one of"),
         ("x", 1.0, {"on_step": False, "on_epoch": False}, r"on_step=False, on_epoch=False\) records nothing"),
     ],

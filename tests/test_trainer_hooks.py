@@ -76,6 +76,14 @@ class Model(TrainingModule):
         self.calls.append("configure_optimizers")
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+        self.calls.append("module.optimizer_step")
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+        self.calls.append("module.optimizer_zero_grad")
+        super().optimizer_zero_grad(epoch, batch_idx, optimizer)
+
 
 @pytest.fixture
 def run(make_trainer):
@@ -87,19 +95,31 @@ def run(make_trainer):
     return calls, trainer, module, loader
 
 
-def validation(batches: int) -> list[str]:
+def evaluation(stage: str, step: str, batches: int) -> list[str]:
+    """One evaluation pass up to its epoch end (its metrics are read next, then ``on_<stage>_end``)."""
     return [
-        "callback.on_validation_start", "module.on_validation_start", "module.on_validation_epoch_start",
-        *["callback.forward_context", "validation_step", "callback.on_validation_batch_end"] * batches,
-        "module.on_validation_epoch_end",
+        f"callback.on_{stage}_start", f"module.on_{stage}_start",
+        f"callback.on_{stage}_epoch_start", f"module.on_{stage}_epoch_start",
+        *[f"callback.on_{stage}_batch_start", f"module.on_{stage}_batch_start", "callback.forward_context", step,
+          f"callback.on_{stage}_batch_end", f"module.on_{stage}_batch_end"] * batches,
+        f"callback.on_{stage}_epoch_end", f"module.on_{stage}_epoch_end",
     ]
+
+
+def validation(batches: int) -> list[str]:
+    return evaluation("validation", "validation_step", batches)
 
 
 def training_batch() -> list[str]:
     return [
         "callback.on_train_batch_start", "module.on_train_batch_start",
         "callback.forward_context", "training_step",
-        "callback.on_before_optimizer_step", "module.on_before_optimizer_step",
+        "callback.on_before_backward", "module.on_before_backward",
+        "callback.on_after_backward", "module.on_after_backward",
+        # the module's optimizer_step override takes the step: on_before_optimizer_step, clip, step
+        "module.optimizer_step", "callback.on_before_optimizer_step", "module.on_before_optimizer_step",
+        # Cadence clears the gradients right after the step (Lightning: before the next backward)
+        "callback.on_before_zero_grad", "module.on_before_zero_grad", "module.optimizer_zero_grad",
         "callback.on_train_batch_end", "module.on_train_batch_end",
     ]
 
@@ -114,7 +134,9 @@ def test_fit_calls_the_hooks_in_the_order_of_its_docstring(run):
         "configure_optimizers",
         "callback.on_fit_start", "module.on_fit_start",
         # sanity validation: one batch, nothing logged (no on_log)
+        "callback.on_sanity_check_start",
         *validation(batches=1), "callback.on_validation_end", "module.on_validation_end",
+        "callback.on_sanity_check_end",
         "callback.on_train_start", "module.on_train_start",
         "callback.on_train_epoch_start", "module.on_train_epoch_start",
         *training_batch(),  # batch 0: its values are copied to the host, published at the next log step
@@ -142,18 +164,14 @@ def test_validate_test_and_predict_call_their_own_hooks_in_order(run):
     trainer.test(module, one_batch)
     assert calls == [
         "callback.setup", "module.setup", "module.configure_model", "callback.configure_model",
-        "callback.on_test_start", "module.on_test_start", "module.on_test_epoch_start",
-        "callback.forward_context", "test_step", "callback.on_test_batch_end", "module.on_test_epoch_end",
-        "callback.on_log", "callback.on_test_end", "module.on_test_end",
+        *evaluation("test", "test_step", batches=1), "callback.on_log", "callback.on_test_end", "module.on_test_end",
         "callback.teardown", "module.teardown",
     ]
     calls.clear()
     trainer.predict(module, one_batch)
     assert calls == [
         "callback.setup", "module.setup", "module.configure_model", "callback.configure_model",
-        "callback.on_predict_start", "module.on_predict_start", "module.on_predict_epoch_start",
-        "callback.forward_context", "predict_step", "callback.on_predict_batch_end", "module.on_predict_epoch_end",
-        "callback.on_predict_end", "module.on_predict_end",
+        *evaluation("predict", "predict_step", batches=1), "callback.on_predict_end", "module.on_predict_end",
         "callback.teardown", "module.teardown",
     ]
 
@@ -196,7 +214,9 @@ def test_a_failing_step_calls_on_exception_then_teardown_and_raises_the_error(ma
             raise KeyError("boom")
 
     module = Broken([])
+    trainer = make_trainer(max_epochs=1, limit_val_batches=0, callbacks=[Watcher()])
     with pytest.raises(KeyError, match="boom"):
-        make_trainer(max_epochs=1, limit_val_batches=0, callbacks=[Watcher()]).fit(module, regression_loader)
+        trainer.fit(module, regression_loader)
     assert calls == ["on_exception('boom')", "teardown(fit)"]
-    assert module.trainer is None  # the module is released after the failure too
+    assert trainer.module is None  # the stage is over after the failure too
+    assert module.trainer is trainer  # and, as in Lightning, the module still answers module.trainer

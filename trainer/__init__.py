@@ -1,7 +1,12 @@
 """Cadence: the Trainer and the user's contract (TrainingModule)."""
 
+import cadence_shadowing
+
+cadence_shadowing.check_packages()  # first: a user's callbacks.py would break the imports below
+
 from trainer.module import TrainingModule
 from trainer.seed import seed_everything
 from trainer.trainer import Trainer
+from trainer.utilities import rank_zero_only
 
-__all__ = ["Trainer", "TrainingModule", "seed_everything"]
+__all__ = ["Trainer", "TrainingModule", "rank_zero_only", "seed_everything"]

@@ -23,9 +23,10 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-def checkpoint_state(trainer: Trainer) -> dict[str, Any]:
-    """The whole training state, as tensors and plain data (trainer/checkpoint.py)."""
-    module = trainer.module
+def training_state(trainer: Trainer) -> dict[str, Any]:
+    """What a checkpoint holds besides the module's weights and hyperparameters: optimizers,
+    schedulers, loop counters, every rank's RNG states, callback states. Gathers the RNG states of
+    every rank: call it on every rank."""
     epoch, batches_done = loop_position(trainer)
     if (trainer.stage == "fit" and batches_done and not trainer._ends_window(trainer.batch_idx, trainer.num_training_batches)
             and trainer.is_global_zero):
@@ -34,13 +35,13 @@ def checkpoint_state(trainer: Trainer) -> dict[str, Any]:
             f"{trainer.accumulate_grad_batches} batches: the gradients accumulated so far are not saved, so a run "
             "resumed from it is not exact. Save after the window's last batch (ModelCheckpoint does).", stacklevel=3)
     sampler = trainer._train_sampler
-    # Each rank's RNG states: ranks may draw differently (dropout, per-rank augmentation).
-    rng = trainer.strategy.all_gather_object(
-        {"now": capture_rng_state(), "epoch_start": sampler.epoch_start_rng if sampler is not None else None}
-    )
-    state = {
-        "format": checkpoint_io.FORMAT_VERSION,
-        "state_dict": module.state_dict(),
+    # Each rank's RNG states: ranks may draw differently (dropout, per-rank augmentation). "now"
+    # includes the training loader's own generators, whose state the next epoch's order comes from.
+    rng = trainer.strategy.all_gather_object({
+        "now": {**capture_rng_state(), "generators": sampler.generator_states() if sampler is not None else []},
+        "epoch_start": sampler.epoch_start_rng if sampler is not None else None,
+    })
+    return {
         "optimizer_states": [optimizer.state_dict() for optimizer in trainer.optimizers],
         "lr_schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
         "loops": {"epoch": epoch, "batches_done": batches_done, "global_step": trainer.global_step,
@@ -48,9 +49,22 @@ def checkpoint_state(trainer: Trainer) -> dict[str, Any]:
         "rng": rng,
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         "callback_metrics": dict(trainer.callback_metrics),
+    }
+
+
+def checkpoint_state(trainer: Trainer, module: TrainingModule, training: dict[str, Any]) -> dict[str, Any]:
+    """The whole checkpoint: ``module``'s weights and hyperparameters with ``training`` (from
+    :func:`training_state`), after the callbacks' and the module's ``on_save_checkpoint``."""
+    state = {
+        "format": checkpoint_io.FORMAT_VERSION,
+        "state_dict": module.state_dict(),
+        **training,
         "hyper_parameters": checkpoint_io.plain_hyperparameters(module.hparams),
+        "hyper_parameters_inexact": checkpoint_io.inexact_hyperparameters(module.hparams),
         "versions": {"torch": str(torch.__version__), "python": platform.python_version(), "cadence": _version()},
     }
+    for callback in trainer.callbacks:
+        callback.on_save_checkpoint(trainer, module, state)
     module.on_save_checkpoint(state)
     return state
 
@@ -69,6 +83,8 @@ def restore(trainer: Trainer, path: Path, model_only: bool = False) -> None:
     if not model_only:
         checkpoint_io.check_resumable(state, path)
     trainer.module.on_load_checkpoint(state)
+    for callback in trainer.callbacks:
+        callback.on_load_checkpoint(trainer, trainer.module, state)
     checkpoint_io.load_weights(trainer.module, state, path)
     if model_only:
         return
@@ -85,6 +101,8 @@ def restore(trainer: Trainer, path: Path, model_only: bool = False) -> None:
                       "random draws and the rest of the epoch's data order will differ.", stacklevel=3)
     trainer._resume_rng = rng[trainer.global_rank] if trainer.global_rank < len(rng) else rng[0]
     restore_rng_state(trainer._resume_rng["now"])  # and again after a mid-epoch replay (trainer/resume.py)
+    if trainer._train_sampler is not None:  # the loader's own generators: the next epoch's order
+        trainer._train_sampler.set_generator_states(trainer._resume_rng["now"].get("generators", []))
     trainer._last_checkpoint = (str(path), trainer.global_step)
 
 
@@ -98,8 +116,11 @@ def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> 
                       "It is not restored; pass the same callbacks (same monitor/mode) to continue them.", stacklevel=3)
 
 
-def handoff_state(trainer: Trainer, module: TrainingModule) -> dict[str, Any]:
-    """What a spawned rank zero sends back so the caller's objects reflect the run."""
+def handoff_state(trainer: Trainer, module: TrainingModule, stage: str) -> dict[str, Any]:
+    """What a spawned rank zero sends back so the caller's objects reflect the run. After fit, that
+    includes the training state the loop ended with (optimizers, schedulers, every rank's RNG), so
+    that ``trainer.save_checkpoint`` in the caller writes a checkpoint that continues exactly; it
+    costs a copy of the optimizer state through the result file."""
     return {
         "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
         "current_epoch": trainer.current_epoch,
@@ -107,11 +128,14 @@ def handoff_state(trainer: Trainer, module: TrainingModule) -> dict[str, Any]:
         "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         "preempted_by": trainer._preemption.stopping_signal(),
+        "end_of_fit": trainer._end_of_fit[1] if stage == "fit" and trainer._end_of_fit is not None else None,
     }
 
 
 def receive_handoff(trainer: Trainer, module: TrainingModule, handoff: dict[str, Any]) -> None:
     module.load_state_dict(handoff["state_dict"])
+    if handoff["end_of_fit"] is not None:
+        trainer._end_of_fit = (module, handoff["end_of_fit"])
     trainer._preemption.signal_number = handoff.get("preempted_by")
     trainer.current_epoch, trainer.global_step = handoff["current_epoch"], handoff["global_step"]
     trainer.callback_metrics = {k: torch.tensor(v) for k, v in handoff["callback_metrics"].items()}

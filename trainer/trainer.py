@@ -33,14 +33,17 @@ from trainer.data import limited_length, loader_length, rebuild_dataloader, set_
 from trainer.metrics import MetricStore
 from trainer.module import TrainingModule
 from trainer.guards import first_nonfinite, nonfinite_loss_error
-from trainer.hooks import evaluation_hooks, single_owner, step_hooks
-from trainer.optim import SchedulerConfig, parse_optimizers
+from trainer.hooks import (
+    evaluation_hooks, single_owner, step_hooks, step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks,
+)
+from trainer.optim import SchedulerConfig, StepOptimizer, parse_optimizers
 from trainer.preemption import Preemption, workers_ignore_preemption
 from trainer.resume import resumable, resume_iterator
 from trainer.seed import (
     preserved_rng, seed_everything, seed_worker_of_rank, seeded_generator, use_deterministic_algorithms,
 )
-from trainer.state import checkpoint_state, handoff_state, receive_handoff, restore
+from trainer.state import checkpoint_state, handoff_state, receive_handoff, restore, training_state
+from trainer.utilities import rank_zero_only
 
 STAGES = ("fit", "validate", "test", "predict")
 
@@ -137,6 +140,7 @@ class Trainer:
         self.num_val_batches: int = 0
         self.log_dir: Path | None = None
         self.module: TrainingModule | None = None  # the user's module while a stage runs
+        self.lightning_module: TrainingModule | None = None  # the module of the last stage (Lightning's name)
         self.model: torch.nn.Module | None = None  # what the strategy wrapped (DDP), or the module
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_scheduler_configs: list[SchedulerConfig] = []
@@ -151,6 +155,7 @@ class Trainer:
         self._train_batches_seen = 0  # training batches run since the first fit (log-step clock)
         self._unchecked_losses: list = []  # (loss, batch_idx, global_step) since the last NaN check
         self._last_checkpoint: tuple[str, int] | None = None  # (path, global step) last written or loaded
+        self._end_of_fit: tuple[TrainingModule, dict] | None = None  # (module, training_state) when fit ended
         self._preemption = Preemption()
 
     # =========================================================================================
@@ -160,32 +165,46 @@ class Trainer:
             ckpt_path: str | os.PathLike | None = None) -> None:
         """Train ``model``. What happens, in order:
 
+            module.configure_callbacks (they join the Trainer's callbacks)
             strategy.launch (DDP spawns here, or joins a torchrun group)
             seed; setup hooks; module.configure_model; move the model once; callbacks'
             configure_model; strategy wrap (DDP, FSDP); configure_optimizers; restore ckpt_path if given
+            (on_load_checkpoint: the module's, then the callbacks')
             on_fit_start
-            sanity validation (num_sanity_val_steps batches, nothing logged)
+            on_sanity_check_start -> sanity validation (num_sanity_val_steps batches, nothing logged)
+                -> on_sanity_check_end
             on_train_start
             each epoch until max_epochs, max_steps or should_stop:
                 on_train_epoch_start
                 each batch: to device (non_blocking) -> on_train_batch_start
                     -> forward (training_step) under the callbacks' forward contexts
-                    -> backward (no all-reduce while accumulating)
-                    -> every accumulate_grad_batches-th batch: on_before_optimizer_step, clip,
-                       optimizer step, zero grad, step-interval schedulers
+                    -> on_before_backward -> backward (no all-reduce while accumulating) -> on_after_backward
+                    -> every accumulate_grad_batches-th batch: on_before_optimizer_step, clip, optimizer
+                       step (all three inside the module's optimizer_step when it overrides it), then
+                       on_before_zero_grad, zero grad (the module's optimizer_zero_grad), step-interval schedulers
                     -> on_train_batch_end -> every log_every_n_steps: on_log, non-finite loss check
-                    -> at val_check_interval: validation (on_validation_start ... on_validation_end)
+                    -> at val_check_interval: validation (on_validation_start, on_validation_epoch_start,
+                       each batch on_validation_batch_start/end, on_validation_epoch_end, on_validation_end)
                     -> after SIGTERM/SIGUSR1, once the accumulation window ends: write last.ckpt, stop
                 epoch metrics -> on_log; epoch-interval schedulers
                 on_train_epoch_end
+            (the state that save_checkpoint writes after fit is taken here)
             on_train_end
             on_fit_end
             teardown (also after an error, which first calls on_exception)
             SystemExit(128 + signal number) if a signal stopped the run
 
-        Callbacks run in the order given, each before the module's hook of the same name.
+        Callbacks run in the order given, each before the module's hook of the same name; a hook
+        that nobody implements costs nothing per step. A checkpoint gets every callback's
+        ``state_dict``, then ``on_save_checkpoint`` (the callbacks', then the module's).
         ``ckpt_path`` is a checkpoint file, or "last" (``trainer/checkpoint.py``): the run then
         continues exactly where that checkpoint was written, in the same log directory.
+
+        Where Cadence differs from Lightning on purpose: the gradients are cleared right after
+        the optimizer step (Lightning clears them before the next window's backward: the same
+        gradients, but here their memory is free during the next forward), and an
+        ``optimizer_step`` override runs after the batch's forward and backward, so its closure
+        returns the loss instead of computing it.
         """
         train_dataloaders = self._loader_or_hook(train_dataloaders, model, "train_dataloader", "fit")
         if val_dataloaders is None and type(model).val_dataloader is not TrainingModule.val_dataloader:
@@ -221,19 +240,29 @@ class Trainer:
         return self._launch("predict", model, dataloaders, None, ckpt_path)
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
-        """Write the whole training state to ``path`` atomically (rank zero writes; all ranks wait).
+        """Write the whole training state to ``path`` atomically (rank zero writes).
 
-        Call it on every rank, during a stage (from a callback or a module hook). A checkpoint
-        written at the end of a batch resumes after that batch; see ``trainer/checkpoint.py``.
+        During a stage (from a callback or a module hook), call it on every rank; all ranks wait
+        for the write. A checkpoint written at the end of a batch resumes after that batch; see
+        ``trainer/checkpoint.py``. After ``fit`` returns (also after a spawned DDP fit), it
+        writes the state the fit ended with: the fitted module's weights as they are now, its
+        optimizers, schedulers, counters and every rank's RNG states as the last step left them,
+        so ``fit(model, ckpt_path=path)`` with a larger ``max_epochs`` continues exactly.
         """
-        if self.module is None:
-            raise RuntimeError(
-                "Trainer.save_checkpoint runs during fit/validate/test/predict (from a callback or a "
-                "module hook). After fit, save the weights with torch.save(model.state_dict(), path), "
-                "or use callbacks.ModelCheckpoint."
-            )
+        if self.module is None:  # no stage runs: the state the last fit ended with
+            if self._end_of_fit is None:
+                raise RuntimeError(
+                    "Trainer.save_checkpoint has no training state to write: no fit has finished on this "
+                    "Trainer. Call it after fit returns, or during a stage (from a callback or a module "
+                    "hook); for the weights alone, torch.save(model.state_dict(), path)."
+                )
+            module, training = self._end_of_fit
+            if self.strategy.is_global_zero:  # the processes of a run have left their group: no barrier
+                checkpoint_io.save_atomic(checkpoint_state(self, module, training), path)
+            self._last_checkpoint = (str(path), training["loops"]["global_step"])
+            return
         self._check_losses()  # never write weights that a non-finite loss produced
-        state = checkpoint_state(self)
+        state = checkpoint_state(self, self.module, training_state(self))
         error = None
         if self.strategy.is_global_zero:
             try:
@@ -251,6 +280,12 @@ class Trainer:
     # =========================================================================================
     def _launch(self, stage: str, module: TrainingModule, loader: Any, val_loader: Any, ckpt_path: Any) -> Any:
         require_training_module(module, stage)
+        self.callbacks = callbacks_package.with_module_callbacks(self.callbacks, module.configure_callbacks(),
+                                                                 type(module).__name__)
+        if rank_zero_only.rank == 0:
+            warn_uncalled_hooks([module, *self.callbacks])
+        # The module keeps answering module.trainer and module.global_step after the stage.
+        self.lightning_module, module._trainer = module, self
         if ckpt_path is not None:  # before anything starts, so a wrong path costs nothing
             ckpt_path = self._resolve_ckpt_path(ckpt_path, stage)
         if self.log_dir is None:  # a resumed run keeps the version directory its checkpoint is in
@@ -267,9 +302,16 @@ class Trainer:
         if stage != "fit":
             self.progress_bar_metrics = {}
         self.strategy.setup_environment()
+        rank_zero_only.rank = self.global_rank
         self.log_dir = self.strategy.broadcast_object(self.log_dir)  # torchrun ranks each chose one; use rank zero's
         self.module = module
         module._trainer = self
+        self.metrics.start_training()
+        if stage == "fit" and not takes_batch_idx(module.training_step):
+            # training_step(self, batch) without batch_idx, as Lightning allows: the strategy (and
+            # DDP's forward) call module.training_step(batch, batch_idx), so this stage's module
+            # answers with an adapter; it is removed at teardown.
+            module.training_step = step_without_batch_idx(module.training_step)
         try:
             if self.seed is not None:
                 seed_everything(self.seed)
@@ -289,7 +331,7 @@ class Trainer:
                 if ckpt_path is not None:
                     restore(self, ckpt_path, model_only=True)
                 output = self._run_evaluation(stage, loader)
-            handoff = handoff_state(self, module) if self.strategy.launches_subprocesses else None
+            handoff = handoff_state(self, module, stage) if self.strategy.launches_subprocesses else None
             return output, handoff
         except BaseException as error:
             for callback in self.callbacks:
@@ -303,7 +345,8 @@ class Trainer:
             for handle in self._step_hook_handles:
                 handle.remove()
             self._step_hook_handles = []
-            module._trainer = None
+            vars(module).pop("training_step", None)  # the adapter above, if any
+            self.metrics.stop()
             self.module = self.model = None
 
     def _setup_model(self, module: TrainingModule, stage: str) -> torch.nn.Module:
@@ -355,12 +398,18 @@ class Trainer:
                 )
             # global_step counts optimizer steps, as in Lightning; the hooks go away at teardown.
             self._step_hook_handles = [optimizer.register_step_post_hook(self._count_manual_step) for optimizer in self.optimizers]
+            if self._hooks.before_step:  # on_before_optimizer_step when training_step calls opt.step()
+                self._step_hook_handles += [optimizer.register_step_pre_hook(self._before_manual_step)
+                                            for optimizer in self.optimizers]
         self._backward_owner = single_owner([c for c in self.callbacks if c.owns_backward], "owns_backward")
         self._step_owner = single_owner([c for c in self.callbacks if c.owns_optimizer_step], "owns_optimizer_step")
         self._clip_parameters = [p for group in self.optimizers[0].param_groups for p in group["params"]]
 
     def _count_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.global_step += 1
+
+    def _before_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._before_optimizer_step(optimizer)
 
     # =========================================================================================
     # fit: the loop
@@ -372,6 +421,7 @@ class Trainer:
         if self.num_val_batches == 0:
             val_loader = None  # limit_val_batches=0: no validation at all, hooks included (as in Lightning)
         self.should_stop, self._resume_position, self._unchecked_losses = False, None, []
+        self._end_of_fit = None
         if ckpt_path is not None:
             restore(self, ckpt_path)
         for callback in self.callbacks:
@@ -385,6 +435,9 @@ class Trainer:
         self.strategy.check_placement(module)  # once, before the first step
         while not self._finished():
             self._run_train_epoch(train_loader, val_loader)
+        # What save_checkpoint writes after fit returns: this moment's state, as a checkpoint
+        # written now would hold it (optimizer states by reference: nothing is copied).
+        self._end_of_fit = (module, training_state(self))
         for callback in self.callbacks:
             callback.on_train_end(self, module)
         module.on_train_end()
@@ -475,7 +528,7 @@ class Trainer:
         # Checked later (log step, epoch end, checkpoint), so no host sync here.
         self._unchecked_losses.append((loss.detach(), batch_idx, self.global_step))
         if steps_now and (self.on_nonfinite_loss != "skip" or self._window_is_finite()):
-            self._optimizer_step(module)
+            self._optimizer_step(module, batch_idx, loss)
         return outputs
 
     def _forward_backward(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor]:
@@ -504,38 +557,87 @@ class Trainer:
         return stack
 
     def run_backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()`` through the backward seam (AMP scaling) or the strategy."""
+        """``loss.backward()`` through the backward seam (AMP scaling) or the strategy, between
+        on_before_backward and on_after_backward when any module or callback implements them."""
         if not loss.requires_grad:
             raise RuntimeError(
                 f"The loss at batch {self.batch_idx} does not require grad: every parameter is frozen "
                 "(requires_grad=False) or the loss was detached. Unfreeze parameters or return the "
                 "loss tensor itself, not loss.item() or loss.detach()."
             )
-        if self._backward_owner is not None:
+        if self._hooks.around_backward:  # hot loop: one flag when no hook around backward is implemented
+            self._backward_between_hooks(loss)
+        elif self._backward_owner is not None:
             self._backward_owner.backward(self, self.module, loss)
         else:
             self.strategy.backward(loss)
 
-    def _optimizer_step(self, module: TrainingModule) -> None:
-        optimizer = self.optimizers[0]
-        for hook in self._hooks.before_optimizer_step:
-            hook(self, module, optimizer)
-        for hook in self._hooks.module_before_optimizer_step:
-            hook(optimizer)
+    def _backward_between_hooks(self, loss: torch.Tensor) -> None:
+        hooks, module = self._hooks, self.module
+        for hook in hooks.before_backward:
+            hook(self, module, loss)
+        for hook in hooks.module_before_backward:
+            hook(loss)
+        if self._backward_owner is not None:
+            self._backward_owner.backward(self, module, loss)
+        else:
+            self.strategy.backward(loss)
+        for hook in hooks.after_backward:
+            hook(self, module)
+        for hook in hooks.module_after_backward:
+            hook()
+
+    def _optimizer_step(self, module: TrainingModule, batch_idx: int, loss: torch.Tensor) -> None:
+        """The step of an accumulation window's last batch, then zero grad, global_step and the
+        step-interval schedulers. A module that overrides optimizer_step takes the step itself."""
+        optimizer, hooks = self.optimizers[0], self._hooks
+        if hooks.module_optimizer_step is None:
+            stepped = self._step_optimizer(optimizer)
+        else:  # the override calls optimizer.step(closure) (or not: no step, global_step stays)
+            handle = StepOptimizer(optimizer, self._step_optimizer)
+            hooks.module_optimizer_step(self.current_epoch, batch_idx, handle, lambda: loss)
+            stepped = handle.applied
+        if hooks.around_zero_grad:
+            self._zero_grad_between_hooks(module, optimizer, batch_idx)
+        else:
+            optimizer.zero_grad(set_to_none=True)
+        if stepped and self.lr_scheduler_configs:
+            self._step_schedulers("step")
+
+    def _step_optimizer(self, optimizer: torch.optim.Optimizer) -> bool:
+        """on_before_optimizer_step, clip, step, global_step + 1; False when the owner of the step
+        skipped it (AMP found inf gradients): the schedulers then do not step."""
+        if self._hooks.before_step:
+            self._before_optimizer_step(optimizer)
         if self.gradient_clip_val is not None:
             if self.gradient_clip_algorithm == "norm":
                 torch.nn.utils.clip_grad_norm_(self._clip_parameters, self.gradient_clip_val)
             else:
                 torch.nn.utils.clip_grad_value_(self._clip_parameters, self.gradient_clip_val)
         if self._step_owner is not None:
-            stepped = self._step_owner.optimizer_step(self, module, optimizer)
+            applied = self._step_owner.optimizer_step(self, self.module, optimizer)
         else:
             optimizer.step()
-            stepped = True
-        optimizer.zero_grad(set_to_none=True)
-        self.global_step += 1
-        if stepped and self.lr_scheduler_configs:
-            self._step_schedulers("step")
+            applied = True
+        self.global_step += 1  # counts the steps taken, applied or skipped by AMP (as in Lightning)
+        return applied
+
+    def _before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        for hook in self._hooks.before_optimizer_step:
+            hook(self, self.module, optimizer)
+        for hook in self._hooks.module_before_optimizer_step:
+            hook(optimizer)
+
+    def _zero_grad_between_hooks(self, module: TrainingModule, optimizer: torch.optim.Optimizer, batch_idx: int) -> None:
+        hooks = self._hooks
+        for hook in hooks.before_zero_grad:
+            hook(self, module, optimizer)
+        for hook in hooks.module_before_zero_grad:
+            hook(optimizer)
+        if hooks.module_optimizer_zero_grad is not None:
+            hooks.module_optimizer_zero_grad(self.current_epoch, batch_idx, optimizer)
+        else:
+            optimizer.zero_grad(set_to_none=True)
 
     def _step_schedulers(self, interval: str) -> None:
         count = self.global_step if interval == "step" else self.current_epoch + 1
@@ -590,10 +692,11 @@ class Trainer:
             self.callback_metrics[key] = torch.tensor(value)
             if specs[key].prog_bar:
                 self.progress_bar_metrics[key] = value
-        self.logged_metrics.update(values)
+        logged = {key: value for key, value in values.items() if specs[key].logger}  # self.log(logger=False): not these
+        self.logged_metrics.update(logged)
         if not self.sanity_checking:
             for callback in self.callbacks:
-                callback.on_log(self, self.module, values, step)
+                callback.on_log(self, self.module, logged, step)
 
     # =========================================================================================
     # Validation, test, predict
@@ -627,9 +730,13 @@ class Trainer:
     def _run_sanity_check(self, val_loader: Any) -> None:
         self.sanity_checking = True
         try:
+            for callback in self.callbacks:
+                callback.on_sanity_check_start(self, self.module)
             limit = self.num_val_batches if self.num_sanity_val_steps == -1 else min(self.num_sanity_val_steps, self.num_val_batches)
             with preserved_rng():  # checking costs the training run no random numbers
                 self._evaluation_loop("validate", val_loader, limit)
+            for callback in self.callbacks:
+                callback.on_sanity_check_end(self, self.module)
         finally:
             self.sanity_checking = False
 
@@ -655,6 +762,8 @@ class Trainer:
         for hook in hooks.start:
             hook(self, module)
         hooks.module_start()
+        for hook in hooks.epoch_start:
+            hook(self, module)
         hooks.module_epoch_start()
         predictions = []
         with torch.inference_mode():
@@ -662,12 +771,20 @@ class Trainer:
                 if batch_idx >= limit:
                     break
                 batch = self.strategy.batch_to_device(batch)
+                for hook in hooks.batch_start:
+                    hook(self, module, batch, batch_idx)
+                for hook in hooks.module_batch_start:
+                    hook(batch, batch_idx)
                 with self._forward_context():
                     outputs = hooks.step(batch, batch_idx)
                 if stage == "predict":
                     predictions.append(outputs)
                 for hook in hooks.batch_end:
                     hook(self, module, outputs, batch, batch_idx)
+                for hook in hooks.module_batch_end:
+                    hook(outputs, batch, batch_idx)
+        for hook in hooks.epoch_end:
+            hook(self, module)
         hooks.module_epoch_end()
         values, specs = self.metrics.read_epoch_values(self.metrics.evaluation)
         if not self.sanity_checking:
@@ -829,6 +946,11 @@ class Trainer:
     @property
     def world_size(self) -> int:
         return self.strategy.world_size
+
+    @property
+    def progress_bar_callback(self) -> Callback | None:
+        """The first ``ProgressBar`` among the callbacks (Lightning's name), or None."""
+        return next((c for c in self.callbacks if isinstance(c, callbacks_package.ProgressBar)), None)
 
     @property
     def checkpoint_callback(self) -> Callback | None:

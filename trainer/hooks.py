@@ -12,6 +12,7 @@ import dataclasses
 import inspect
 import types
 import warnings
+import weakref
 from typing import Any
 
 from callbacks import Callback
@@ -199,7 +200,7 @@ CALLBACK_HOOKS = {
     "on_pretrain_routine_start": f"{_REMOVED}: use on_fit_start", "on_pretrain_routine_end": f"{_REMOVED}: use on_fit_start",
     "on_keyboard_interrupt": f"{_REMOVED}: use on_exception",
 }
-_warned: set[type] = set()
+_warned: weakref.WeakSet[type] = weakref.WeakSet()  # classes warned about in this process
 
 
 def warn_uncalled_hooks(objects: list[Any]) -> None:

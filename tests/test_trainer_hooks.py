@@ -315,7 +315,7 @@ def test_configure_callbacks_replaces_the_trainers_callback_of_the_same_class(ma
             return [Other(), "early stopping"]
 
     with pytest.raises(ValueError, match=r"Wrong.configure_callbacks\(\) returned str \(item 1\), not a callbacks.Callback"):
-        make_trainer(max_steps=1).fit(Wrong([]), regression_loader)
+        make_trainer(max_steps=1, limit_val_batches=0).fit(Wrong([]), regression_loader)
 
 
 def test_a_lightning_hook_cadence_never_calls_gets_one_warning_naming_it(make_trainer, regression_loader):

@@ -17,6 +17,7 @@ from typing import Any
 
 from callbacks import Callback
 from trainer.module import TrainingModule
+from trainer.optim import StepOptimizer
 
 
 @dataclasses.dataclass
@@ -56,6 +57,44 @@ class StepHooks:
         self.around_zero_grad = bool(self.before_zero_grad or self.module_before_zero_grad
                                      or self.module_optimizer_zero_grad)
         self.before_step = bool(self.before_optimizer_step or self.module_before_optimizer_step)
+
+    # The loop calls these only when the flag above says a hook is implemented.
+    def call_around_backward(self, trainer: Any, module: TrainingModule, loss: Any, backward: Any) -> None:
+        """on_before_backward, ``backward(loss)``, on_after_backward: callbacks first, then the module."""
+        for hook in self.before_backward:
+            hook(trainer, module, loss)
+        for hook in self.module_before_backward:
+            hook(loss)
+        backward(loss)
+        for hook in self.after_backward:
+            hook(trainer, module)
+        for hook in self.module_after_backward:
+            hook()
+
+    def call_before_optimizer_step(self, trainer: Any, module: TrainingModule, optimizer: Any) -> None:
+        for hook in self.before_optimizer_step:
+            hook(trainer, module, optimizer)
+        for hook in self.module_before_optimizer_step:
+            hook(optimizer)
+
+    def call_optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, step: Any, loss: Any) -> bool:
+        """The module's optimizer_step override, given ``optimizer`` behind a :class:`StepOptimizer`
+        whose ``step(closure)`` is the Trainer's ``step``; True if a step changed the weights."""
+        handle = StepOptimizer(optimizer, step)
+        self.module_optimizer_step(epoch, batch_idx, handle, lambda: loss)
+        return handle.applied
+
+    def call_around_zero_grad(self, trainer: Any, module: TrainingModule, optimizer: Any, epoch: int,
+                              batch_idx: int) -> None:
+        """on_before_zero_grad, then the module's optimizer_zero_grad override or ``zero_grad``."""
+        for hook in self.before_zero_grad:
+            hook(trainer, module, optimizer)
+        for hook in self.module_before_zero_grad:
+            hook(optimizer)
+        if self.module_optimizer_zero_grad is not None:
+            self.module_optimizer_zero_grad(epoch, batch_idx, optimizer)
+        else:
+            optimizer.zero_grad(set_to_none=True)
 
 
 def _implemented(hooks: list[Any], no_op: Any) -> list[Any]:

@@ -69,6 +69,19 @@ def checkpoint_state(trainer: Trainer, module: TrainingModule, training: dict[st
     return state
 
 
+def end_of_fit_checkpoint(trainer: Trainer) -> dict[str, Any]:
+    """The checkpoint ``save_checkpoint`` writes when no stage runs: the fitted module's weights as
+    they are now, with the training state its last fit ended with (``Trainer._end_of_fit``)."""
+    if trainer._end_of_fit is None:
+        raise RuntimeError(
+            "Trainer.save_checkpoint has no training state to write: no fit has finished on this Trainer. "
+            "Call it after fit returns, or during a stage (from a callback or a module hook); for the "
+            "weights alone, torch.save(model.state_dict(), path)."
+        )
+    module, training = trainer._end_of_fit
+    return checkpoint_state(trainer, module, training)
+
+
 def loop_position(trainer: Trainer) -> tuple[int, int]:
     """Where a resumed run continues: (epoch, batches of it already trained). During the
     epoch-end hooks the epoch is done; otherwise batch ``batch_idx`` is (-1: none yet)."""

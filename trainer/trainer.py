@@ -11,6 +11,7 @@ Performance notes are marked "hot loop": nothing there converts a tensor to a Py
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import os
@@ -36,13 +37,15 @@ from trainer.guards import first_nonfinite, nonfinite_loss_error
 from trainer.hooks import (
     evaluation_hooks, single_owner, step_hooks, step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks,
 )
-from trainer.optim import SchedulerConfig, StepOptimizer, parse_optimizers
+from trainer.optim import SchedulerConfig, parse_optimizers
 from trainer.preemption import Preemption, workers_ignore_preemption
 from trainer.resume import resumable, resume_iterator
 from trainer.seed import (
     preserved_rng, seed_everything, seed_worker_of_rank, seeded_generator, use_deterministic_algorithms,
 )
-from trainer.state import checkpoint_state, handoff_state, receive_handoff, restore, training_state
+from trainer.state import (
+    checkpoint_state, end_of_fit_checkpoint, handoff_state, receive_handoff, restore, training_state,
+)
 from trainer.utilities import rank_zero_only
 
 STAGES = ("fit", "validate", "test", "predict")
@@ -250,16 +253,10 @@ class Trainer:
         so ``fit(model, ckpt_path=path)`` with a larger ``max_epochs`` continues exactly.
         """
         if self.module is None:  # no stage runs: the state the last fit ended with
-            if self._end_of_fit is None:
-                raise RuntimeError(
-                    "Trainer.save_checkpoint has no training state to write: no fit has finished on this "
-                    "Trainer. Call it after fit returns, or during a stage (from a callback or a module "
-                    "hook); for the weights alone, torch.save(model.state_dict(), path)."
-                )
-            module, training = self._end_of_fit
+            state = end_of_fit_checkpoint(self)
             if self.strategy.is_global_zero:  # the processes of a run have left their group: no barrier
-                checkpoint_io.save_atomic(checkpoint_state(self, module, training), path)
-            self._last_checkpoint = (str(path), training["loops"]["global_step"])
+                checkpoint_io.save_atomic(state, path)
+            self._last_checkpoint = (str(path), state["loops"]["global_step"])
             return
         self._check_losses()  # never write weights that a non-finite loss produced
         state = checkpoint_state(self, self.module, training_state(self))
@@ -401,7 +398,9 @@ class Trainer:
             if self._hooks.before_step:  # on_before_optimizer_step when training_step calls opt.step()
                 self._step_hook_handles += [optimizer.register_step_pre_hook(self._before_manual_step)
                                             for optimizer in self.optimizers]
-        self._backward_owner = single_owner([c for c in self.callbacks if c.owns_backward], "owns_backward")
+        owner = single_owner([c for c in self.callbacks if c.owns_backward], "owns_backward")
+        # Bound once: the step calls it without asking who owns backward.
+        self._backward = functools.partial(owner.backward, self, module) if owner is not None else self.strategy.backward
         self._step_owner = single_owner([c for c in self.callbacks if c.owns_optimizer_step], "owns_optimizer_step")
         self._clip_parameters = [p for group in self.optimizers[0].param_groups for p in group["params"]]
 
@@ -409,7 +408,7 @@ class Trainer:
         self.global_step += 1
 
     def _before_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._before_optimizer_step(optimizer)
+        self._hooks.call_before_optimizer_step(self, self.module, optimizer)
 
     # =========================================================================================
     # fit: the loop
@@ -566,26 +565,9 @@ class Trainer:
                 "loss tensor itself, not loss.item() or loss.detach()."
             )
         if self._hooks.around_backward:  # hot loop: one flag when no hook around backward is implemented
-            self._backward_between_hooks(loss)
-        elif self._backward_owner is not None:
-            self._backward_owner.backward(self, self.module, loss)
+            self._hooks.call_around_backward(self, self.module, loss, self._backward)
         else:
-            self.strategy.backward(loss)
-
-    def _backward_between_hooks(self, loss: torch.Tensor) -> None:
-        hooks, module = self._hooks, self.module
-        for hook in hooks.before_backward:
-            hook(self, module, loss)
-        for hook in hooks.module_before_backward:
-            hook(loss)
-        if self._backward_owner is not None:
-            self._backward_owner.backward(self, module, loss)
-        else:
-            self.strategy.backward(loss)
-        for hook in hooks.after_backward:
-            hook(self, module)
-        for hook in hooks.module_after_backward:
-            hook()
+            self._backward(loss)
 
     def _optimizer_step(self, module: TrainingModule, batch_idx: int, loss: torch.Tensor) -> None:
         """The step of an accumulation window's last batch, then zero grad, global_step and the
@@ -594,11 +576,9 @@ class Trainer:
         if hooks.module_optimizer_step is None:
             stepped = self._step_optimizer(optimizer)
         else:  # the override calls optimizer.step(closure) (or not: no step, global_step stays)
-            handle = StepOptimizer(optimizer, self._step_optimizer)
-            hooks.module_optimizer_step(self.current_epoch, batch_idx, handle, lambda: loss)
-            stepped = handle.applied
+            stepped = hooks.call_optimizer_step(self.current_epoch, batch_idx, optimizer, self._step_optimizer, loss)
         if hooks.around_zero_grad:
-            self._zero_grad_between_hooks(module, optimizer, batch_idx)
+            hooks.call_around_zero_grad(self, module, optimizer, self.current_epoch, batch_idx)
         else:
             optimizer.zero_grad(set_to_none=True)
         if stepped and self.lr_scheduler_configs:
@@ -608,7 +588,7 @@ class Trainer:
         """on_before_optimizer_step, clip, step, global_step + 1; False when the owner of the step
         skipped it (AMP found inf gradients): the schedulers then do not step."""
         if self._hooks.before_step:
-            self._before_optimizer_step(optimizer)
+            self._hooks.call_before_optimizer_step(self, self.module, optimizer)
         if self.gradient_clip_val is not None:
             if self.gradient_clip_algorithm == "norm":
                 torch.nn.utils.clip_grad_norm_(self._clip_parameters, self.gradient_clip_val)
@@ -622,22 +602,6 @@ class Trainer:
         self.global_step += 1  # counts the steps taken, applied or skipped by AMP (as in Lightning)
         return applied
 
-    def _before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        for hook in self._hooks.before_optimizer_step:
-            hook(self, self.module, optimizer)
-        for hook in self._hooks.module_before_optimizer_step:
-            hook(optimizer)
-
-    def _zero_grad_between_hooks(self, module: TrainingModule, optimizer: torch.optim.Optimizer, batch_idx: int) -> None:
-        hooks = self._hooks
-        for hook in hooks.before_zero_grad:
-            hook(self, module, optimizer)
-        for hook in hooks.module_before_zero_grad:
-            hook(optimizer)
-        if hooks.module_optimizer_zero_grad is not None:
-            hooks.module_optimizer_zero_grad(self.current_epoch, batch_idx, optimizer)
-        else:
-            optimizer.zero_grad(set_to_none=True)
 
     def _step_schedulers(self, interval: str) -> None:
         count = self.global_step if interval == "step" else self.current_epoch + 1

@@ -205,6 +205,13 @@ class MetricStore:
     def start_training(self) -> None:
         self.current = self.train
 
+    def start_stage(self) -> None:
+        """A stage begins: fresh training metrics, so that a second ``fit`` of this Trainer
+        registers its names (and metric objects) anew."""
+        self.train = StageMetrics(default_on_step=True)
+        self.current = self.train
+        self._pending = None
+
     def stop(self) -> None:
         """No stage runs: ``self.log`` (a unit test calling ``training_step`` after fit) records nothing."""
         self.current = _NO_STAGE

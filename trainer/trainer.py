@@ -303,7 +303,7 @@ class Trainer:
         self.log_dir = self.strategy.broadcast_object(self.log_dir)  # torchrun ranks each chose one; use rank zero's
         self.module = module
         module._trainer = self
-        self.metrics.start_training()
+        self.metrics.start_stage()
         if stage == "fit" and not takes_batch_idx(module.training_step):
             # training_step(self, batch) without batch_idx, as Lightning allows: the strategy (and
             # DDP's forward) call module.training_step(batch, batch_idx), so this stage's module

@@ -233,16 +233,12 @@ def test_optimizers_and_manual_backward_outside_a_run_say_they_need_a_trainer():
 
 
 # --- manual optimization as Lightning's GAN example writes it: toggle_optimizer -----------------
-class ToggledGAN(TrainingModule):
+class ToggledGAN(TinyGAN):
     """Lightning's GAN template in small: ``training_step(self, batch)`` without batch_idx, the
     generator's step under ``toggle_optimizer(opt_g)``, then the discriminator's under ``opt_d``."""
 
     def __init__(self, initial_state):
-        super().__init__()
-        self.automatic_optimization = False
-        self.generator = nn.Linear(2, 4)
-        self.discriminator = nn.Linear(4, 1)
-        self.load_state_dict(initial_state)
+        super().__init__(initial_state)
         self.discriminator.bias.requires_grad = False  # frozen by the user: stays frozen
         self.example_input_array = torch.zeros(2, 2)
         self.seen = []
@@ -278,6 +274,9 @@ class ToggledGAN(TrainingModule):
         opt_d.step()
         self.untoggle_optimizer(opt_d)
         self.log_dict({"d_loss": d_loss, "g_loss": g_loss})
+
+    def on_train_epoch_end(self):
+        pass  # no schedulers here
 
     def configure_optimizers(self):
         return (torch.optim.Adam(self.generator.parameters(), lr=0.01),

@@ -290,25 +290,10 @@ class TrainingModule(nn.Module):
         trainer.metrics.current.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist,
                                     sync_dist_group, add_dataloader_idx, batch_size, rank_zero_only)
 
-    def log_dict(
-        self,
-        dictionary: Mapping[str, Any],
-        prog_bar: bool = False,
-        logger: bool | None = None,
-        on_step: bool | None = None,
-        on_epoch: bool | None = None,
-        reduce_fx: str | Any = "mean",
-        enable_graph: bool = False,
-        sync_dist: bool = False,
-        sync_dist_group: Any = None,
-        add_dataloader_idx: bool = True,
-        batch_size: int | None = None,
-        rank_zero_only: bool = False,
-    ) -> None:
-        """``self.log`` for each item; the keyword arguments apply to all."""
+    def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
+        """``self.log`` for each item; the keyword arguments (``self.log``'s) apply to all."""
         for name, value in dictionary.items():
-            self.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
-                     sync_dist_group, add_dataloader_idx, batch_size, None, rank_zero_only)
+            self.log(name, value, **kwargs)
 
     def _check_metric_attribute(self, name: str, value: Any, attribute: str) -> None:
         if getattr(self, attribute, None) is not value:

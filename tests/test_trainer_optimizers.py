@@ -224,10 +224,14 @@ def test_manual_optimization_refuses_accumulation_and_clipping(make_trainer, reg
             make_trainer(max_epochs=1, **arguments).fit(TinyGAN(gan_initial_state()), regression_loader)
 
 
-def test_optimizers_and_manual_backward_outside_a_run_say_they_need_a_trainer():
+def test_optimizers_and_manual_backward_outside_a_run_say_they_need_a_trainer(make_trainer, regression_loader):
     module = Model(sgd)
     with pytest.raises(RuntimeError, match=r"Model.optimizers\(\) needs a running Trainer"):
         module.optimizers()
+    with pytest.raises(RuntimeError, match=r"Model.manual_backward\(\) needs a running Trainer"):
+        module.manual_backward(torch.ones((), requires_grad=True))
+    make_trainer(max_steps=1).fit(module, regression_loader)
+    assert module.optimizers() is not None  # after fit, as in Lightning
     with pytest.raises(RuntimeError, match=r"Model.manual_backward\(\) needs a running Trainer"):
         module.manual_backward(torch.ones((), requires_grad=True))
 

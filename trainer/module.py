@@ -19,7 +19,6 @@ from torch import nn
 from trainer.loading import load_module
 
 if TYPE_CHECKING:
-    from callbacks import Callback
     from trainer.trainer import Trainer
 
 
@@ -107,7 +106,7 @@ class TrainingModule(nn.Module):
     # --- what the Trainer provides ---------------------------------------------------------
     @property
     def trainer(self) -> Trainer | None:
-        """The Trainer running this module, or None outside ``fit``/``validate``/``test``/``predict``."""
+        """The Trainer that runs (or last ran) this module; None before its first stage."""
         return self._trainer
 
     @property
@@ -183,7 +182,7 @@ class TrainingModule(nn.Module):
 
     def manual_backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` through the Trainer, so AMP scaling and DDP work in manual mode."""
-        self._require_trainer("manual_backward").run_backward(loss)
+        self._require_trainer("manual_backward", running=True).run_backward(loss)
 
     def toggle_optimizer(self, optimizer: Any) -> None:
         """Let only ``optimizer``'s parameters require gradients (a GAN's generator step must not
@@ -227,8 +226,9 @@ class TrainingModule(nn.Module):
         finally:
             self.untoggle_optimizer(optimizer)
 
-    def _require_trainer(self, name: str) -> Trainer:
-        if self._trainer is None:
+    def _require_trainer(self, name: str, running: bool = False) -> Trainer:
+        """The attached Trainer (with ``running``: one in the middle of a stage), or a RuntimeError."""
+        if self._trainer is None or (running and self._trainer.module is None):
             raise RuntimeError(
                 f"{type(self).__name__}.{name}() needs a running Trainer; call it from inside "
                 "training_step (or another hook) during Trainer.fit."

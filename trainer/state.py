@@ -1,9 +1,12 @@
 """What a checkpoint holds and how a run continues from it; what a spawned run hands back.
 
-``checkpoint_state`` gathers the whole training state of a Trainer as tensors and plain data
-(the file format and its checks live in ``trainer/checkpoint.py``); ``restore`` puts it back,
-so that the loop continues exactly where the checkpoint was written. ``handoff_state`` and
-``receive_handoff`` carry rank zero's results back to the caller after a DDP spawn.
+``training_state`` gathers a Trainer's training state (optimizers, counters, every rank's RNG)
+and ``checkpoint_state`` adds the module's weights, as tensors and plain data (the file format
+and its checks live in ``trainer/checkpoint.py``); ``restore`` puts it back, so that the loop
+continues exactly where the checkpoint was written. The training state at the end of ``fit`` is
+kept, so that ``save_checkpoint`` after fit writes it (``end_of_fit_checkpoint``).
+``handoff_state`` and ``receive_handoff`` carry rank zero's results (that state included) back to
+the caller after a DDP spawn.
 """
 
 from __future__ import annotations

@@ -102,10 +102,9 @@ def _implemented(hooks: list[Any], no_op: Any) -> list[Any]:
     return [hook for hook in hooks if not (isinstance(hook, types.MethodType) and hook.__func__ is no_op)]
 
 
-def _override(module: TrainingModule, name: str) -> Any:
-    """The module's own ``name`` (a bound method) when its class overrides TrainingModule's, else None."""
-    hooks = _implemented([getattr(module, name)], getattr(TrainingModule, name))
-    return hooks[0] if hooks else None
+def _override(method: Any, base: Any) -> Any:
+    """The bound ``method`` when the module's class overrides TrainingModule's ``base``, else None."""
+    return method if _implemented([method], base) else None
 
 
 def step_hooks(callbacks: list[Callback], module: TrainingModule) -> StepHooks:
@@ -123,8 +122,8 @@ def step_hooks(callbacks: list[Callback], module: TrainingModule) -> StepHooks:
         module_before_backward=_implemented([module.on_before_backward], TrainingModule.on_before_backward),
         module_after_backward=_implemented([module.on_after_backward], TrainingModule.on_after_backward),
         module_before_zero_grad=_implemented([module.on_before_zero_grad], TrainingModule.on_before_zero_grad),
-        module_optimizer_step=_override(module, "optimizer_step"),
-        module_optimizer_zero_grad=_override(module, "optimizer_zero_grad"),
+        module_optimizer_step=_override(module.optimizer_step, TrainingModule.optimizer_step),
+        module_optimizer_zero_grad=_override(module.optimizer_zero_grad, TrainingModule.optimizer_zero_grad),
     )
 
 
@@ -150,24 +149,50 @@ class EvaluationHooks:
 
 
 def evaluation_hooks(stage: str, callbacks: list[Callback], module: TrainingModule) -> EvaluationHooks:
-    name = {"validate": "validation", "test": "test", "predict": "predict"}[stage]
+    if stage == "validate":
+        return _evaluation_hooks(
+            module.validation_step,
+            [(c.on_validation_start, c.on_validation_epoch_start, c.on_validation_batch_start,
+              c.on_validation_batch_end, c.on_validation_epoch_end, c.on_validation_end) for c in callbacks],
+            (module.on_validation_start, module.on_validation_epoch_start, module.on_validation_batch_start,
+             module.on_validation_batch_end, module.on_validation_epoch_end, module.on_validation_end),
+            (Callback.on_validation_batch_start, Callback.on_validation_batch_end,
+             TrainingModule.on_validation_batch_start, TrainingModule.on_validation_batch_end),
+        )
+    if stage == "test":
+        return _evaluation_hooks(
+            module.test_step,
+            [(c.on_test_start, c.on_test_epoch_start, c.on_test_batch_start, c.on_test_batch_end,
+              c.on_test_epoch_end, c.on_test_end) for c in callbacks],
+            (module.on_test_start, module.on_test_epoch_start, module.on_test_batch_start, module.on_test_batch_end,
+             module.on_test_epoch_end, module.on_test_end),
+            (Callback.on_test_batch_start, Callback.on_test_batch_end, TrainingModule.on_test_batch_start,
+             TrainingModule.on_test_batch_end),
+        )
+    return _evaluation_hooks(
+        module.predict_step,
+        [(c.on_predict_start, c.on_predict_epoch_start, c.on_predict_batch_start, c.on_predict_batch_end,
+          c.on_predict_epoch_end, c.on_predict_end) for c in callbacks],
+        (module.on_predict_start, module.on_predict_epoch_start, module.on_predict_batch_start,
+         module.on_predict_batch_end, module.on_predict_epoch_end, module.on_predict_end),
+        (Callback.on_predict_batch_start, Callback.on_predict_batch_end, TrainingModule.on_predict_batch_start,
+         TrainingModule.on_predict_batch_end),
+    )
 
-    def of_callbacks(hook: str, per_batch: bool = False) -> list[Any]:
-        bound = [getattr(callback, f"on_{name}_{hook}") for callback in callbacks]
-        return _implemented(bound, getattr(Callback, f"on_{name}_{hook}")) if per_batch else bound
 
-    def of_module(hook: str) -> Any:
-        return getattr(module, f"on_{name}_{hook}")
-
+def _evaluation_hooks(step: Any, of_callbacks: list[tuple], of_module: tuple, no_ops: tuple) -> EvaluationHooks:
+    """Each hook tuple is (start, epoch_start, batch_start, batch_end, epoch_end, end); the per-batch
+    hooks keep only those that are not the base classes' no-ops ``no_ops``."""
+    columns = [list(column) for column in zip(*of_callbacks)] or [[] for _ in range(6)]  # one list per hook
+    start, epoch_start, batch_start, batch_end, epoch_end, end = columns
+    callback_batch_start, callback_batch_end, module_batch_start, module_batch_end = no_ops
     return EvaluationHooks(
-        step=step_without_batch_idx(getattr(module, f"{name}_step")),
-        start=of_callbacks("start"), epoch_start=of_callbacks("epoch_start"),
-        batch_start=of_callbacks("batch_start", per_batch=True), batch_end=of_callbacks("batch_end", per_batch=True),
-        epoch_end=of_callbacks("epoch_end"), end=of_callbacks("end"),
-        module_start=of_module("start"), module_epoch_start=of_module("epoch_start"),
-        module_batch_start=_implemented([of_module("batch_start")], getattr(TrainingModule, f"on_{name}_batch_start")),
-        module_batch_end=_implemented([of_module("batch_end")], getattr(TrainingModule, f"on_{name}_batch_end")),
-        module_epoch_end=of_module("epoch_end"), module_end=of_module("end"),
+        step=step_without_batch_idx(step), start=start, epoch_start=epoch_start,
+        batch_start=_implemented(batch_start, callback_batch_start), batch_end=_implemented(batch_end, callback_batch_end),
+        epoch_end=epoch_end, end=end, module_start=of_module[0], module_epoch_start=of_module[1],
+        module_batch_start=_implemented([of_module[2]], module_batch_start),
+        module_batch_end=_implemented([of_module[3]], module_batch_end),
+        module_epoch_end=of_module[4], module_end=of_module[5],
     )
 
 

@@ -513,7 +513,9 @@ class Trainer:
         return batches
 
     def _training_step(self, module: TrainingModule, batch: Any, batch_idx: int, num_batches: int | float) -> Any:
-        """Forward and backward for one batch; an optimizer step at the end of each accumulation."""
+        """Forward and backward for one batch; at the end of each accumulation window the optimizer
+        step (the module's optimizer_step takes it when overridden), zero grad and the
+        step-interval schedulers."""
         if not self._automatic_optimization:
             with self._forward_context():
                 outputs = self.strategy.training_step(self.model, batch, batch_idx)
@@ -526,8 +528,19 @@ class Trainer:
                 outputs, loss = self._forward_backward(batch, batch_idx)
         # Checked later (log step, epoch end, checkpoint), so no host sync here.
         self._unchecked_losses.append((loss.detach(), batch_idx, self.global_step))
-        if steps_now and (self.on_nonfinite_loss != "skip" or self._window_is_finite()):
-            self._optimizer_step(module, batch_idx, loss)
+        if not steps_now or (self.on_nonfinite_loss == "skip" and not self._window_is_finite()):
+            return outputs
+        optimizer, hooks = self.optimizers[0], self._hooks
+        if hooks.module_optimizer_step is None:
+            stepped = self._optimizer_step(optimizer)
+        else:  # the override calls optimizer.step(closure) (or not: no step, global_step stays)
+            stepped = hooks.call_optimizer_step(self.current_epoch, batch_idx, optimizer, self._optimizer_step, loss)
+        if hooks.around_zero_grad:
+            hooks.call_around_zero_grad(self, module, optimizer, self.current_epoch, batch_idx)
+        else:
+            optimizer.zero_grad(set_to_none=True)
+        if stepped and self.lr_scheduler_configs:
+            self._step_schedulers("step")
         return outputs
 
     def _forward_backward(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor]:
@@ -569,22 +582,7 @@ class Trainer:
         else:
             self._backward(loss)
 
-    def _optimizer_step(self, module: TrainingModule, batch_idx: int, loss: torch.Tensor) -> None:
-        """The step of an accumulation window's last batch, then zero grad, global_step and the
-        step-interval schedulers. A module that overrides optimizer_step takes the step itself."""
-        optimizer, hooks = self.optimizers[0], self._hooks
-        if hooks.module_optimizer_step is None:
-            stepped = self._step_optimizer(optimizer)
-        else:  # the override calls optimizer.step(closure) (or not: no step, global_step stays)
-            stepped = hooks.call_optimizer_step(self.current_epoch, batch_idx, optimizer, self._step_optimizer, loss)
-        if hooks.around_zero_grad:
-            hooks.call_around_zero_grad(self, module, optimizer, self.current_epoch, batch_idx)
-        else:
-            optimizer.zero_grad(set_to_none=True)
-        if stepped and self.lr_scheduler_configs:
-            self._step_schedulers("step")
-
-    def _step_optimizer(self, optimizer: torch.optim.Optimizer) -> bool:
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         """on_before_optimizer_step, clip, step, global_step + 1; False when the owner of the step
         skipped it (AMP found inf gradients): the schedulers then do not step."""
         if self._hooks.before_step:
@@ -601,7 +599,6 @@ class Trainer:
             applied = True
         self.global_step += 1  # counts the steps taken, applied or skipped by AMP (as in Lightning)
         return applied
-
 
     def _step_schedulers(self, interval: str) -> None:
         count = self.global_step if interval == "step" else self.current_epoch + 1

@@ -6,6 +6,10 @@
 
 from __future__ import annotations
 
+import cadence_shadowing
+
+cadence_shadowing.check_packages()  # first: a user's trainer.py or strategies.py is named, not misread
+
 from typing import Any
 
 from callbacks.base import Callback
@@ -20,7 +24,7 @@ from callbacks.torch_flags import TorchFlags
 
 __all__ = [
     "AsyncLogger", "CSVLogger", "Callback", "EarlyStopping", "ModelCheckpoint", "ModelSummary", "ProgressBar",
-    "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags", "default_callbacks",
+    "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags", "default_callbacks", "with_module_callbacks",
 ]
 
 
@@ -49,6 +53,31 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
         callbacks.append(ProgressBar())
     if enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
         callbacks.append(ModelCheckpoint())
+    _check_state_keys(callbacks)
+    return callbacks
+
+
+def with_module_callbacks(callbacks: list[Callback], module_callbacks: Any, module_name: str) -> list[Callback]:
+    """``callbacks`` with those the module's ``configure_callbacks`` returned, as Lightning merges them:
+    a module callback replaces the Trainer's of the same class (or a base class of it), and every
+    ``ModelCheckpoint`` moves to the end, so it saves after the other callbacks updated their state."""
+    if module_callbacks is None:
+        return callbacks
+    extra = [module_callbacks] if isinstance(module_callbacks, Callback) else list(module_callbacks)
+    for index, callback in enumerate(extra):
+        if not isinstance(callback, Callback):
+            raise ValueError(f"{module_name}.configure_callbacks() returned {type(callback).__name__} (item {index}), "
+                             "not a callbacks.Callback. Return a Callback or a list of them.")
+    if not extra:
+        return callbacks
+    replaced = {type(c) for c in callbacks if type(c) is not Callback and any(isinstance(e, type(c)) for e in extra)}
+    merged = [c for c in callbacks if type(c) not in replaced] + extra
+    merged = [c for c in merged if not isinstance(c, ModelCheckpoint)] + [c for c in merged if isinstance(c, ModelCheckpoint)]
+    _check_state_keys(merged)
+    return merged
+
+
+def _check_state_keys(callbacks: list[Callback]) -> None:
     keys = [callback.state_key for callback in callbacks]
     duplicates = sorted({key for key in keys if keys.count(key) > 1})
     if duplicates:
@@ -56,4 +85,3 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
             f"Two callbacks share the checkpoint key {duplicates}; give one a different state_key "
             "(or different monitor/mode for ModelCheckpoint)."
         )
-    return callbacks

@@ -54,14 +54,29 @@ class Callback:
 
     def on_fit_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
 
+    def on_sanity_check_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        """Before the sanity validation at the start of fit (``num_sanity_val_steps`` batches)."""
+
+    def on_sanity_check_end(self, trainer: Trainer, module: TrainingModule) -> None: ...
+
     def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
 
     def on_train_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
 
     def on_train_batch_start(self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int) -> None: ...
 
+    def on_before_backward(self, trainer: Trainer, module: TrainingModule, loss: torch.Tensor) -> None:
+        """Before ``backward`` of ``loss`` (divided by ``accumulate_grad_batches``; in manual
+        optimization, the loss given to ``manual_backward``)."""
+
+    def on_after_backward(self, trainer: Trainer, module: TrainingModule) -> None:
+        """After ``backward``; the gradients are in ``.grad`` (under AMP float16, still scaled)."""
+
     def on_before_optimizer_step(self, trainer: Trainer, module: TrainingModule, optimizer: torch.optim.Optimizer) -> None:
         """After the last backward of an accumulation window, before clipping and the step."""
+
+    def on_before_zero_grad(self, trainer: Trainer, module: TrainingModule, optimizer: torch.optim.Optimizer) -> None:
+        """After the optimizer step, before its gradients are cleared."""
 
     def on_train_batch_end(
         self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int
@@ -74,27 +89,52 @@ class Callback:
 
     def on_validation_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
 
+    def on_validation_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
+
+    def on_validation_batch_start(
+        self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None: ...
+
     def on_validation_batch_end(
         self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        """After each batch; ``dataloader_idx`` is passed when there are several loaders."""
+    ) -> None: ...
+
+    def on_validation_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        """After the epoch's batches (before the module's hook of the same name); the epoch's
+        metrics are read after both, so values logged here count."""
 
     def on_validation_end(self, trainer: Trainer, module: TrainingModule) -> None:
         """After validation; ``trainer.callback_metrics`` holds its epoch values."""
 
     def on_test_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
 
+    def on_test_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
+
+    def on_test_batch_start(
+        self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None: ...
+
     def on_test_batch_end(
         self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None: ...
+
+    def on_test_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None: ...
 
     def on_test_end(self, trainer: Trainer, module: TrainingModule) -> None: ...
 
     def on_predict_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
 
+    def on_predict_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
+
+    def on_predict_batch_start(
+        self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None: ...
+
     def on_predict_batch_end(
         self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None: ...
+
+    def on_predict_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None: ...
 
     def on_predict_end(self, trainer: Trainer, module: TrainingModule) -> None: ...
 
@@ -131,3 +171,11 @@ class Callback:
         return {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+    def on_save_checkpoint(self, trainer: Trainer, module: TrainingModule, checkpoint: dict[str, Any]) -> None:
+        """Before a checkpoint is written: add plain data to ``checkpoint`` (after every callback's
+        ``state_dict`` is in it, before the module's ``on_save_checkpoint``)."""
+
+    def on_load_checkpoint(self, trainer: Trainer, module: TrainingModule, checkpoint: dict[str, Any]) -> None:
+        """When a checkpoint is restored: after the module's ``on_load_checkpoint``, before the
+        weights and every callback's ``load_state_dict``."""

@@ -48,6 +48,13 @@ class ProgressBar(Callback):
 
             self._tqdm = tqdm
 
+    def print(self, *args: Any, sep: str = " ", **kwargs: Any) -> None:
+        """``print`` that keeps a drawn bar whole (``self.print`` in a module comes here)."""
+        if self._tqdm is not None and (self._bar is not None or self._eval_bar is not None):
+            self._tqdm.write(sep.join(map(str, args)), file=kwargs.get("file"), end=kwargs.get("end", "\n"))
+        else:
+            print(*args, sep=sep, **kwargs)
+
     def _total(self, value: float) -> int | None:
         return None if value == float("inf") else int(value)
 

@@ -6,6 +6,10 @@
 
 from __future__ import annotations
 
+import cadence_shadowing
+
+cadence_shadowing.check_packages()  # first: a user's trainer.py or strategies.py is named, not misread
+
 import os
 from typing import TYPE_CHECKING, Any
 

@@ -30,6 +30,10 @@ class Strategy:
 
     #: The device this process computes on; set by the concrete strategy.
     device: torch.device = torch.device("cpu")
+    #: True when rank zero holds the whole training state (weights, optimizer states): a spawned
+    #: run then hands it back to the caller, for ``trainer.save_checkpoint`` after ``fit``. FSDP's
+    #: ranks each hold a shard.
+    whole_state_on_rank_zero: bool = True
 
     # --- process topology -----------------------------------------------------------------
     @property

@@ -73,6 +73,8 @@ class FSDP(DDP):
         Trainer(strategy="fsdp", devices=4)   # default options
     """
 
+    whole_state_on_rank_zero = False  # each rank holds its shard of the weights and optimizer states
+
     def __init__(self, devices: int | str = "auto", auto_wrap: Any = None, reshard_after_forward: bool | int = True,
                  mixed_precision: Any = None, cpu_offload: bool = False, device_mesh: Any = None,
                  backend: str | None = None, start_method: str = "spawn",

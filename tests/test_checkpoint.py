@@ -71,10 +71,11 @@ def test_a_checkpoint_holds_the_whole_training_state_as_plain_data(checkpoint):
     assert state["optimizer_states"][0]["state"][0]["step"] == 8
     assert state["lr_schedulers"][0]["last_epoch"] == 1  # stepped once per epoch
     (rank_zero,) = state["rng"]  # one entry per process
-    assert set(rank_zero["now"]) == {"python", "numpy", "torch", "cuda"}
+    assert set(rank_zero["now"]) == {"python", "numpy", "torch", "cuda", "generators"}
     assert rank_zero["epoch_start"] is not None  # the RNG the epoch's shuffle was drawn from
     assert "ModelCheckpoint{monitor=None, mode='min'}" in state["callbacks"]
     assert state["hyper_parameters"] == {"hidden": 8, "lr": 0.1, "data_dir": "/data", "color": "red", "activation": "Tanh()"}
+    assert state["hyper_parameters_inexact"] == ["activation", "color"]  # load_from_checkpoint asks for them
     assert set(state["versions"]) == {"torch", "python", "cadence"}
 
 
@@ -205,10 +206,10 @@ def test_state_that_would_not_load_safely_is_refused_before_writing(make_trainer
     assert not (tmp_path / "state.ckpt").exists()
 
 
-def test_save_checkpoint_outside_a_run_says_how_to_save(make_trainer, regression_loader, tmp_path):
+def test_save_checkpoint_before_any_fit_says_how_to_save(make_trainer, regression_loader, tmp_path):
     trainer = make_trainer(max_epochs=1)
-    trainer.fit(Regressor(), regression_loader)
-    with pytest.raises(RuntimeError, match=r"save_checkpoint runs during fit/validate/test/predict .* torch.save\(model.state_dict"):
+    with pytest.raises(RuntimeError, match=r"no training state to write: no fit has finished on this Trainer. .* "
+                                           r"torch.save\(model.state_dict"):
         trainer.save_checkpoint(tmp_path / "after.ckpt")
 
 

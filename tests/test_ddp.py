@@ -55,7 +55,7 @@ class IndexedRegression(Dataset):
 
 
 def make_optimizer(parameters):
-    optimizer = torch.optim.SGD(parameters, lr=0.1)
+    optimizer = torch.optim.SGD(parameters, lr=0.1, momentum=0.5)
     return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
 
 
@@ -83,6 +83,8 @@ class Recorder(TrainingModule):
         rank = torch.tensor(float(self.trainer.global_rank))
         self.log("val/rank", rank, sync_dist=True)
         self.log("val/rank_here", rank)
+        if self.trainer.is_global_zero:  # with sync_dist alone, rank 1 would never join the reduction
+            self.log("val/zero_only", 7.0, sync_dist=True, rank_zero_only=True)
 
     def predict_step(self, batch, batch_idx):
         index, x, _ = batch
@@ -157,6 +159,7 @@ def spawned_fit(tmp_path_factory):
         csv_after_fit = (trainer.log_dir / "metrics.csv").read_text()
         validated = trainer.validate(model, DataLoader(data, batch_size=8))
         predicted = trainer.predict(model, datamodule=PredictionData(str(out)))
+        trainer.save_checkpoint(out / "after_fit.ckpt")  # the state the workers ended fit with
     return SimpleNamespace(trainer=trainer, model=model, initial=initial, data=data, records=records, out=out,
                            validated=validated, predicted=predicted, csv_after_fit=csv_after_fit,
                            stderr=(out / "stderr.txt").read_text())
@@ -205,7 +208,7 @@ def test_validation_is_sharded_and_sync_dist_metrics_are_averaged_over_ranks(spa
 
 
 def test_a_spawned_validate_returns_the_metrics_reduced_over_ranks(spawned_fit):
-    assert spawned_fit.validated == [{"val/rank": 0.5, "val/rank_here": 0.0}]
+    assert spawned_fit.validated == [{"val/rank": 0.5, "val/rank_here": 0.0, "val/zero_only": 7.0}]
 
 
 def test_a_spawned_predict_returns_every_sample_once_in_the_dataset_order(spawned_fit):
@@ -244,6 +247,33 @@ def test_only_rank_zero_prints_and_writes_logs_and_checkpoints(spawned_fit):
     checkpoint = torch.load(versions[0] / "checkpoints" / "last.ckpt", weights_only=True)
     assert set(checkpoint["state_dict"]) == {"layer.weight", "layer.bias"}  # no wrapper prefixes
     torch.testing.assert_close(checkpoint["state_dict"]["layer.weight"], spawned_fit.model.layer.weight)
+
+
+def test_save_checkpoint_after_a_spawned_fit_holds_the_state_the_workers_ended_with(spawned_fit):
+    # last.ckpt was written by rank zero at the end of the last epoch; the caller's
+    # save_checkpoint, after validate and predict, writes the same training state from the handoff.
+    last = torch.load(spawned_fit.trainer.log_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    after_fit = torch.load(spawned_fit.out / "after_fit.ckpt", weights_only=True)
+    for key in ("state_dict", "optimizer_states", "lr_schedulers", "loops", "rng"):
+        assert_same(after_fit[key], last[key], key)
+    assert len(after_fit["rng"]) == WORLD_SIZE  # every rank's RNG states, for an exact continuation
+    assert after_fit["optimizer_states"][0]["state"]  # SGD's momentum buffers came back from the workers
+
+
+def assert_same(ours, theirs, where: str) -> None:
+    """Equal nested checkpoint contents: tensors by value, the rest by ==."""
+    if isinstance(ours, torch.Tensor):
+        assert torch.equal(ours, theirs), where
+    elif isinstance(ours, dict):
+        assert ours.keys() == theirs.keys(), where
+        for key in ours:
+            assert_same(ours[key], theirs[key], f"{where}.{key}")
+    elif isinstance(ours, (list, tuple)):
+        assert len(ours) == len(theirs), where
+        for index, (mine, other) in enumerate(zip(ours, theirs)):
+            assert_same(mine, other, f"{where}[{index}]")
+    else:
+        assert ours == theirs, where
 
 
 # --- faults --------------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def test_outside_a_run_the_module_is_a_plain_nn_module():
     assert module.automatic_optimization is True
 
 
-def test_the_module_sees_the_trainer_only_while_it_runs(make_trainer, regression_loader):
+def test_the_module_sees_the_trainer_while_it_runs_and_after(make_trainer, regression_loader):
     seen = []
 
     class Watch(Model):
@@ -83,7 +83,8 @@ def test_the_module_sees_the_trainer_only_while_it_runs(make_trainer, regression
     trainer = make_trainer(max_epochs=2, limit_train_batches=2)
     trainer.fit(module, regression_loader)
     assert seen == [(True, 0, 1, "cpu"), (True, 0, 2, "cpu"), (True, 1, 3, "cpu"), (True, 1, 4, "cpu")]
-    assert module.trainer is None
+    # As in Lightning, the module still answers after fit (scripts read them to name their outputs).
+    assert (module.trainer, module.global_step, module.current_epoch) == (trainer, 4, 2)
 
 
 # --- self.log -------------------------------------------------------------------------------------
@@ -143,9 +144,12 @@ def test_step_values_reach_loggers_only_at_log_steps(make_trainer, regression_lo
     [
         ("", 1.0, {}, r"self.log\(name=''\): the name must be a non-empty string"),
         ("x", torch.ones(3), {}, r'self.log\("x", ...\) got a tensor of shape \(3,\); log a scalar'),
-        ("x", "high", {}, r'self.log\("x", ...\) got str; log a number or a one-element tensor'),
+        ("x", "high", {}, r'self.log\("x", ...\) got str; log a number, a one-element tensor or a metric object'),
         ("x", 1.0, {"reduce_fx": "median"}, r"self.log\(\"x\", reduce_fx='median'\): use one of"),
         ("x", 1.0, {"on_step": False, "on_epoch": False}, r"on_step=False, on_epoch=False\) records nothing"),
+        ("x", 1.0, {"sync_dist_group": object()}, r"sync_dist_group=...\): Cadence reduces over all processes"),
+        ("x/dataloader_idx_0", 1.0, {}, r'with add_dataloader_idx=True the Trainer adds "/dataloader_idx_N" itself'),
+        ("x", 1.0, {"metric_attribute": "layer"}, r'metric_attribute="layer"\): BadLog.layer is not the logged object'),
     ],
 )
 def test_self_log_refuses_what_it_cannot_record(make_trainer, regression_loader, name, value, kwargs, match):
@@ -156,3 +160,140 @@ def test_self_log_refuses_what_it_cannot_record(make_trainer, regression_loader,
 
     with pytest.raises(ValueError, match=match):
         make_trainer(max_epochs=1).fit(BadLog(), regression_loader)
+
+
+# --- self.log's other Lightning arguments -------------------------------------------------------
+def test_logger_false_keeps_a_value_out_of_the_loggers_only(make_trainer, regression_loader):
+    sent: list[dict] = []
+
+    class Listener(Callback):
+        def on_log(self, trainer, module, metrics, step):
+            sent.append(dict(metrics))
+
+    class Quiet(Model):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("train/loss", loss)
+            self.log("train/lr", 0.1, logger=False, prog_bar=True)
+            self.log_dict({"train/peak": float(batch_idx)}, on_step=False, on_epoch=True, reduce_fx=torch.max,
+                          logger=False)
+            return loss
+
+    trainer = make_trainer(max_epochs=1, log_every_n_steps=2, callbacks=[Listener()])
+    trainer.fit(Quiet(), regression_loader)
+    assert sent and all(set(metrics) <= {"train/loss"} for metrics in sent)
+    assert set(trainer.logged_metrics) == {"train/loss"}
+    assert trainer.progress_bar_metrics["train/lr"] == 0.1
+    assert trainer.callback_metrics["train/peak"].item() == 7.0  # reduce_fx=torch.max, Lightning's spelling
+
+
+class Accuracy:
+    """A metric with torchmetrics' protocol (update/compute/reset), without torchmetrics."""
+
+    def __init__(self):
+        self.computed = 0
+        self.reset()
+
+    def update(self, predictions, targets):
+        self.correct += int((predictions == targets).sum())
+        self.total += len(targets)
+
+    def compute(self):
+        self.computed += 1
+        return torch.tensor(self.correct / self.total)
+
+    def reset(self):
+        self.correct, self.total = 0, 0
+
+
+class Scored(Model):
+    def __init__(self):
+        super().__init__()
+        self.accuracy = Accuracy()
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.accuracy.update(self.layer(x).argmax(1), y.argmax(1))
+        self.log("val/acc", self.accuracy, metric_attribute="accuracy")
+
+
+def test_a_metric_object_is_computed_once_at_the_epoch_end_then_reset(make_trainer, regression_data):
+    from torch.utils.data import DataLoader
+
+    module = Scored()
+    loader = DataLoader(regression_data, batch_size=24)  # batches of 24, 24 and 16: unequal
+    trainer = make_trainer(max_epochs=1)
+    (first,) = trainer.validate(module, loader)
+    x, y = regression_data.tensors
+    expected = (module.layer(x).argmax(1) == y.argmax(1)).float().mean().item()  # over samples, not batches
+    assert first["val/acc"] == pytest.approx(expected)
+    assert module.accuracy.computed == 1 and module.accuracy.total == 0  # computed once, then reset
+    (second,) = trainer.validate(module, loader)  # starts from the reset state: the same value
+    assert second["val/acc"] == pytest.approx(expected)
+
+
+def test_a_metric_object_per_step_needs_the_value_of_its_last_call(make_trainer, regression_loader):
+    class PerStep(Model):
+        def __init__(self):
+            super().__init__()
+            self.accuracy = Accuracy()
+
+        def training_step(self, batch, batch_idx):
+            self.log("train/acc", self.accuracy)  # training's default: on_step
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(ValueError, match=r'self.log\("train/acc", <Accuracy>, on_step=True\): a metric object is '
+                                         r"logged per step through the value of its last metric\(...\) call"):
+        make_trainer(max_epochs=1).fit(PerStep(), regression_loader)
+
+    class Forwarding(Accuracy):  # torchmetrics' metric(preds, target): update, and keep the batch's value
+        def __call__(self, predictions, targets):
+            self.update(predictions, targets)
+            self._forward_cache = (predictions == targets).float().mean()
+            return self._forward_cache
+
+    class LogsForward(PerStep):
+        def __init__(self):
+            super().__init__()
+            self.accuracy = Forwarding()
+            self.batch_values = []
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            self.batch_values.append(self.accuracy(self.layer(x).argmax(1), y.argmax(1)).item())
+            self.log("train/acc", self.accuracy, on_step=True, on_epoch=True)
+            return Model.training_step(self, batch, batch_idx)
+
+    module = LogsForward()
+    trainer = make_trainer(max_epochs=1, log_every_n_steps=1)
+    trainer.fit(module, regression_loader)
+    assert trainer.logged_metrics["train/acc_step"] == pytest.approx(module.batch_values[-1])
+    assert trainer.logged_metrics["train/acc_epoch"] == pytest.approx(sum(module.batch_values) / 8)
+
+
+# --- what else a Lightning module reads ----------------------------------------------------------
+def test_print_on_gpu_example_input_array_and_rank_zero_only(make_trainer, regression_loader, capsys):
+    from trainer import rank_zero_only
+    from trainer.utilities import rank_zero_only as from_utilities
+
+    class Says(Model):
+        def on_train_start(self):
+            self.print("starting on", self.device.type, "gpu:", self.on_gpu)
+
+    module = Says()
+    module.example_input_array = torch.zeros(1, 4)
+    make_trainer(max_steps=1, limit_val_batches=0).fit(module, regression_loader)
+    assert "starting on cpu gpu: False" in capsys.readouterr().out
+    assert module.layer(module.example_input_array).shape == (1, 2)
+
+    @rank_zero_only
+    def report(value):
+        return value * 2
+
+    assert from_utilities is rank_zero_only and report(2) == 4
+    rank_zero_only.rank = 1  # as on any other process
+    try:
+        assert report(2) is None
+        module.print("not on rank one")  # the trainer is still attached: it says rank 0
+    finally:
+        rank_zero_only.rank = 0

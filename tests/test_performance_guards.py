@@ -109,12 +109,30 @@ class LoopPosition(Callback):
         self.position = ("validation", trainer.global_step)
 
 
+class DeviceMean:
+    """A metric object (torchmetrics' update/compute/reset) whose state stays a tensor."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def update(self, value: torch.Tensor) -> None:
+        self.total, self.count = self.total + value.detach(), self.count + 1
+
+    def compute(self) -> torch.Tensor:
+        return self.total / self.count
+
+    def reset(self) -> None:
+        self.total, self.count = torch.zeros(()), 0
+
+
 class LoggingRegressor(TrainingModule):
-    """Logs every step, per step and per epoch, and never turns a tensor into a number itself."""
+    """Logs every step, per step and per epoch (a metric object too), implements the hooks around
+    backward and zero_grad, and never turns a tensor into a number itself."""
 
     def __init__(self) -> None:
         super().__init__()
         self.layer = nn.Linear(4, 1)
+        self.mean_prediction = DeviceMean()
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -122,7 +140,18 @@ class LoggingRegressor(TrainingModule):
         loss = F.mse_loss(prediction, y)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/abs_prediction", prediction.abs().mean(), on_step=True, on_epoch=True)
+        self.mean_prediction.update(prediction.mean())
+        self.log("train/mean_prediction", self.mean_prediction, on_step=False, on_epoch=True)
         return loss
+
+    def on_before_backward(self, loss):
+        self.last_loss = loss.detach()
+
+    def on_after_backward(self):
+        self.grad_norm = self.layer.weight.grad.norm()
+
+    def on_before_zero_grad(self, optimizer):
+        self.stepped_weight = self.layer.weight.detach().clone()
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
@@ -161,7 +190,7 @@ def test_the_framework_turns_no_tensor_into_a_python_value_between_log_steps(tmp
     steps_with_syncs = {step for _, (phase, step) in recorder.calls if phase in ("step", "after")}
     during_a_step = [(name, where) for name, where in recorder.calls if where[0] == "step"]
     allowed = {step for step in steps_with_syncs if step % log_every == 0} | position.epoch_last_steps
-    assert trainer.global_step == 20
+    assert trainer.global_step == 20 and "train/mean_prediction" in trainer.callback_metrics
     assert during_a_step == [], f"host syncs inside training steps: {during_a_step}"
     assert steps_with_syncs <= allowed, (
         f"host syncs after steps {sorted(steps_with_syncs - allowed)}, which are neither log steps "

@@ -76,6 +76,14 @@ class Model(TrainingModule):
         self.calls.append("configure_optimizers")
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+        self.calls.append("module.optimizer_step")
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+        self.calls.append("module.optimizer_zero_grad")
+        super().optimizer_zero_grad(epoch, batch_idx, optimizer)
+
 
 @pytest.fixture
 def run(make_trainer):
@@ -87,19 +95,31 @@ def run(make_trainer):
     return calls, trainer, module, loader
 
 
-def validation(batches: int) -> list[str]:
+def evaluation(stage: str, step: str, batches: int) -> list[str]:
+    """One evaluation pass up to its epoch end (its metrics are read next, then ``on_<stage>_end``)."""
     return [
-        "callback.on_validation_start", "module.on_validation_start", "module.on_validation_epoch_start",
-        *["callback.forward_context", "validation_step", "callback.on_validation_batch_end"] * batches,
-        "module.on_validation_epoch_end",
+        f"callback.on_{stage}_start", f"module.on_{stage}_start",
+        f"callback.on_{stage}_epoch_start", f"module.on_{stage}_epoch_start",
+        *[f"callback.on_{stage}_batch_start", f"module.on_{stage}_batch_start", "callback.forward_context", step,
+          f"callback.on_{stage}_batch_end", f"module.on_{stage}_batch_end"] * batches,
+        f"callback.on_{stage}_epoch_end", f"module.on_{stage}_epoch_end",
     ]
+
+
+def validation(batches: int) -> list[str]:
+    return evaluation("validation", "validation_step", batches)
 
 
 def training_batch() -> list[str]:
     return [
         "callback.on_train_batch_start", "module.on_train_batch_start",
         "callback.forward_context", "training_step",
-        "callback.on_before_optimizer_step", "module.on_before_optimizer_step",
+        "callback.on_before_backward", "module.on_before_backward",
+        "callback.on_after_backward", "module.on_after_backward",
+        # the module's optimizer_step override takes the step: on_before_optimizer_step, clip, step
+        "module.optimizer_step", "callback.on_before_optimizer_step", "module.on_before_optimizer_step",
+        # Cadence clears the gradients right after the step (Lightning: before the next backward)
+        "callback.on_before_zero_grad", "module.on_before_zero_grad", "module.optimizer_zero_grad",
         "callback.on_train_batch_end", "module.on_train_batch_end",
     ]
 
@@ -114,7 +134,9 @@ def test_fit_calls_the_hooks_in_the_order_of_its_docstring(run):
         "configure_optimizers",
         "callback.on_fit_start", "module.on_fit_start",
         # sanity validation: one batch, nothing logged (no on_log)
+        "callback.on_sanity_check_start",
         *validation(batches=1), "callback.on_validation_end", "module.on_validation_end",
+        "callback.on_sanity_check_end",
         "callback.on_train_start", "module.on_train_start",
         "callback.on_train_epoch_start", "module.on_train_epoch_start",
         *training_batch(),  # batch 0: its values are copied to the host, published at the next log step
@@ -142,18 +164,14 @@ def test_validate_test_and_predict_call_their_own_hooks_in_order(run):
     trainer.test(module, one_batch)
     assert calls == [
         "callback.setup", "module.setup", "module.configure_model", "callback.configure_model",
-        "callback.on_test_start", "module.on_test_start", "module.on_test_epoch_start",
-        "callback.forward_context", "test_step", "callback.on_test_batch_end", "module.on_test_epoch_end",
-        "callback.on_log", "callback.on_test_end", "module.on_test_end",
+        *evaluation("test", "test_step", batches=1), "callback.on_log", "callback.on_test_end", "module.on_test_end",
         "callback.teardown", "module.teardown",
     ]
     calls.clear()
     trainer.predict(module, one_batch)
     assert calls == [
         "callback.setup", "module.setup", "module.configure_model", "callback.configure_model",
-        "callback.on_predict_start", "module.on_predict_start", "module.on_predict_epoch_start",
-        "callback.forward_context", "predict_step", "callback.on_predict_batch_end", "module.on_predict_epoch_end",
-        "callback.on_predict_end", "module.on_predict_end",
+        *evaluation("predict", "predict_step", batches=1), "callback.on_predict_end", "module.on_predict_end",
         "callback.teardown", "module.teardown",
     ]
 
@@ -196,7 +214,137 @@ def test_a_failing_step_calls_on_exception_then_teardown_and_raises_the_error(ma
             raise KeyError("boom")
 
     module = Broken([])
+    trainer = make_trainer(max_epochs=1, limit_val_batches=0, callbacks=[Watcher()])
     with pytest.raises(KeyError, match="boom"):
-        make_trainer(max_epochs=1, limit_val_batches=0, callbacks=[Watcher()]).fit(module, regression_loader)
+        trainer.fit(module, regression_loader)
     assert calls == ["on_exception('boom')", "teardown(fit)"]
-    assert module.trainer is None  # the module is released after the failure too
+    assert trainer.module is None  # the stage is over after the failure too
+    assert module.trainer is trainer  # and, as in Lightning, the module still answers module.trainer
+
+
+def test_manual_optimization_calls_the_backward_and_step_hooks_through_manual_backward_and_step(make_trainer, regression_loader):
+    calls: list[str] = []
+
+    class Manual(Model):
+        def __init__(self):
+            super().__init__(calls)
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            calls.append("training_step")
+            optimizer = self.optimizers()
+            optimizer.zero_grad()
+            self.manual_backward(F.mse_loss(self.layer(batch[0]), batch[1]))
+            optimizer.step()
+
+    callback = recording(Callback, "callback.", calls)()
+    module = recording(Manual, "module.", calls)()
+    make_trainer(max_steps=1, callbacks=[callback], limit_val_batches=0).fit(module, regression_loader)
+    batch = calls[calls.index("callback.on_train_batch_start"):calls.index("callback.on_train_epoch_end")]
+    # As in Lightning: manual_backward runs the backward hooks, optimizer.step() the step hook;
+    # zero_grad is the user's, so no on_before_zero_grad.
+    assert batch == [
+        "callback.on_train_batch_start", "module.on_train_batch_start", "callback.forward_context", "training_step",
+        "callback.on_before_backward", "module.on_before_backward", "callback.on_after_backward",
+        "module.on_after_backward", "callback.on_before_optimizer_step", "module.on_before_optimizer_step",
+        "callback.on_train_batch_end", "module.on_train_batch_end",
+    ]
+
+
+def test_checkpoint_hooks_run_in_lightnings_order_when_saving_and_restoring(make_trainer, regression_loader, tmp_path):
+    calls: list[str] = []
+
+    class Keeps(Callback):
+        def state_dict(self):
+            calls.append("callback.state_dict")
+            return {"kept": 1}
+
+        def load_state_dict(self, state_dict):
+            calls.append(f"callback.load_state_dict({state_dict})")
+
+        def on_save_checkpoint(self, trainer, module, checkpoint):
+            calls.append(f"callback.on_save_checkpoint(callbacks={checkpoint['callbacks'][self.state_key]})")
+            checkpoint["callback_note"] = "from the callback"
+
+        def on_load_checkpoint(self, trainer, module, checkpoint):
+            calls.append(f"callback.on_load_checkpoint({checkpoint['callback_note']}, {checkpoint['module_note']})")
+
+    class Notes(Model):
+        def on_save_checkpoint(self, checkpoint):
+            calls.append("module.on_save_checkpoint")
+            checkpoint["module_note"] = "from the module"
+
+        def on_load_checkpoint(self, checkpoint):
+            calls.append("module.on_load_checkpoint")
+
+    trainer = make_trainer(max_epochs=1, limit_val_batches=0, callbacks=[Keeps()])
+    trainer.fit(Notes([]), regression_loader)
+    calls.clear()  # fit also asked for the callback's state for the end-of-fit state
+    trainer.save_checkpoint(tmp_path / "notes.ckpt")
+    assert calls == ["callback.on_save_checkpoint(callbacks={'kept': 1})", "module.on_save_checkpoint"]
+    calls.clear()
+    make_trainer(max_epochs=2, limit_val_batches=0, callbacks=[Keeps()]).fit(
+        Notes([]), regression_loader, ckpt_path=tmp_path / "notes.ckpt")
+    assert calls[:3] == ["module.on_load_checkpoint", "callback.on_load_checkpoint(from the callback, from the module)",
+                         "callback.load_state_dict({'kept': 1})"]
+
+
+def test_configure_callbacks_replaces_the_trainers_callback_of_the_same_class(make_trainer, regression_loader):
+    class Marker(Callback):
+        def __init__(self, owner):
+            self.owner = owner
+
+        def on_fit_start(self, trainer, module):
+            seen.append(self.owner)
+
+    class Other(Callback):
+        def on_fit_start(self, trainer, module):
+            seen.append("other")
+
+    class WithCallbacks(Model):
+        def configure_callbacks(self):
+            return Marker("module")
+
+    seen: list[str] = []
+    trainer = make_trainer(max_steps=1, limit_val_batches=0, callbacks=[Marker("trainer"), Other()])
+    trainer.fit(WithCallbacks([]), regression_loader)
+    assert seen == ["other", "module"]
+
+    class Wrong(Model):
+        def configure_callbacks(self):
+            return [Other(), "early stopping"]
+
+    with pytest.raises(ValueError, match=r"Wrong.configure_callbacks\(\) returned str \(item 1\), not a callbacks.Callback"):
+        make_trainer(max_steps=1, limit_val_batches=0).fit(Wrong([]), regression_loader)
+
+
+def test_a_lightning_hook_cadence_never_calls_gets_one_warning_naming_it(make_trainer, regression_loader):
+    class OldStyle(Model):
+        def training_epoch_end(self, outputs):
+            pass
+
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            return batch
+
+    class OldCallback(Callback):
+        def on_epoch_start(self, trainer, module):
+            pass
+
+    trainer = make_trainer(max_steps=1, limit_val_batches=0, callbacks=[OldCallback()])
+    with pytest.warns(UserWarning) as warned:
+        trainer.fit(OldStyle([]), regression_loader)
+        trainer.fit(OldStyle([]), regression_loader)  # the same classes again: no second warning
+    messages = [str(w.message) for w in warned if "never calls" in str(w.message)]
+    assert len(messages) == 2
+    assert messages[0].startswith("OldStyle defines Lightning hooks that Cadence never calls, so their code does not "
+                                  "run: on_before_batch_transfer (change the batch at the top of your step")
+    assert "training_epoch_end (removed in Lightning 2.0: use on_train_epoch_end" in messages[0]
+    assert messages[1].startswith("OldCallback defines Lightning hooks that Cadence never calls, so their code does not "
+                                  "run: on_epoch_start (removed in Lightning 2.0: use on_train_epoch_start)")
+
+
+def test_hooks_cadence_calls_get_no_warning(make_trainer, regression_loader, recwarn):
+    calls: list[str] = []
+    callback = recording(Callback, "callback.", calls)()
+    make_trainer(max_steps=1, callbacks=[callback]).fit(recording(Model, "module.", calls)(calls), regression_loader)
+    assert not [w for w in recwarn if "never calls" in str(w.message)]

@@ -224,12 +224,149 @@ def test_manual_optimization_refuses_accumulation_and_clipping(make_trainer, reg
             make_trainer(max_epochs=1, **arguments).fit(TinyGAN(gan_initial_state()), regression_loader)
 
 
-def test_optimizers_and_manual_backward_outside_a_run_say_they_need_a_trainer():
+def test_optimizers_and_manual_backward_outside_a_run_say_they_need_a_trainer(make_trainer, regression_loader):
     module = Model(sgd)
     with pytest.raises(RuntimeError, match=r"Model.optimizers\(\) needs a running Trainer"):
         module.optimizers()
     with pytest.raises(RuntimeError, match=r"Model.manual_backward\(\) needs a running Trainer"):
         module.manual_backward(torch.ones((), requires_grad=True))
+    make_trainer(max_steps=1).fit(module, regression_loader)
+    assert module.optimizers() is not None  # after fit, as in Lightning
+    with pytest.raises(RuntimeError, match=r"Model.manual_backward\(\) needs a running Trainer"):
+        module.manual_backward(torch.ones((), requires_grad=True))
+
+
+# --- manual optimization as Lightning's GAN example writes it: toggle_optimizer -----------------
+class ToggledGAN(TinyGAN):
+    """Lightning's GAN template in small: ``training_step(self, batch)`` without batch_idx, the
+    generator's step under ``toggle_optimizer(opt_g)``, then the discriminator's under ``opt_d``."""
+
+    def __init__(self, initial_state):
+        super().__init__(initial_state)
+        self.discriminator.bias.requires_grad = False  # frozen by the user: stays frozen
+        self.example_input_array = torch.zeros(2, 2)
+        self.seen = []
+
+    def forward(self, noise):
+        return self.generator(noise)
+
+    def training_step(self, batch):
+        real, _ = batch
+        opt_g, opt_d = self.optimizers()
+        noise = real[:, :2] * 0.5
+        ones, zeros = torch.ones(len(real), 1), torch.zeros(len(real), 1)
+
+        self.toggle_optimizer(opt_g)
+        g_loss = F.binary_cross_entropy_with_logits(self.discriminator(self(noise)), ones)
+        opt_g.zero_grad()
+        before = self.discriminator.weight.grad  # the last discriminator step's (or None): copied
+        before = None if before is None else before.clone()
+        self.manual_backward(g_loss)
+        # The discriminator computed no gradient for the generator's loss.
+        after = self.discriminator.weight.grad
+        unchanged = after is None if before is None else torch.equal(before, after)
+        self.seen.append(("g", self.discriminator.weight.requires_grad, unchanged))
+        opt_g.step()
+        self.untoggle_optimizer(opt_g)
+
+        self.toggle_optimizer(opt_d)
+        d_loss = (F.binary_cross_entropy_with_logits(self.discriminator(real), ones)
+                  + F.binary_cross_entropy_with_logits(self.discriminator(self(noise).detach()), zeros)) / 2
+        opt_d.zero_grad()
+        self.manual_backward(d_loss)
+        self.seen.append(("d", self.generator.weight.requires_grad, self.discriminator.bias.requires_grad))
+        opt_d.step()
+        self.untoggle_optimizer(opt_d)
+        self.log_dict({"d_loss": d_loss, "g_loss": g_loss})
+
+    def on_train_epoch_end(self):
+        pass  # no schedulers here
+
+    def configure_optimizers(self):
+        return (torch.optim.Adam(self.generator.parameters(), lr=0.01),
+                torch.optim.Adam(self.discriminator.parameters(), lr=0.01))
+
+
+def test_a_gan_with_toggle_optimizer_trains_like_a_hand_written_loop(make_trainer, regression_loader):
+    initial_state = gan_initial_state()
+    reference = nn.ModuleDict({"generator": nn.Linear(2, 4), "discriminator": nn.Linear(4, 1)})
+    reference.load_state_dict(initial_state)
+    reference["discriminator"].bias.requires_grad = False
+    generator, discriminator = reference["generator"], reference["discriminator"]
+    opt_g = torch.optim.Adam(generator.parameters(), lr=0.01)
+    opt_d = torch.optim.Adam(discriminator.parameters(), lr=0.01)
+    for real, _ in regression_loader:
+        noise, ones, zeros = real[:, :2] * 0.5, torch.ones(len(real), 1), torch.zeros(len(real), 1)
+        opt_g.zero_grad()
+        F.binary_cross_entropy_with_logits(discriminator(generator(noise)), ones).backward()
+        opt_g.step()
+        opt_d.zero_grad()
+        ((F.binary_cross_entropy_with_logits(discriminator(real), ones)
+          + F.binary_cross_entropy_with_logits(discriminator(generator(noise).detach()), zeros)) / 2).backward()
+        opt_d.step()
+
+    module = ToggledGAN(initial_state)
+    trainer = make_trainer(max_epochs=1, log_every_n_steps=1)
+    trainer.fit(module, regression_loader)
+
+    for name, value in reference.state_dict().items():
+        assert torch.equal(module.state_dict()[name], value), name
+    # Toggled: no discriminator gradient in the generator's step, no generator one in the
+    # discriminator's; the bias frozen by the user stayed frozen; untoggled, all is as before.
+    assert set(module.seen) == {("g", False, True), ("d", False, False)}
+    assert [p.requires_grad for p in module.parameters()] == [True, True, True, False]
+    assert set(trainer.logged_metrics) >= {"d_loss", "g_loss"}
+    assert module(module.example_input_array).shape == (2, 4)
+
+
+# --- optimizer_step and optimizer_zero_grad overrides (automatic optimization) -----------------
+class WarmUp(Model):
+    """Lightning's documented warm-up: scale the learning rate in an optimizer_step override."""
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+        optimizer.step(closure=optimizer_closure)
+        if self.trainer.global_step < 4:
+            for group in optimizer.param_groups:
+                group["lr"] = min(1.0, (self.trainer.global_step + 2) / 5) * 0.1
+
+
+def test_an_optimizer_step_override_runs_at_each_step_and_can_change_the_learning_rate(make_trainer, regression_loader):
+    torch.manual_seed(0)
+    reference = nn.Linear(4, 2)
+    module = WarmUp(lambda m: torch.optim.SGD(m.parameters(), lr=0.02))
+    module.layer.load_state_dict(reference.state_dict())
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.02)
+    for step, (x, y) in enumerate(regression_loader):
+        F.mse_loss(reference(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step + 1 < 4:  # global_step after this step, as the override sees it
+            optimizer.param_groups[0]["lr"] = min(1.0, (step + 1 + 2) / 5) * 0.1
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(module, regression_loader)
+    assert torch.equal(module.layer.weight, reference.weight)
+    assert trainer.global_step == 8
+
+
+def test_an_optimizer_step_override_that_skips_the_step_leaves_global_step_and_gradients_clear(make_trainer, regression_loader):
+    steps = []
+
+    class EveryOther(Model):
+        def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+            if batch_idx % 2 == 0:
+                optimizer.step(closure=optimizer_closure)
+            else:
+                optimizer_closure()  # Lightning's way to skip a step: the closure alone
+            steps.append(self.trainer.global_step)
+
+        def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+            optimizer.zero_grad(set_to_none=False)  # zeros instead of None
+
+    module = EveryOther(sgd)
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(module, regression_loader)
+    assert trainer.global_step == 4 and steps == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert torch.count_nonzero(module.layer.weight.grad) == 0  # zeroed by the override, not set to None
 
 
 # --- the setup order ---------------------------------------------------------------------------

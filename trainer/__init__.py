@@ -1,8 +1,13 @@
 """Cadence: the Trainer and the user's contract (TrainingModule, DataModule)."""
 
+import cadence_shadowing
+
+cadence_shadowing.check_packages()  # first: a user's callbacks.py would break the imports below
+
 from trainer.datamodule import DataModule
 from trainer.module import TrainingModule
 from trainer.seed import seed_everything
 from trainer.trainer import Trainer
+from trainer.utilities import rank_zero_only
 
-__all__ = ["DataModule", "Trainer", "TrainingModule", "seed_everything"]
+__all__ = ["DataModule", "Trainer", "TrainingModule", "rank_zero_only", "seed_everything"]

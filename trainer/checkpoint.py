@@ -35,6 +35,22 @@ def plain_hyperparameters(hparams: Any) -> dict[str, Any]:
     return {str(key): _plain(value) for key, value in dict(hparams).items()}
 
 
+def inexact_hyperparameters(hparams: Any) -> list[str]:
+    """The names in ``hparams`` whose plain form is not the value itself (an object kept as its repr,
+    an enum as its value, a dtype as its name): ``load_from_checkpoint`` asks for those again."""
+    return sorted(str(key) for key, value in dict(hparams).items() if not _exact(value))
+
+
+def _exact(value: Any) -> bool:
+    if type(value) in (str, int, float, bool, type(None)) or isinstance(value, (np.generic, PurePath, torch.Tensor)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_exact(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and _exact(item) for key, item in value.items())
+    return False
+
+
 def _plain(value: Any) -> Any:
     if type(value) in (str, int, float, bool, type(None)):
         return value
@@ -186,18 +202,25 @@ def check_resumable(state: dict[str, Any], path: Path) -> None:
         )
 
 
-def load_weights(module: torch.nn.Module, state: dict[str, Any], path: Path) -> None:
-    """``module.load_state_dict`` with an error that names the file and every key that differs."""
-    check_weights(module, state, path)
-    module.load_state_dict(state["state_dict"])
+def load_weights(module: torch.nn.Module, state: dict[str, Any], path: Path, strict: bool = True) -> None:
+    """``module.load_state_dict`` with an error that names the file and every key that differs.
+
+    ``strict=False`` loads the keys both have and warns about the others; shapes must match.
+    """
+    check_weights(module, state, path, strict)
+    module.load_state_dict(state["state_dict"], strict=strict)
 
 
-def check_weights(module: torch.nn.Module, state: dict[str, Any], path: Path) -> None:
-    """Raise a ValueError naming the checkpoint and every key or shape in which it differs from ``module``."""
+def check_weights(module: torch.nn.Module, state: dict[str, Any], path: Path, strict: bool = True) -> None:
+    """Raise a ValueError naming the checkpoint and every key or shape in which it differs from
+    ``module`` (with ``strict=False``, warn about the keys and raise for the shapes only)."""
     weights = state["state_dict"]
     expected = module.state_dict()
     missing, unexpected = sorted(expected.keys() - weights.keys()), sorted(weights.keys() - expected.keys())
-    if missing or unexpected:
+    if (missing or unexpected) and not strict:
+        warnings.warn(f"Loaded {path} into {type(module).__name__} with strict=False: missing keys {_few(missing)}, "
+                      f"unexpected keys {_few(unexpected)} (left as they are).", stacklevel=4)
+    elif missing or unexpected:
         raise ValueError(
             f"Checkpoint {path} does not fit {type(module).__name__}: missing keys {_few(missing)}, "
             f"unexpected keys {_few(unexpected)}. Load it into the model class (and configuration) "
@@ -205,7 +228,7 @@ def check_weights(module: torch.nn.Module, state: dict[str, Any], path: Path) ->
         )
     mismatched = [f"{key}: checkpoint {tuple(weights[key].shape)}, model {tuple(value.shape)}"
                   for key, value in expected.items()
-                  if isinstance(value, torch.Tensor) and isinstance(weights[key], torch.Tensor)
+                  if key in weights and isinstance(value, torch.Tensor) and isinstance(weights[key], torch.Tensor)
                   and weights[key].shape != value.shape]
     if mismatched:
         raise ValueError(

@@ -2,7 +2,8 @@
 
 Training calls only the per-batch hooks that do something (:func:`step_hooks`); evaluation calls
 its stage's hooks (:func:`evaluation_hooks`); each seam a callback may take over (backward, the
-optimizer step) has at most one owner (:func:`single_owner`).
+optimizer step) has at most one owner (:func:`single_owner`). A Lightning hook that Cadence never
+calls, defined on a module or a callback, gets one warning (:func:`warn_uncalled_hooks`).
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import types
+import warnings
+import weakref
 from typing import Any
 
 from callbacks import Callback
 from trainer.module import TrainingModule
+from trainer.optim import StepOptimizer
 
 
 @dataclasses.dataclass
@@ -22,21 +26,85 @@ class StepHooks:
 
     Hot loop: four default callbacks inherit no-op per-batch hooks worth 16 calls a step (about
     5 us); listing the implemented ones once per stage leaves the step only the calls that
-    matter. Callbacks first, in the order given, then the module, as everywhere else.
+    matter. Callbacks first, in the order given, then the module, as everywhere else. The hooks
+    around backward and zero_grad are behind one flag each (``around_backward``,
+    ``around_zero_grad``), so a run that implements none pays one attribute test, not a loop.
     """
 
     batch_start: list[Any]
     forward_context: list[Any]
     before_optimizer_step: list[Any]
     batch_end: list[Any]
+    before_backward: list[Any]
+    after_backward: list[Any]
+    before_zero_grad: list[Any]
     module_batch_start: list[Any]
     module_before_optimizer_step: list[Any]
     module_batch_end: list[Any]
+    module_before_backward: list[Any]
+    module_after_backward: list[Any]
+    module_before_zero_grad: list[Any]
+    module_optimizer_step: Any  # the module's optimizer_step override, or None
+    module_optimizer_zero_grad: Any  # the module's optimizer_zero_grad override, or None
+    # Plain attributes, read every step: whether any hook around backward / zero_grad / the step runs.
+    around_backward: bool = dataclasses.field(init=False)
+    around_zero_grad: bool = dataclasses.field(init=False)
+    before_step: bool = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.around_backward = bool(self.before_backward or self.after_backward or self.module_before_backward
+                                    or self.module_after_backward)
+        self.around_zero_grad = bool(self.before_zero_grad or self.module_before_zero_grad
+                                     or self.module_optimizer_zero_grad)
+        self.before_step = bool(self.before_optimizer_step or self.module_before_optimizer_step)
+
+    # The loop calls these only when the flag above says a hook is implemented.
+    def call_around_backward(self, trainer: Any, module: TrainingModule, loss: Any, backward: Any) -> None:
+        """on_before_backward, ``backward(loss)``, on_after_backward: callbacks first, then the module."""
+        for hook in self.before_backward:
+            hook(trainer, module, loss)
+        for hook in self.module_before_backward:
+            hook(loss)
+        backward(loss)
+        for hook in self.after_backward:
+            hook(trainer, module)
+        for hook in self.module_after_backward:
+            hook()
+
+    def call_before_optimizer_step(self, trainer: Any, module: TrainingModule, optimizer: Any) -> None:
+        for hook in self.before_optimizer_step:
+            hook(trainer, module, optimizer)
+        for hook in self.module_before_optimizer_step:
+            hook(optimizer)
+
+    def call_optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, step: Any, loss: Any) -> bool:
+        """The module's optimizer_step override, given ``optimizer`` behind a :class:`StepOptimizer`
+        whose ``step(closure)`` is the Trainer's ``step``; True if a step changed the weights."""
+        handle = StepOptimizer(optimizer, step)
+        self.module_optimizer_step(epoch, batch_idx, handle, lambda: loss)
+        return handle.applied
+
+    def call_around_zero_grad(self, trainer: Any, module: TrainingModule, optimizer: Any, epoch: int,
+                              batch_idx: int) -> None:
+        """on_before_zero_grad, then the module's optimizer_zero_grad override or ``zero_grad``."""
+        for hook in self.before_zero_grad:
+            hook(trainer, module, optimizer)
+        for hook in self.module_before_zero_grad:
+            hook(optimizer)
+        if self.module_optimizer_zero_grad is not None:
+            self.module_optimizer_zero_grad(epoch, batch_idx, optimizer)
+        else:
+            optimizer.zero_grad(set_to_none=True)
 
 
 def _implemented(hooks: list[Any], no_op: Any) -> list[Any]:
     """``hooks`` without the bound methods that are the base class's no-op ``no_op``."""
     return [hook for hook in hooks if not (isinstance(hook, types.MethodType) and hook.__func__ is no_op)]
+
+
+def _override(method: Any, base: Any) -> Any:
+    """The bound ``method`` when the module's class overrides TrainingModule's ``base``, else None."""
+    return method if _implemented([method], base) else None
 
 
 def step_hooks(callbacks: list[Callback], module: TrainingModule) -> StepHooks:
@@ -45,23 +113,37 @@ def step_hooks(callbacks: list[Callback], module: TrainingModule) -> StepHooks:
         forward_context=_implemented([c.forward_context for c in callbacks], Callback.forward_context),
         before_optimizer_step=_implemented([c.on_before_optimizer_step for c in callbacks], Callback.on_before_optimizer_step),
         batch_end=_implemented([c.on_train_batch_end for c in callbacks], Callback.on_train_batch_end),
+        before_backward=_implemented([c.on_before_backward for c in callbacks], Callback.on_before_backward),
+        after_backward=_implemented([c.on_after_backward for c in callbacks], Callback.on_after_backward),
+        before_zero_grad=_implemented([c.on_before_zero_grad for c in callbacks], Callback.on_before_zero_grad),
         module_batch_start=_implemented([module.on_train_batch_start], TrainingModule.on_train_batch_start),
         module_before_optimizer_step=_implemented([module.on_before_optimizer_step], TrainingModule.on_before_optimizer_step),
         module_batch_end=_implemented([module.on_train_batch_end], TrainingModule.on_train_batch_end),
+        module_before_backward=_implemented([module.on_before_backward], TrainingModule.on_before_backward),
+        module_after_backward=_implemented([module.on_after_backward], TrainingModule.on_after_backward),
+        module_before_zero_grad=_implemented([module.on_before_zero_grad], TrainingModule.on_before_zero_grad),
+        module_optimizer_step=_override(module.optimizer_step, TrainingModule.optimizer_step),
+        module_optimizer_zero_grad=_override(module.optimizer_zero_grad, TrainingModule.optimizer_zero_grad),
     )
 
 
 @dataclasses.dataclass
 class EvaluationHooks:
     """The hooks of one evaluation stage, as bound methods (no hook is looked up by name): the
-    callbacks' lists (called with the trainer and the module) and the module's own."""
+    callbacks' lists (called with the trainer and the module) and the module's own. The per-batch
+    lists keep only implemented hooks."""
 
     step: Any
     start: list[Any]
+    epoch_start: list[Any]
+    batch_start: list[Any]
     batch_end: list[Any]
+    epoch_end: list[Any]
     end: list[Any]
     module_start: Any
     module_epoch_start: Any
+    module_batch_start: list[Any]
+    module_batch_end: list[Any]
     module_epoch_end: Any
     module_end: Any
     step_takes_dataloader_idx: bool = False  # pass dataloader_idx to the step (several loaders)
@@ -72,30 +154,41 @@ def evaluation_hooks(stage: str, callbacks: list[Callback], module: TrainingModu
     """The hooks of ``stage``; with ``several`` loaders, whether the step takes ``dataloader_idx``
     (as in Lightning, a step of several loaders must take it, and one of one loader must not require it)."""
     if stage == "validate":
-        hooks = EvaluationHooks(
-            module.validation_step, [c.on_validation_start for c in callbacks],
-            [c.on_validation_batch_end for c in callbacks], [c.on_validation_end for c in callbacks],
-            module.on_validation_start, module.on_validation_epoch_start, module.on_validation_epoch_end,
-            module.on_validation_end,
+        step, hooks = module.validation_step, _evaluation_hooks(
+            module.validation_step,
+            [(c.on_validation_start, c.on_validation_epoch_start, c.on_validation_batch_start,
+              c.on_validation_batch_end, c.on_validation_epoch_end, c.on_validation_end) for c in callbacks],
+            (module.on_validation_start, module.on_validation_epoch_start, module.on_validation_batch_start,
+             module.on_validation_batch_end, module.on_validation_epoch_end, module.on_validation_end),
+            (Callback.on_validation_batch_start, Callback.on_validation_batch_end,
+             TrainingModule.on_validation_batch_start, TrainingModule.on_validation_batch_end),
         )
     elif stage == "test":
-        hooks = EvaluationHooks(
-            module.test_step, [c.on_test_start for c in callbacks],
-            [c.on_test_batch_end for c in callbacks], [c.on_test_end for c in callbacks],
-            module.on_test_start, module.on_test_epoch_start, module.on_test_epoch_end, module.on_test_end,
+        step, hooks = module.test_step, _evaluation_hooks(
+            module.test_step,
+            [(c.on_test_start, c.on_test_epoch_start, c.on_test_batch_start, c.on_test_batch_end,
+              c.on_test_epoch_end, c.on_test_end) for c in callbacks],
+            (module.on_test_start, module.on_test_epoch_start, module.on_test_batch_start, module.on_test_batch_end,
+             module.on_test_epoch_end, module.on_test_end),
+            (Callback.on_test_batch_start, Callback.on_test_batch_end, TrainingModule.on_test_batch_start,
+             TrainingModule.on_test_batch_end),
         )
     else:
-        hooks = EvaluationHooks(
-            module.predict_step, [c.on_predict_start for c in callbacks],
-            [c.on_predict_batch_end for c in callbacks], [c.on_predict_end for c in callbacks],
-            module.on_predict_start, module.on_predict_epoch_start, module.on_predict_epoch_end, module.on_predict_end,
+        step, hooks = module.predict_step, _evaluation_hooks(
+            module.predict_step,
+            [(c.on_predict_start, c.on_predict_epoch_start, c.on_predict_batch_start, c.on_predict_batch_end,
+              c.on_predict_epoch_end, c.on_predict_end) for c in callbacks],
+            (module.on_predict_start, module.on_predict_epoch_start, module.on_predict_batch_start,
+             module.on_predict_batch_end, module.on_predict_epoch_end, module.on_predict_end),
+            (Callback.on_predict_batch_start, Callback.on_predict_batch_end, TrainingModule.on_predict_batch_start,
+             TrainingModule.on_predict_batch_end),
         )
-    hooks.step_takes_dataloader_idx = _takes_dataloader_idx(hooks.step, several) and several
+    hooks.step_takes_dataloader_idx = _takes_dataloader_idx(step, several) and several
     return hooks
 
 
 def _takes_dataloader_idx(step: Any, several: bool) -> bool:
-    parameters = inspect.signature(step).parameters
+    parameters = signature(step).parameters
     takes = "dataloader_idx" in parameters or any(p.kind == p.VAR_POSITIONAL for p in parameters.values())
     name = f"{type(getattr(step, '__self__', None)).__name__}.{step.__name__}"
     overridden = getattr(step, "__func__", step) is not getattr(TrainingModule, step.__name__, None)
@@ -109,9 +202,110 @@ def _takes_dataloader_idx(step: Any, several: bool) -> bool:
     return takes and overridden
 
 
+def _evaluation_hooks(step: Any, of_callbacks: list[tuple], of_module: tuple, no_ops: tuple) -> EvaluationHooks:
+    """Each hook tuple is (start, epoch_start, batch_start, batch_end, epoch_end, end); the per-batch
+    hooks keep only those that are not the base classes' no-ops ``no_ops``."""
+    columns = [list(column) for column in zip(*of_callbacks)] or [[] for _ in range(6)]  # one list per hook
+    start, epoch_start, batch_start, batch_end, epoch_end, end = columns
+    callback_batch_start, callback_batch_end, module_batch_start, module_batch_end = no_ops
+    return EvaluationHooks(
+        step=step_without_batch_idx(step), start=start, epoch_start=epoch_start,
+        batch_start=_implemented(batch_start, callback_batch_start), batch_end=_implemented(batch_end, callback_batch_end),
+        epoch_end=epoch_end, end=end, module_start=of_module[0], module_epoch_start=of_module[1],
+        module_batch_start=_implemented([of_module[2]], module_batch_start),
+        module_batch_end=_implemented([of_module[3]], module_batch_end),
+        module_epoch_end=of_module[4], module_end=of_module[5],
+    )
+
+
+def signature(step: Any) -> inspect.Signature:
+    """``step``'s signature as the user wrote it. A method re-bound around the original (FSDP's
+    forward-method registration wraps the bound method) is unwrapped first; ``inspect.signature``
+    would otherwise drop the first parameter of the original twice."""
+    return inspect.signature(inspect.unwrap(step))
+
+
+def takes_batch_idx(step: Any) -> bool:
+    """False when ``step`` takes the batch alone (``def training_step(self, batch)``, as Lightning allows)."""
+    try:
+        parameters = list(signature(step).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C callable: call it as it is
+        return True
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) != 1 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
+
+
+def step_without_batch_idx(step: Any) -> Any:
+    """``step`` itself, or a function of ``(batch, batch_idx)`` that calls it with the batch alone."""
+    if takes_batch_idx(step):
+        return step
+
+    def step_of_batch(batch: Any, batch_idx: int) -> Any:
+        return step(batch)
+
+    return step_of_batch
+
+
 def single_owner(owners: list[Callback], seam: str) -> Callback | None:
     """The one callback among ``owners`` (those that set the ``seam`` flag), or None; two are an error."""
     if len(owners) > 1:
         names = " and ".join(type(owner).__name__ for owner in owners)
         raise ValueError(f"{names} both set {seam}=True; one callback may own that seam. Remove one of them.")
     return owners[0] if owners else None
+
+
+# =============================================================================================
+# Lightning hooks that Cadence does not call
+# =============================================================================================
+_EVAL_MODE = "the Trainer itself puts the model in eval mode (and back in train mode) around evaluation"
+_REMOVED = "removed in Lightning 2.0"
+
+#: LightningModule hooks (core/hooks.py and core/module.py), with what to do in Cadence. Those
+#: TrainingModule defines are called; the others are named in a warning when a module defines them.
+MODULE_HOOKS = {
+    "on_validation_model_zero_grad": _EVAL_MODE, "on_validation_model_eval": _EVAL_MODE,
+    "on_validation_model_train": _EVAL_MODE, "on_test_model_eval": _EVAL_MODE, "on_test_model_train": _EVAL_MODE,
+    "on_predict_model_eval": _EVAL_MODE,
+    "transfer_batch_to_device": "batches move through the strategy; change the batch at the top of your step",
+    "on_before_batch_transfer": "change the batch at the top of your step (or in the DataLoader's collate_fn)",
+    "on_after_batch_transfer": "change the batch at the top of your step",
+    "backward": "use on_before_backward/on_after_backward, or a callback that owns the backward seam",
+    "configure_gradient_clipping": "use Trainer(gradient_clip_val=..., gradient_clip_algorithm=...)",
+    "lr_scheduler_step": "step a custom scheduler yourself in on_train_batch_end or on_train_epoch_end",
+    "configure_sharded_model": "renamed configure_model in Lightning 2.1, which Cadence calls",
+    "prepare_data": "call it yourself before fit",
+    "training_epoch_end": f"{_REMOVED}: use on_train_epoch_end and keep the outputs you need yourself",
+    "validation_epoch_end": f"{_REMOVED}: use on_validation_epoch_end and keep the outputs you need yourself",
+    "test_epoch_end": f"{_REMOVED}: use on_test_epoch_end and keep the outputs you need yourself",
+    "training_step_end": f"{_REMOVED}: finish the step in training_step",
+    "validation_step_end": f"{_REMOVED}: finish the step in validation_step",
+    "test_step_end": f"{_REMOVED}: finish the step in test_step",
+    "on_epoch_start": f"{_REMOVED}: use on_train_epoch_start", "on_epoch_end": f"{_REMOVED}: use on_train_epoch_end",
+    "on_pretrain_routine_start": f"{_REMOVED}: use on_fit_start", "on_pretrain_routine_end": f"{_REMOVED}: use on_fit_start",
+}
+#: Lightning Callback hooks (callbacks/callback.py), the same way.
+CALLBACK_HOOKS = {
+    "on_init_start": _REMOVED, "on_init_end": _REMOVED,
+    "on_configure_sharded_model": f"{_REMOVED}: use setup",
+    "on_before_accelerator_backend_setup": f"{_REMOVED}: use setup",
+    "on_batch_start": f"{_REMOVED}: use on_train_batch_start", "on_batch_end": f"{_REMOVED}: use on_train_batch_end",
+    "on_epoch_start": f"{_REMOVED}: use on_train_epoch_start", "on_epoch_end": f"{_REMOVED}: use on_train_epoch_end",
+    "on_pretrain_routine_start": f"{_REMOVED}: use on_fit_start", "on_pretrain_routine_end": f"{_REMOVED}: use on_fit_start",
+    "on_keyboard_interrupt": f"{_REMOVED}: use on_exception",
+}
+_warned: weakref.WeakSet[type] = weakref.WeakSet()  # classes warned about in this process
+
+
+def warn_uncalled_hooks(objects: list[Any]) -> None:
+    """One warning per class (per process) naming the Lightning hooks it defines that Cadence never calls."""
+    for obj in objects:
+        cls = type(obj)
+        if cls in _warned:
+            continue
+        base, known = (TrainingModule, MODULE_HOOKS) if isinstance(obj, TrainingModule) else (Callback, CALLBACK_HOOKS)
+        uncalled = [name for name in known if not hasattr(base, name) and callable(getattr(cls, name, None))]
+        _warned.add(cls)
+        if uncalled:
+            what = "; ".join(f"{name} ({known[name]})" for name in uncalled)
+            warnings.warn(f"{cls.__name__} defines Lightning hooks that Cadence never calls, so their code does not "
+                          f"run: {what}.", stacklevel=4)

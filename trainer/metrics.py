@@ -15,6 +15,9 @@ from typing import Any
 import torch
 
 REDUCE_FX = ("mean", "sum", "max", "min")
+#: Lightning's callables for ``reduce_fx``, by the name Cadence uses.
+REDUCE_CALLABLES = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min",
+                    sum: "sum", max: "max", min: "min"}
 
 
 @dataclass
@@ -26,6 +29,16 @@ class MetricSpec:
     on_epoch: bool
     sync_dist: bool
     reduce_fx: str
+    logger: bool = True  # False: callback_metrics and the progress bar only, not the loggers
+    add_dataloader_idx: bool = True
+    metric: bool = False  # an update/compute/reset object: compute() at the epoch end, then reset()
+    accumulates: bool = False  # an on_epoch number or tensor, summed on the device per step
+
+
+def is_metric_object(value: Any) -> bool:
+    """True for objects with torchmetrics' protocol: ``update``, ``compute`` and ``reset`` methods."""
+    return not isinstance(value, torch.Tensor) and all(
+        callable(getattr(value, method, None)) for method in ("update", "compute", "reset"))
 
 
 class StageMetrics:
@@ -36,47 +49,77 @@ class StageMetrics:
         self.specs: dict[str, MetricSpec] = {}
         self.step_values: dict[str, Any] = {}
         self.epoch_totals: dict[str, list[Any]] = {}  # name -> [device total, weight]
+        self.metric_objects: dict[str, Any] = {}  # name -> the metric object logged under it
         #: "/dataloader_idx_N" while evaluation runs loader N of several (Lightning's keys), else "".
         self.dataloader_suffix = ""
 
-    def log(self, name: str, value: Any, prog_bar: bool, on_step: bool | None, on_epoch: bool | None,
-            sync_dist: bool, reduce_fx: str, batch_size: int | None) -> None:
-        if self.dataloader_suffix:
-            name += self.dataloader_suffix
+    def log(self, name: str, value: Any, prog_bar: bool, logger: bool | None, on_step: bool | None,
+            on_epoch: bool | None, reduce_fx: Any, sync_dist: bool, sync_dist_group: Any,
+            add_dataloader_idx: bool, batch_size: int | None, rank_zero_only: bool) -> None:
+        if self.dataloader_suffix and add_dataloader_idx:
+            name, logged_as = name + self.dataloader_suffix, name
+        else:
+            logged_as = name
         spec = self.specs.get(name)
         if spec is None:
-            spec = self._register(name, value, prog_bar, on_step, on_epoch, sync_dist, reduce_fx)
+            if add_dataloader_idx and "/dataloader_idx_" in logged_as:
+                raise ValueError(f'self.log("{logged_as}", ...): with add_dataloader_idx=True the Trainer adds '
+                                 '"/dataloader_idx_N" itself; log the name without it, or pass add_dataloader_idx=False.')
+            spec = self._register(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist,
+                                  sync_dist_group, add_dataloader_idx, rank_zero_only)
         if spec.on_step:
             self.step_values[name] = value
-        if spec.on_epoch:
+        if spec.accumulates:
             self._accumulate(name, value, spec.reduce_fx, 1 if batch_size is None else batch_size)
 
-    def _register(self, name: str, value: Any, prog_bar: bool, on_step: bool | None,
-                  on_epoch: bool | None, sync_dist: bool, reduce_fx: str) -> MetricSpec:
+    def _register(self, name: str, value: Any, prog_bar: bool, logger: bool | None, on_step: bool | None,
+                  on_epoch: bool | None, reduce_fx: Any, sync_dist: bool, sync_dist_group: Any,
+                  add_dataloader_idx: bool, rank_zero_only: bool) -> MetricSpec:
         if not isinstance(name, str) or not name:
             raise ValueError(f"self.log(name={name!r}): the name must be a non-empty string.")
+        reduce_fx = REDUCE_CALLABLES.get(reduce_fx, reduce_fx) if callable(reduce_fx) else reduce_fx
         if reduce_fx not in REDUCE_FX:
-            raise ValueError(f'self.log("{name}", reduce_fx={reduce_fx!r}): use one of {REDUCE_FX}.')
+            raise ValueError(f'self.log("{name}", reduce_fx={reduce_fx!r}): use one of {REDUCE_FX} '
+                             "(or torch.mean, torch.sum, torch.max, torch.min).")
+        if sync_dist_group is not None:
+            raise ValueError(f'self.log("{name}", sync_dist_group=...): Cadence reduces over all processes; '
+                             "leave sync_dist_group out.")
+        metric = is_metric_object(value)
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
                 raise ValueError(
                     f'self.log("{name}", ...) got a tensor of shape {tuple(value.shape)}; log a '
                     "scalar, e.g. its .mean()."
                 )
-        elif not isinstance(value, (int, float)) or isinstance(value, bool):
+        elif not metric and (not isinstance(value, (int, float)) or isinstance(value, bool)):
             raise ValueError(
-                f'self.log("{name}", ...) got {type(value).__name__}; log a number or a '
-                "one-element tensor."
+                f'self.log("{name}", ...) got {type(value).__name__}; log a number, a one-element tensor '
+                "or a metric object (update/compute/reset)."
             )
         spec = MetricSpec(
             prog_bar=bool(prog_bar),
             on_step=self.default_on_step if on_step is None else bool(on_step),
             on_epoch=(not self.default_on_step) if on_epoch is None else bool(on_epoch),
-            sync_dist=bool(sync_dist),
+            # A metric object syncs itself in compute(); a value logged on rank zero only has no
+            # partner on the other ranks for a collective.
+            sync_dist=bool(sync_dist) and not metric and not rank_zero_only,
             reduce_fx=reduce_fx,
+            logger=True if logger is None else bool(logger),
+            add_dataloader_idx=bool(add_dataloader_idx),
+            metric=metric,
         )
+        spec.accumulates = spec.on_epoch and not metric
         if not (spec.on_step or spec.on_epoch):
             raise ValueError(f'self.log("{name}", on_step=False, on_epoch=False) records nothing; set one.')
+        if metric:
+            if spec.on_step and not hasattr(value, "_forward_cache"):
+                raise ValueError(
+                    f'self.log("{name}", <{type(value).__name__}>, on_step=True): a metric object is logged per step '
+                    "through the value of its last metric(...) call (torchmetrics' forward), which this object "
+                    "does not keep. Log it with on_step=False, on_epoch=True (compute() at the epoch end), or "
+                    "log the batch's value as a tensor."
+                )
+            self.metric_objects[name] = value
         self.specs[name] = spec
         return spec
 
@@ -101,19 +144,42 @@ class StageMetrics:
         total[1] += weight
 
     def take_step_values(self) -> dict[str, tuple[Any, MetricSpec]]:
-        """The latest value of each ``on_step`` metric since the last read, then forget them."""
+        """The latest value of each ``on_step`` metric since the last read, then forget them.
+        A metric object gives the value of its last ``metric(...)`` call (torchmetrics' forward)."""
         taken = {name: (value, self.specs[name]) for name, value in self.step_values.items()}
         self.step_values = {}
+        for name in self.metric_objects.keys() & taken.keys():
+            value = taken[name][0]._forward_cache
+            if value is None:  # logged before its first metric(...) call
+                del taken[name]
+            else:
+                taken[name] = (_scalar(name, value), taken[name][1])
         return taken
 
     def take_epoch_values(self) -> dict[str, tuple[Any, MetricSpec]]:
-        """Each ``on_epoch`` metric reduced over the epoch, then forget them."""
+        """Each ``on_epoch`` metric reduced over the epoch, then forget them. Metric objects give
+        their ``compute()`` and are ``reset()``, as Lightning does at every epoch end."""
         taken = {}
         for name, (total, weight) in self.epoch_totals.items():
             spec = self.specs[name]
             taken[name] = (total / weight if spec.reduce_fx == "mean" else total, spec)
         self.epoch_totals = {}
+        for name, metric in self.metric_objects.items():
+            if self.specs[name].on_epoch:
+                taken[name] = (_scalar(name, metric.compute()), self.specs[name])
+            metric.reset()
         return taken
+
+
+def _scalar(name: str, value: Any) -> Any:
+    """A metric object's value as one number or one-element tensor, or an error naming the metric."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+    raise ValueError(f'The metric object logged as "{name}" computed {what}; self.log takes metrics whose '
+                     "compute() is a scalar. Log each element under its own name.")
 
 
 def _key(name: str, spec: MetricSpec, suffix: str) -> str:
@@ -145,6 +211,17 @@ class MetricStore:
 
     def start_training(self) -> None:
         self.current = self.train
+
+    def start_stage(self) -> None:
+        """A stage begins: fresh training metrics, so that a second ``fit`` of this Trainer
+        registers its names (and metric objects) anew."""
+        self.train = StageMetrics(default_on_step=True)
+        self.current = self.train
+        self._pending = None
+
+    def stop(self) -> None:
+        """No stage runs: ``self.log`` (a unit test calling ``training_step`` after fit) records nothing."""
+        self.current = _NO_STAGE
 
     # --- the path to the host ------------------------------------------------------------
     def send_step_values(self, step: int) -> None:
@@ -235,6 +312,16 @@ class _HostCopy:
         values = dict(zip(self.tensor_keys, self.host.tolist())) if self.host is not None else {}
         values.update(self.numbers)
         return values
+
+
+class _NoStage:
+    """What ``self.log`` writes to between stages: nothing is recorded."""
+
+    def log(self, *args: Any) -> None:
+        return None
+
+
+_NO_STAGE = _NoStage()
 
 
 def _gather_alone(obj: Any) -> list[Any]:

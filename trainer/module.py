@@ -7,12 +7,16 @@ Trainer's metric store, which keeps them on the device until a log step.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+from trainer.loading import load_module
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -60,12 +64,49 @@ class TrainingModule(nn.Module):
         # in the hot loop skips nn.Module.__getattr__.
         self._trainer: Trainer | None = None
         self._automatic_optimization = True
+        self._example_input_array: Any = None
+        self._param_requires_grad_state: dict[nn.Parameter, bool] = {}
         self.hparams = HParams()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The Trainer stays attached after a stage (Lightning users read module.trainer after fit),
+        # but is no part of the module: copy.deepcopy and torch.save(module) leave it behind.
+        state = super().__getstate__()
+        state["_trainer"] = None
+        return state
+
+    # --- rebuilding from a checkpoint ------------------------------------------------------
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: str | os.PathLike, map_location: Any = None, strict: bool = True,
+                             **hparam_overrides: Any) -> TrainingModule:
+        """A new module built from a checkpoint's saved hyperparameters, with its weights loaded.
+
+        ``cls(**hyperparameters, **hparam_overrides)`` is built (arguments ``__init__`` does not
+        take are left out), then ``configure_model``, ``on_load_checkpoint(checkpoint)`` and the
+        weights, as in Lightning. The file is read with ``torch.load(weights_only=True)``: loading
+        never runs code from it.
+
+        Args:
+            checkpoint_path: a checkpoint written by Cadence (``Trainer.save_checkpoint``,
+                ``ModelCheckpoint``).
+            map_location: where the tensors go, as in ``torch.load``. None: where they were saved,
+                or the CPU when that device is not available here.
+            strict: the checkpoint's weights and the module's must have the same keys; False loads
+                the keys they share.
+            hparam_overrides: ``__init__`` arguments that replace the saved ones, or that were not
+                saved (a submodule left out with ``save_hyperparameters(ignore=...)``).
+
+        Example::
+
+            model = Classifier.load_from_checkpoint("cadence_logs/version_0/checkpoints/last.ckpt")
+            model.eval()
+        """
+        return load_module(cls, checkpoint_path, map_location, strict, hparam_overrides)
 
     # --- what the Trainer provides ---------------------------------------------------------
     @property
     def trainer(self) -> Trainer | None:
-        """The Trainer running this module, or None outside ``fit``/``validate``/``test``/``predict``."""
+        """The Trainer that runs (or last ran) this module; None before its first stage."""
         return self._trainer
 
     @property
@@ -83,6 +124,40 @@ class TrainingModule(nn.Module):
     @property
     def global_step(self) -> int:
         return self._trainer.global_step if self._trainer is not None else 0
+
+    @property
+    def global_rank(self) -> int:
+        return self._trainer.global_rank if self._trainer is not None else 0
+
+    @property
+    def local_rank(self) -> int:
+        return self._trainer.strategy.local_rank if self._trainer is not None else 0
+
+    @property
+    def on_gpu(self) -> bool:
+        """True when the module's parameters are on a CUDA device."""
+        return self.device.type == "cuda"
+
+    @property
+    def example_input_array(self) -> Any:
+        """An example input of ``forward`` (a tensor, a tuple of arguments or a dict of keyword
+        arguments), as in Lightning; Cadence stores it for your own use (export, summaries)."""
+        return self._example_input_array
+
+    @example_input_array.setter
+    def example_input_array(self, example: Any) -> None:
+        self._example_input_array = example
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on rank zero only, written above the progress bar when one is drawn."""
+        trainer = self._trainer
+        if trainer is not None and not trainer.is_global_zero:
+            return
+        bar = trainer.progress_bar_callback if trainer is not None else None
+        if bar is not None:
+            bar.print(*args, **kwargs)
+        else:
+            print(*args, **kwargs)
 
     @property
     def automatic_optimization(self) -> bool:
@@ -107,10 +182,53 @@ class TrainingModule(nn.Module):
 
     def manual_backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` through the Trainer, so AMP scaling and DDP work in manual mode."""
-        self._require_trainer("manual_backward").run_backward(loss)
+        self._require_trainer("manual_backward", running=True).run_backward(loss)
 
-    def _require_trainer(self, name: str) -> Trainer:
-        if self._trainer is None:
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        """Let only ``optimizer``'s parameters require gradients (a GAN's generator step must not
+        compute the discriminator's gradients); :meth:`untoggle_optimizer` restores the others.
+
+        Parameters frozen before (``requires_grad=False``) stay frozen in both calls.
+        """
+        trainer = self._require_trainer("toggle_optimizer")
+        state: dict[nn.Parameter, bool] = {}
+        for other in trainer.optimizers:
+            for group in other.param_groups:
+                for parameter in group["params"]:
+                    if parameter not in state:
+                        state[parameter] = parameter.requires_grad
+                        parameter.requires_grad = False
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                parameter.requires_grad = state.get(parameter, parameter.requires_grad)
+        self._param_requires_grad_state = state
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        """Undo :meth:`toggle_optimizer`: the other optimizers' parameters require gradients again
+        as they did before it."""
+        toggled = getattr(optimizer, "optimizer", optimizer)  # a wrapper, or the torch optimizer
+        state = self._param_requires_grad_state
+        for other in self._require_trainer("untoggle_optimizer").optimizers:
+            if other is toggled:
+                continue
+            for group in other.param_groups:
+                for parameter in group["params"]:
+                    if parameter in state:
+                        parameter.requires_grad = state[parameter]
+        self._param_requires_grad_state = {}
+
+    @contextlib.contextmanager
+    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
+        """:meth:`toggle_optimizer` for the body of a ``with`` block, then :meth:`untoggle_optimizer`."""
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
+
+    def _require_trainer(self, name: str, running: bool = False) -> Trainer:
+        """The attached Trainer (with ``running``: one in the middle of a stage), or a RuntimeError."""
+        if self._trainer is None or (running and self._trainer.module is None):
             raise RuntimeError(
                 f"{type(self).__name__}.{name}() needs a running Trainer; call it from inside "
                 "training_step (or another hook) during Trainer.fit."
@@ -121,34 +239,68 @@ class TrainingModule(nn.Module):
     def log(
         self,
         name: str,
-        value: torch.Tensor | float | int,
+        value: Any,
         prog_bar: bool = False,
+        logger: bool | None = None,
         on_step: bool | None = None,
         on_epoch: bool | None = None,
+        reduce_fx: str | Any = "mean",
+        enable_graph: bool = False,
         sync_dist: bool = False,
-        reduce_fx: str = "mean",
+        sync_dist_group: Any = None,
+        add_dataloader_idx: bool = True,
         batch_size: int | None = None,
+        metric_attribute: str | None = None,
+        rank_zero_only: bool = False,
     ) -> None:
         """Record a scalar metric. It stays on the device; the Trainer reads it at log steps.
 
+        The arguments are Lightning's, in Lightning's order. How a metric is logged is fixed by its
+        first call in a stage; later calls only add values.
+
         Args:
             name: the metric's key, e.g. ``"train/loss"``.
-            value: a one-element tensor or a Python number.
+            value: a one-element tensor, a Python number, or a metric object with torchmetrics'
+                ``update``/``compute``/``reset`` (``compute()`` is logged at the epoch end, then
+                ``reset()``; per step, the value of its last ``metric(...)`` call).
             prog_bar: show it in the progress bar.
+            logger: send it to the loggers (default True); False keeps it in
+                ``trainer.callback_metrics`` and the bar only.
             on_step: log the value of each log step. Default: True in training, False elsewhere.
             on_epoch: log its reduction over the epoch. Default: False in training, True elsewhere.
-            sync_dist: reduce over processes (DDP) when it is read; costs a collective then.
-            reduce_fx: ``"mean"``, ``"sum"``, ``"max"`` or ``"min"``, for the epoch value.
+            reduce_fx: ``"mean"``, ``"sum"``, ``"max"`` or ``"min"`` (or ``torch.mean`` ...), for
+                the epoch value.
+            enable_graph: accepted for Lightning; Cadence hands logged values on as host numbers, so
+                no graph outlives the step either way.
+            sync_dist: reduce over processes (DDP) when it is read; costs a collective then. A
+                metric object syncs itself in ``compute()``, so this does not apply to it.
+            sync_dist_group: only None (all processes) is supported.
+            add_dataloader_idx: with several evaluation loaders, add ``/dataloader_idx_N`` to the
+                name (False: the name is yours to make unique).
             batch_size: weight of this value in the epoch mean (default 1 per call).
+            metric_attribute: the attribute of this module that holds the metric object (checked).
+            rank_zero_only: you call ``self.log`` on rank zero only: the value is never reduced
+                over processes (a collective would wait for the others forever).
         """
-        if self._trainer is None:
+        trainer = self._trainer
+        if trainer is None:
             return  # outside a run (a unit test calling training_step): nothing to record
-        self._trainer.metrics.current.log(name, value, prog_bar, on_step, on_epoch, sync_dist, reduce_fx, batch_size)
+        if metric_attribute is not None:
+            self._check_metric_attribute(name, value, metric_attribute)
+        trainer.metrics.current.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist,
+                                    sync_dist_group, add_dataloader_idx, batch_size, rank_zero_only)
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
-        """``self.log`` for each item; keyword arguments apply to all."""
+        """``self.log`` for each item; the keyword arguments (``self.log``'s) apply to all."""
         for name, value in dictionary.items():
             self.log(name, value, **kwargs)
+
+    def _check_metric_attribute(self, name: str, value: Any, attribute: str) -> None:
+        if getattr(self, attribute, None) is not value:
+            raise ValueError(
+                f'self.log("{name}", ..., metric_attribute="{attribute}"): {type(self).__name__}.{attribute} '
+                "is not the logged object. Name the attribute that holds the metric, or leave metric_attribute out."
+            )
 
     # --- hyperparameters -------------------------------------------------------------------
     def save_hyperparameters(self, *names: str, ignore: list[str] | str | None = None) -> None:
@@ -235,6 +387,38 @@ class TrainingModule(nn.Module):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None: ...
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None: ...
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        """Before ``backward`` of ``loss`` (divided by ``accumulate_grad_batches``; in manual
+        optimization, the loss given to ``manual_backward``)."""
+
+    def on_after_backward(self) -> None:
+        """After ``backward``: the gradients of this batch are in ``.grad`` (summed over the
+        accumulation window so far; under DDP, all-reduced at the window's last batch)."""
+
+    def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """After the optimizer step, before its gradients are cleared (Cadence clears them right
+        after the step; Lightning before the next window's backward: the same gradients)."""
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        """Step ``optimizer``; override to change the step (a warm-up, stepping every other window).
+
+        ``optimizer.step(closure=optimizer_closure)`` runs the closure (it returns the loss: the
+        forward and backward of this batch have run already), then ``on_before_optimizer_step``,
+        gradient clipping and the optimizer's step (through AMP's scaler when there is one). Not
+        calling ``optimizer.step`` skips the step: ``global_step`` does not advance.
+        """
+        optimizer.step(closure=optimizer_closure)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
+        """Clear the gradients after a step; override to keep or clear them another way."""
+        optimizer.zero_grad()
+
+    def configure_callbacks(self) -> Any:
+        """Callbacks this module needs (a list, or one): they join the Trainer's at the start of
+        each stage; one of the same class as a Trainer callback replaces it, and ModelCheckpoints
+        run last, as in Lightning."""
+        return []
+
     def on_validation_start(self) -> None: ...
     def on_validation_end(self) -> None: ...
     def on_test_start(self) -> None: ...
@@ -247,8 +431,14 @@ class TrainingModule(nn.Module):
     def on_test_epoch_end(self) -> None: ...
     def on_predict_epoch_start(self) -> None: ...
     def on_predict_epoch_end(self) -> None: ...
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Add plain data to ``checkpoint`` before it is written."""
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Read what ``on_save_checkpoint`` added, before the state is restored."""
+        """Read what ``on_save_checkpoint`` added, before the weights are loaded."""

@@ -110,3 +110,49 @@ def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, m
             config.scheduler.step(float(metrics[config.monitor]))
         else:
             config.scheduler.step()
+
+
+class StepOptimizer:
+    """The optimizer a module's ``optimizer_step`` override receives (Lightning's LightningOptimizer).
+
+    ``step(closure)`` runs ``closure`` (it returns the batch's loss: forward and backward have
+    run), then the Trainer's step: ``on_before_optimizer_step``, gradient clipping and the
+    optimizer's step, through the callback that owns the step when there is one (AMP's scaler).
+    The rest reads through to the optimizer: ``param_groups`` (a warm-up sets ``lr`` there),
+    ``state``, ``zero_grad``, ``state_dict``.
+
+    Args:
+        optimizer: the torch optimizer.
+        step: the Trainer's step of ``optimizer``; returns False when the step was skipped (AMP).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, step: Any) -> None:
+        self.optimizer = optimizer
+        self._step = step
+        self.applied = False  # whether a step changed the weights (the schedulers then step)
+
+    def step(self, closure: Any = None) -> Any:
+        loss = closure() if closure is not None else None
+        self.applied = self._step(self.optimizer)
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)

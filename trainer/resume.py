@@ -43,6 +43,15 @@ class ResumableBatchSampler:
         """The wrapped sampler's sampler, so ``set_epoch`` reaches a ``DistributedSampler``."""
         return getattr(self.batch_sampler, "sampler", None)
 
+    def generator_states(self) -> list[torch.Tensor]:
+        """The states of the sampler's own generators now (a checkpoint keeps them: the next
+        epoch's order is drawn from them)."""
+        return [generator.get_state() for generator in _generators(self.batch_sampler)]
+
+    def set_generator_states(self, states: list[torch.Tensor]) -> None:
+        """Undo :meth:`generator_states` (a checkpoint without them, or with other generators, changes nothing)."""
+        _set_generators(self.batch_sampler, states)
+
     def replay(self, epoch_start_rng: dict, skip: int, rng_after: dict) -> None:
         """Make the next epoch redraw its order from ``epoch_start_rng``, drop its first ``skip``
         batches, then set the global RNG to ``rng_after`` (the checkpoint's)."""
@@ -125,14 +134,16 @@ def _generators(batch_sampler: Any) -> list[torch.Generator]:
 
 
 def _capture(batch_sampler: Any) -> dict:
-    state = capture_rng_state()
-    state["generators"] = [generator.get_state() for generator in _generators(batch_sampler)]
-    return state
+    return {**capture_rng_state(), "generators": [generator.get_state() for generator in _generators(batch_sampler)]}
 
 
 def _restore(batch_sampler: Any, state: dict) -> None:
     restore_rng_state(state)
+    _set_generators(batch_sampler, state.get("generators", []))
+
+
+def _set_generators(batch_sampler: Any, states: list[torch.Tensor]) -> None:
     generators = _generators(batch_sampler)
-    if len(generators) == len(state.get("generators", [])):
-        for generator, generator_state in zip(generators, state["generators"]):
-            generator.set_state(generator_state)
+    if len(generators) == len(states):
+        for generator, state in zip(generators, states):
+            generator.set_state(state)

@@ -1,9 +1,12 @@
 """What a checkpoint holds and how a run continues from it; what a spawned run hands back.
 
-``checkpoint_state`` gathers the whole training state of a Trainer as tensors and plain data
-(the file format and its checks live in ``trainer/checkpoint.py``); ``restore`` puts it back,
-so that the loop continues exactly where the checkpoint was written. ``handoff_state`` and
-``receive_handoff`` carry rank zero's results back to the caller after a DDP spawn.
+``training_state`` gathers a Trainer's training state (optimizers, counters, every rank's RNG)
+and ``checkpoint_state`` adds the module's weights, as tensors and plain data (the file format
+and its checks live in ``trainer/checkpoint.py``); ``restore`` puts it back, so that the loop
+continues exactly where the checkpoint was written. The training state at the end of ``fit`` is
+kept, so that ``save_checkpoint`` after fit writes it (``end_of_fit_checkpoint``).
+``handoff_state`` and ``receive_handoff`` carry rank zero's results (that state included) back to
+the caller after a DDP spawn.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-def checkpoint_state(trainer: Trainer) -> dict[str, Any]:
-    """The whole training state, as tensors and plain data (trainer/checkpoint.py)."""
-    module = trainer.module
+def training_state(trainer: Trainer) -> dict[str, Any]:
+    """What a checkpoint holds besides the module's weights and hyperparameters: optimizers,
+    schedulers, loop counters, every rank's RNG states, callback states. Gathers the RNG states of
+    every rank: call it on every rank."""
     epoch, batches_done = loop_position(trainer)
     if (trainer.stage == "fit" and batches_done and not trainer._ends_window(trainer.batch_idx, trainer.num_training_batches)
             and trainer.is_global_zero):
@@ -38,25 +42,39 @@ def checkpoint_state(trainer: Trainer) -> dict[str, Any]:
             f"save_checkpoint after batch {trainer.batch_idx}, inside an accumulation window of "
             f"{trainer.accumulate_grad_batches} batches: the gradients accumulated so far are not saved, so a run "
             "resumed from it is not exact. Save after the window's last batch (ModelCheckpoint does).", stacklevel=3)
-    strategy, sampler = trainer.strategy, trainer._train_sampler
-    # Each rank's RNG states: ranks may draw differently (dropout, per-rank augmentation).
-    rng = strategy.all_gather_object(
-        {"now": capture_rng_state(), "epoch_start": sampler.epoch_start_rng if sampler is not None else None}
-    )
-    state = {
-        "format": checkpoint_io.FORMAT_VERSION,
-        "state_dict": strategy.module_state_dict(module),  # under FSDP: this rank's shards
-        "optimizer_states": [strategy.optimizer_state_dict(module, optimizer) for optimizer in trainer.optimizers],
+    sampler = trainer._train_sampler
+    # Each rank's RNG states: ranks may draw differently (dropout, per-rank augmentation). "now"
+    # includes the training loader's own generators, whose state the next epoch's order comes from.
+    rng = trainer.strategy.all_gather_object({
+        "now": {**capture_rng_state(), "generators": sampler.generator_states() if sampler is not None else []},
+        "epoch_start": sampler.epoch_start_rng if sampler is not None else None,
+    })
+    return {
+        "optimizer_states": [trainer.strategy.optimizer_state_dict(trainer.module, optimizer)
+                             for optimizer in trainer.optimizers],
         "lr_schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
         "loops": {"epoch": epoch, "batches_done": batches_done, "global_step": trainer.global_step,
                   "train_batches_seen": trainer._train_batches_seen, "world_size": trainer.world_size},
         "rng": rng,
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         "callback_metrics": dict(trainer.callback_metrics),
+    }
+
+
+def checkpoint_state(trainer: Trainer, module: TrainingModule, training: dict[str, Any]) -> dict[str, Any]:
+    """The whole checkpoint: ``module``'s weights and hyperparameters with ``training`` (from
+    :func:`training_state`), after the callbacks' and the module's ``on_save_checkpoint``."""
+    state = {
+        "format": checkpoint_io.FORMAT_VERSION,
+        "state_dict": trainer.strategy.module_state_dict(module),  # under FSDP: this rank's shards
+        **training,
         "hyper_parameters": checkpoint_io.plain_hyperparameters(module.hparams),
+        "hyper_parameters_inexact": checkpoint_io.inexact_hyperparameters(module.hparams),
         **_datamodule_state(trainer),
         "versions": {"torch": str(torch.__version__), "python": platform.python_version(), "cadence": _version()},
     }
+    for callback in trainer.callbacks:
+        callback.on_save_checkpoint(trainer, module, state)
     module.on_save_checkpoint(state)
     return state
 
@@ -101,6 +119,20 @@ def _datamodule_state(trainer: Trainer) -> dict[str, Any]:
             "datamodule_hyper_parameters": checkpoint_io.plain_hyperparameters(datamodule.hparams)}
 
 
+def end_of_fit_checkpoint(trainer: Trainer) -> dict[str, Any]:
+    """The checkpoint ``save_checkpoint`` writes when no stage runs: the fitted module's weights as
+    they are now, with the training state its last fit ended with (``Trainer._end_of_fit``)."""
+    if trainer._end_of_fit is None:
+        raise RuntimeError(
+            "Trainer.save_checkpoint has no training state to write: no fit has finished on this Trainer, or "
+            "it ran in spawned FSDP workers, whose optimizer state stays sharded there. Call it after fit "
+            "returns, or during a stage (from a callback or a module hook; ModelCheckpoint does); for the "
+            "weights alone, torch.save(model.state_dict(), path)."
+        )
+    module, training = trainer._end_of_fit
+    return checkpoint_state(trainer, module, training)
+
+
 def loop_position(trainer: Trainer) -> tuple[int, int]:
     """Where a resumed run continues: (epoch, batches of it already trained). During the
     epoch-end hooks the epoch is done; otherwise batch ``batch_idx`` is (-1: none yet)."""
@@ -121,6 +153,8 @@ def restore(trainer: Trainer, path: Path, model_only: bool = False, state: dict[
     if not model_only:
         checkpoint_io.check_resumable(state, path)
     module.on_load_checkpoint(state)
+    for callback in trainer.callbacks:
+        callback.on_load_checkpoint(trainer, module, state)
     checkpoint_io.check_weights(module, state, path)
     strategy.load_module_state_dict(module, state["state_dict"])
     if model_only:
@@ -140,6 +174,8 @@ def restore(trainer: Trainer, path: Path, model_only: bool = False, state: dict[
                       "data order will differ.", stacklevel=3)
     trainer._resume_rng = rng[trainer.global_rank] if trainer.global_rank < len(rng) else rng[0]
     restore_rng_state(trainer._resume_rng["now"])  # and again after a mid-epoch replay (trainer/resume.py)
+    if trainer._train_sampler is not None:  # the loader's own generators: the next epoch's order
+        trainer._train_sampler.set_generator_states(trainer._resume_rng["now"].get("generators", []))
     trainer._last_checkpoint = (str(path), trainer.global_step)
 
 
@@ -153,8 +189,12 @@ def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> 
                       "It is not restored; pass the same callbacks (same monitor/mode) to continue them.", stacklevel=3)
 
 
-def handoff_state(trainer: Trainer, module: TrainingModule, datamodule: DataModule | None = None) -> dict[str, Any]:
-    """What a spawned rank zero sends back so the caller's objects reflect the run."""
+def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodule: DataModule | None = None) -> dict[str, Any]:
+    """What a spawned rank zero sends back so the caller's objects reflect the run. After fit, that
+    includes the training state the loop ended with (optimizers, schedulers, every rank's RNG), so
+    that ``trainer.save_checkpoint`` in the caller writes a checkpoint that continues exactly; it
+    costs a copy of the optimizer state through the result file. Not where rank zero holds only its
+    shard of that state (FSDP)."""
     return {
         "datamodule": datamodule.state_dict() if datamodule is not None else None,
         "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.module_state_dict(module, full=True).items()},
@@ -163,6 +203,8 @@ def handoff_state(trainer: Trainer, module: TrainingModule, datamodule: DataModu
         "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         "preempted_by": trainer._preemption.stopping_signal(),
+        "end_of_fit": (trainer._end_of_fit[1] if stage == "fit" and trainer._end_of_fit is not None
+                       and trainer.strategy.whole_state_on_rank_zero else None),
     }
 
 
@@ -175,6 +217,8 @@ def receive_handoff(trainer: Trainer, module: TrainingModule, handoff: dict[str,
     module.load_state_dict(handoff["state_dict"], assign=on_meta)
     if datamodule is not None and handoff.get("datamodule") is not None:
         datamodule.load_state_dict(handoff["datamodule"])
+    if handoff["end_of_fit"] is not None:
+        trainer._end_of_fit = (module, handoff["end_of_fit"])
     trainer._preemption.signal_number = handoff.get("preempted_by")
     trainer.current_epoch, trainer.global_step = handoff["current_epoch"], handoff["global_step"]
     trainer.callback_metrics = {k: torch.tensor(v) for k, v in handoff["callback_metrics"].items()}

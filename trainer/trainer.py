@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import itertools
 import math
 import os
@@ -34,7 +35,9 @@ from trainer.datamodule import DataModule
 from trainer.metrics import MetricStore, format_results, split_by_dataloader
 from trainer.module import TrainingModule
 from trainer.guards import check_losses, window_is_finite
-from trainer.hooks import evaluation_hooks, single_owner, step_hooks
+from trainer.hooks import (
+    evaluation_hooks, single_owner, step_hooks, step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks,
+)
 from trainer.optim import SchedulerConfig, parse_optimizers, step_schedulers
 from trainer.preemption import Preemption
 from trainer.resume import resumable, resume_iterator
@@ -42,7 +45,11 @@ from trainer.seed import preserved_rng, seed_everything, use_deterministic_algor
 from trainer.shorthands import reject_unknown_arguments
 from trainer.shorthands import translate as translate_shorthands
 from trainer.schedule import validation_due, validation_interval
-from trainer.state import checkpoint_state, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore
+from trainer.state import (
+    checkpoint_state, end_of_fit_checkpoint, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore,
+    training_state,
+)
+from trainer.utilities import rank_zero_only
 
 STAGES = ("fit", "validate", "test", "predict")
 CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
@@ -179,6 +186,7 @@ class Trainer:
         self._data: DataSource | None = None  # where the running stage's loaders come from
         self.log_dir: Path | None = None
         self.module: TrainingModule | None = None  # the user's module while a stage runs
+        self.lightning_module: TrainingModule | None = None  # the module of the last stage (Lightning's name)
         self.model: torch.nn.Module | None = None  # what the strategy wrapped (DDP), or the module
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_scheduler_configs: list[SchedulerConfig] = []
@@ -193,6 +201,7 @@ class Trainer:
         self._train_batches_seen = 0  # training batches run since the first fit (log-step clock)
         self._unchecked_losses: list = []  # (loss, batch_idx, global_step) since the last NaN check
         self._last_checkpoint: tuple[str, int] | None = None  # (path, global step) last written or loaded
+        self._end_of_fit: tuple[TrainingModule, dict] | None = None  # (module, training_state) when fit ended
         self._preemption = Preemption()
 
     # =========================================================================================
@@ -202,28 +211,33 @@ class Trainer:
             datamodule: DataModule | None = None, ckpt_path: str | os.PathLike | None = None) -> None:
         """Train ``model``. What happens, in order:
 
+            module.configure_callbacks (they join the Trainer's callbacks)
             strategy.launch (DDP spawns here, or joins a torchrun group)
             seed; prepare_data (datamodule, module: local rank zero; the others wait)
             setup hooks (datamodule, callbacks, module); module.configure_model; move the model once;
             callbacks' configure_model; strategy wrap (DDP, FSDP); configure_optimizers
             train_dataloader, val_dataloader (given, or the datamodule's or module's hooks)
-            restore ckpt_path if given
+            restore ckpt_path if given (on_load_checkpoint: the module's, then the callbacks')
             on_fit_start
-            sanity validation (num_sanity_val_steps batches, nothing logged)
+            on_sanity_check_start -> sanity validation (num_sanity_val_steps batches, nothing logged)
+                -> on_sanity_check_end
             on_train_start
             each epoch until max_epochs, max_steps or should_stop (once min_epochs/min_steps are met):
                 every reload_dataloaders_every_n_epochs: the loaders again from their hooks
                 on_train_epoch_start
                 each batch: to device (non_blocking) -> on_train_batch_start
                     -> forward (training_step) under the callbacks' forward contexts
-                    -> backward (no all-reduce while accumulating)
-                    -> every accumulate_grad_batches-th batch: on_before_optimizer_step, clip,
-                       optimizer step, zero grad, step-interval schedulers
+                    -> on_before_backward -> backward (no all-reduce while accumulating) -> on_after_backward
+                    -> every accumulate_grad_batches-th batch: on_before_optimizer_step, clip, optimizer
+                       step (all three inside the module's optimizer_step when it overrides it), then
+                       on_before_zero_grad, zero grad (the module's optimizer_zero_grad), step-interval schedulers
                     -> on_train_batch_end -> every log_every_n_steps: on_log, non-finite loss check
-                    -> at val_check_interval: validation (on_validation_start ... on_validation_end)
+                    -> at val_check_interval: validation (on_validation_start, on_validation_epoch_start,
+                       each batch on_validation_batch_start/end, on_validation_epoch_end, on_validation_end)
                     -> after SIGTERM/SIGUSR1, once the accumulation window ends: write last.ckpt, stop
                 epoch metrics -> on_log; epoch-interval schedulers
                 on_train_epoch_end
+            (the state that save_checkpoint writes after fit is taken here)
             on_train_end
             on_fit_end
             teardown: datamodule, callbacks, module (also after an error, which first calls on_exception)
@@ -231,9 +245,17 @@ class Trainer:
 
         The data: loaders (``val_dataloaders`` may be a list or dict of them), or a ``DataModule``
         (``datamodule=dm``, or ``fit(model, dm)``), or neither (the module's ``*_dataloader`` hooks).
-        Callbacks run in the order given, each before the module's hook of the same name.
+        Callbacks run in the order given, each before the module's hook of the same name; a hook
+        that nobody implements costs nothing per step. A checkpoint gets every callback's
+        ``state_dict``, then ``on_save_checkpoint`` (the callbacks', then the module's).
         ``ckpt_path`` is a checkpoint file, or "last" (``trainer/checkpoint.py``): the run then
         continues exactly where that checkpoint was written, in the same log directory.
+
+        Where Cadence differs from Lightning on purpose: the gradients are cleared right after
+        the optimizer step (Lightning clears them before the next window's backward: the same
+        gradients, but here their memory is free during the next forward), and an
+        ``optimizer_step`` override runs after the batch's forward and backward, so its closure
+        returns the loss instead of computing it.
         """
         data = collect_data("fit", model, train_dataloaders, val_dataloaders, datamodule,
                             validates=self.limits["validate"] != 0)
@@ -273,17 +295,22 @@ class Trainer:
         """Write the whole training state to ``path`` atomically, in the strategy's layout: one file
         that rank zero writes while all ranks wait, or under FSDP a directory of every rank's shards.
 
-        Call it on every rank, during a stage (from a callback or a module hook). A checkpoint
-        written at the end of a batch resumes after that batch; see ``trainer/checkpoint.py``.
+        During a stage (from a callback or a module hook), call it on every rank; all ranks wait
+        for the write. A checkpoint written at the end of a batch resumes after that batch; see
+        ``trainer/checkpoint.py``. After ``fit`` returns (also after a spawned DDP fit), it
+        writes the state the fit ended with: the fitted module's weights as they are now, its
+        optimizers, schedulers, counters and every rank's RNG states as the last step left them,
+        so ``fit(model, ckpt_path=path)`` with a larger ``max_epochs`` continues exactly.
         """
-        if self.module is None:
-            raise RuntimeError(
-                "Trainer.save_checkpoint runs during fit/validate/test/predict (from a callback or a "
-                "module hook). After fit, save the weights with torch.save(model.state_dict(), path), "
-                "or use callbacks.ModelCheckpoint."
-            )
+        if self.module is None:  # no stage runs: the state the last fit ended with
+            state = end_of_fit_checkpoint(self)
+            if self.strategy.is_global_zero:  # the processes of a run have left their group: no barrier
+                checkpoint_io.save_atomic(state, path)
+            self._last_checkpoint = (str(path), state["loops"]["global_step"])
+            return
         check_losses(self)  # never write weights that a non-finite loss produced
-        self.strategy.save_checkpoint(checkpoint_state(self), path)  # every rank returns, or raises, together
+        state = checkpoint_state(self, self.module, training_state(self))
+        self.strategy.save_checkpoint(state, path)  # every rank returns, or raises, together
         self._last_checkpoint = (str(path), self.global_step)
 
     # =========================================================================================
@@ -300,6 +327,12 @@ class Trainer:
         return output
 
     def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> Any:
+        self.callbacks = callbacks_package.with_module_callbacks(self.callbacks, module.configure_callbacks(),
+                                                                 type(module).__name__)
+        if rank_zero_only.rank == 0:
+            warn_uncalled_hooks([module, *self.callbacks])
+        # The module keeps answering module.trainer and module.global_step after the stage.
+        module._trainer = self
         if ckpt_path is not None:  # before anything starts, so a wrong path costs nothing
             directories = [Path(c.dirpath) for c in self.callbacks
                            if isinstance(c, callbacks_package.ModelCheckpoint) and c.dirpath is not None]
@@ -324,11 +357,18 @@ class Trainer:
         if stage != "fit":
             self.progress_bar_metrics = {}
         self.strategy.setup_environment()
+        rank_zero_only.rank = self.global_rank
         self.log_dir = self.strategy.broadcast_object(self.log_dir)  # torchrun ranks each chose one; use rank zero's
         self.module, self._data = module, data
         module._trainer = self
         if data.datamodule is not None:
             data.datamodule.trainer = self
+        self.metrics.start_stage()
+        if stage == "fit" and not takes_batch_idx(module.training_step):
+            # training_step(self, batch) without batch_idx, as Lightning allows: the strategy (and
+            # DDP's forward) call module.training_step(batch, batch_idx), so this stage's module
+            # answers with an adapter; it is removed at teardown.
+            module.training_step = step_without_batch_idx(module.training_step)
         try:
             if self.seed is not None:
                 seed_everything(self.seed)
@@ -352,7 +392,7 @@ class Trainer:
                 if ckpt_path is not None:
                     restore(self, ckpt_path, model_only=True, state=checkpoint)
                 output = self._run_evaluation(stage, data.loaders(STAGE_KIND[stage]))
-            handoff = handoff_state(self, module, data.datamodule) if self.strategy.launches_subprocesses else None
+            handoff = handoff_state(self, module, stage, data.datamodule) if self.strategy.launches_subprocesses else None
             return output, handoff
         except BaseException as error:
             for callback in self.callbacks:
@@ -368,7 +408,8 @@ class Trainer:
             for handle in self._step_hook_handles:
                 handle.remove()
             self._step_hook_handles = []
-            module._trainer = None
+            vars(module).pop("training_step", None)  # the adapter above, if any
+            self.metrics.stop()
             self.module = self.model = self._data = None
 
     def _setup_model(self, module: TrainingModule, stage: str) -> torch.nn.Module:
@@ -420,12 +461,20 @@ class Trainer:
                 )
             # global_step counts optimizer steps, as in Lightning; the hooks go away at teardown.
             self._step_hook_handles = [optimizer.register_step_post_hook(self._count_manual_step) for optimizer in self.optimizers]
-        self._backward_owner = single_owner([c for c in self.callbacks if c.owns_backward], "owns_backward")
+            if self._hooks.before_step:  # on_before_optimizer_step when training_step calls opt.step()
+                self._step_hook_handles += [optimizer.register_step_pre_hook(self._before_manual_step)
+                                            for optimizer in self.optimizers]
+        owner = single_owner([c for c in self.callbacks if c.owns_backward], "owns_backward")
+        # Bound once: the step calls it without asking who owns backward.
+        self._backward = functools.partial(owner.backward, self, module) if owner is not None else self.strategy.backward
         self._step_owner = single_owner([c for c in self.callbacks if c.owns_optimizer_step], "owns_optimizer_step")
         self._clip_parameters = [p for group in self.optimizers[0].param_groups for p in group["params"]]
 
     def _count_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.global_step += 1
+
+    def _before_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._hooks.call_before_optimizer_step(self, self.module, optimizer)
 
     # =========================================================================================
     # fit: the loop
@@ -435,6 +484,7 @@ class Trainer:
         train_loader, val_loaders = self._load_fit_data(data)
         self.should_stop, self._resume_position, self._unchecked_losses = False, None, []
         self._said_min_not_met = False
+        self._end_of_fit = None
         if ckpt_path is not None:
             restore(self, ckpt_path, state=checkpoint)
         for callback in self.callbacks:
@@ -452,6 +502,9 @@ class Trainer:
                 train_loader, val_loaders = self._load_fit_data(data)
                 loaded_at = self.current_epoch
             self._run_train_epoch(train_loader, val_loaders)
+        # What save_checkpoint writes after fit returns: this moment's state, as a checkpoint
+        # written now would hold it (optimizer states by reference: nothing is copied).
+        self._end_of_fit = (module, training_state(self))
         for callback in self.callbacks:
             callback.on_train_end(self, module)
         module.on_train_end()
@@ -564,7 +617,9 @@ class Trainer:
         return batches
 
     def _training_step(self, module: TrainingModule, batch: Any, batch_idx: int, num_batches: int | float) -> Any:
-        """Forward and backward for one batch; an optimizer step at the end of each accumulation."""
+        """Forward and backward for one batch; at the end of each accumulation window the optimizer
+        step (the module's optimizer_step takes it when overridden), zero grad and the
+        step-interval schedulers."""
         if not self._automatic_optimization:
             with self._forward_context():
                 outputs = self.strategy.training_step(self.model, batch, batch_idx)
@@ -577,8 +632,19 @@ class Trainer:
                 outputs, loss = self._forward_backward(batch, batch_idx)
         # Checked later (log step, epoch end, checkpoint), so no host sync here.
         self._unchecked_losses.append((loss.detach(), batch_idx, self.global_step))
-        if steps_now and (self.on_nonfinite_loss != "skip" or window_is_finite(self)):
-            self._optimizer_step(module)
+        if not steps_now or (self.on_nonfinite_loss == "skip" and not window_is_finite(self)):
+            return outputs
+        optimizer, hooks = self.optimizers[0], self._hooks
+        if hooks.module_optimizer_step is None:
+            stepped = self._optimizer_step(optimizer)
+        else:  # the override calls optimizer.step(closure) (or not: no step, global_step stays)
+            stepped = hooks.call_optimizer_step(self.current_epoch, batch_idx, optimizer, self._optimizer_step, loss)
+        if hooks.around_zero_grad:
+            hooks.call_around_zero_grad(self, module, optimizer, self.current_epoch, batch_idx)
+        else:
+            optimizer.zero_grad(set_to_none=True)
+        if stepped and self.lr_scheduler_configs:
+            step_schedulers(self.lr_scheduler_configs, "step", self.global_step, self.callback_metrics)
         return outputs
 
     def _forward_backward(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor]:
@@ -607,38 +673,36 @@ class Trainer:
         return stack
 
     def run_backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()`` through the backward seam (AMP scaling) or the strategy."""
+        """``loss.backward()`` through the backward seam (AMP scaling) or the strategy, between
+        on_before_backward and on_after_backward when any module or callback implements them."""
         if not loss.requires_grad:
             raise RuntimeError(
                 f"The loss at batch {self.batch_idx} does not require grad: every parameter is frozen "
                 "(requires_grad=False) or the loss was detached. Unfreeze parameters or return the "
                 "loss tensor itself, not loss.item() or loss.detach()."
             )
-        if self._backward_owner is not None:
-            self._backward_owner.backward(self, self.module, loss)
+        if self._hooks.around_backward:  # hot loop: one flag when no hook around backward is implemented
+            self._hooks.call_around_backward(self, self.module, loss, self._backward)
         else:
-            self.strategy.backward(loss)
+            self._backward(loss)
 
-    def _optimizer_step(self, module: TrainingModule) -> None:
-        optimizer = self.optimizers[0]
-        for hook in self._hooks.before_optimizer_step:
-            hook(self, module, optimizer)
-        for hook in self._hooks.module_before_optimizer_step:
-            hook(optimizer)
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """on_before_optimizer_step, clip, step, global_step + 1; False when the owner of the step
+        skipped it (AMP found inf gradients): the schedulers then do not step."""
+        if self._hooks.before_step:
+            self._hooks.call_before_optimizer_step(self, self.module, optimizer)
         if self.gradient_clip_val is not None:
             if self.gradient_clip_algorithm == "norm":
                 torch.nn.utils.clip_grad_norm_(self._clip_parameters, self.gradient_clip_val)
             else:
                 torch.nn.utils.clip_grad_value_(self._clip_parameters, self.gradient_clip_val)
         if self._step_owner is not None:
-            stepped = self._step_owner.optimizer_step(self, module, optimizer)
+            applied = self._step_owner.optimizer_step(self, self.module, optimizer)
         else:
             optimizer.step()
-            stepped = True
-        optimizer.zero_grad(set_to_none=True)
-        self.global_step += 1
-        if stepped and self.lr_scheduler_configs:
-            step_schedulers(self.lr_scheduler_configs, "step", self.global_step, self.callback_metrics)
+            applied = True
+        self.global_step += 1  # counts the steps taken, applied or skipped by AMP (as in Lightning)
+        return applied
 
     def _log_step(self) -> None:
         """Every log_every_n_steps batches: start this step's copy to the host; publish the last."""
@@ -678,10 +742,11 @@ class Trainer:
             self.callback_metrics[key] = torch.tensor(value)
             if specs[key].prog_bar:
                 self.progress_bar_metrics[key] = value
-        self.logged_metrics.update(values)
+        logged = {key: value for key, value in values.items() if specs[key].logger}  # self.log(logger=False): not these
+        self.logged_metrics.update(logged)
         if not self.sanity_checking:
             for callback in self.callbacks:
-                callback.on_log(self, self.module, values, step)
+                callback.on_log(self, self.module, logged, step)
 
     # =========================================================================================
     # Validation, test, predict
@@ -689,9 +754,13 @@ class Trainer:
     def _run_sanity_check(self, val_loaders: list[Any]) -> None:
         self.sanity_checking = True
         try:
+            for callback in self.callbacks:
+                callback.on_sanity_check_start(self, self.module)
             steps = math.inf if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
             with preserved_rng():  # checking costs the training run no random numbers
                 self._evaluation_loop("validate", val_loaders, [min(steps, count) for count in self.num_val_batches])
+            for callback in self.callbacks:
+                callback.on_sanity_check_end(self, self.module)
         finally:
             self.sanity_checking = False
 
@@ -722,6 +791,8 @@ class Trainer:
         for hook in hooks.start:
             hook(self, module)
         hooks.module_start()
+        for hook in hooks.epoch_start:
+            hook(self, module)
         hooks.module_epoch_start()
         predictions: list[list[Any]] = []
         with self.strategy.evaluation_context(self.inference_mode):  # no_grad under FSDP
@@ -734,13 +805,21 @@ class Trainer:
                     if batch_idx >= limit:
                         break
                     batch = self.strategy.batch_to_device(batch)
+                    for hook in hooks.batch_start:
+                        hook(self, module, batch, batch_idx, *hook_index)
+                    for hook in hooks.module_batch_start:
+                        hook(batch, batch_idx, *hook_index)
                     with self._forward_context():
                         outputs = hooks.step(batch, batch_idx, *step_index)
                     if stage == "predict":
                         predictions[-1].append(outputs)
                     for hook in hooks.batch_end:
                         hook(self, module, outputs, batch, batch_idx, *hook_index)
+                    for hook in hooks.module_batch_end:
+                        hook(outputs, batch, batch_idx, *hook_index)
         self.metrics.evaluation.dataloader_suffix = ""
+        for hook in hooks.epoch_end:
+            hook(self, module)
         hooks.module_epoch_end()
         values, specs = self.metrics.read_epoch_values(self.metrics.evaluation)
         if not self.sanity_checking:
@@ -804,6 +883,11 @@ class Trainer:
     @property
     def world_size(self) -> int:
         return self.strategy.world_size
+
+    @property
+    def progress_bar_callback(self) -> Callback | None:
+        """The first ``ProgressBar`` among the callbacks (Lightning's name), or None."""
+        return next((c for c in self.callbacks if isinstance(c, callbacks_package.ProgressBar)), None)
 
     @property
     def checkpoint_callback(self) -> Callback | None:

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from callbacks.amp import AMP
 from callbacks.base import Callback
+from callbacks.checkpointing import GradientCheckpointing
+from callbacks.compile import Compile
 from callbacks.early_stopping import EarlyStopping
 from callbacks.logging import AsyncLogger, CSVLogger, TensorBoardLogger, default_loggers
 from callbacks.model_checkpoint import ModelCheckpoint
 from callbacks.progress import ProgressBar
 
 __all__ = [
-    "AsyncLogger", "CSVLogger", "Callback", "EarlyStopping", "ModelCheckpoint", "ProgressBar",
-    "TensorBoardLogger", "default_callbacks",
+    "AMP", "AsyncLogger", "CSVLogger", "Callback", "Compile", "EarlyStopping", "GradientCheckpointing",
+    "ModelCheckpoint", "ProgressBar", "TensorBoardLogger", "default_callbacks",
 ]
 
 

@@ -34,7 +34,8 @@ from trainer.metrics import MetricStore
 from trainer.module import TrainingModule
 from trainer.guards import first_nonfinite, nonfinite_loss_error
 from trainer.hooks import evaluation_hooks, single_owner, step_hooks
-from trainer.optim import SchedulerConfig, parse_optimizers
+from trainer.optim import SchedulerConfig, clip_gradients, optimizers_for_module, parse_optimizers
+from trainer.precision import add_precision_callback
 from trainer.preemption import Preemption, workers_ignore_preemption
 from trainer.resume import resumable, resume_iterator
 from trainer.seed import (
@@ -72,6 +73,7 @@ class Trainer:
         max_steps: int = -1,
         strategy: str | Strategy = "auto",
         devices: int | str = "auto",
+        precision: str | int | None = None,
         callbacks: list[Callback] | Callback | None = None,
         accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None,
@@ -123,6 +125,7 @@ class Trainer:
         self.callbacks = callbacks_package.default_callbacks(
             callbacks, enable_progress_bar=enable_progress_bar, enable_checkpointing=enable_checkpointing, logger=logger
         )
+        self.callbacks = add_precision_callback(precision, self.strategy, self.callbacks)  # "16-mixed" -> AMP
 
         # Public loop state (Lightning names).
         self.current_epoch = 0
@@ -171,8 +174,9 @@ class Trainer:
                 each batch: to device (non_blocking) -> on_train_batch_start
                     -> forward (training_step) under the callbacks' forward contexts
                     -> backward (no all-reduce while accumulating)
-                    -> every accumulate_grad_batches-th batch: on_before_optimizer_step, clip,
-                       optimizer step, zero grad, step-interval schedulers
+                    -> every accumulate_grad_batches-th batch: unscale (AMP float16),
+                       on_before_optimizer_step, clip, optimizer step (or the scaler's, which may
+                       skip it), zero grad, step-interval schedulers (not after a skipped step)
                     -> on_train_batch_end -> every log_every_n_steps: on_log, non-finite loss check
                     -> at val_check_interval: validation (on_validation_start ... on_validation_end)
                     -> after SIGTERM/SIGUSR1, once the accumulation window ends: write last.ckpt, stop
@@ -358,6 +362,7 @@ class Trainer:
         self._backward_owner = single_owner([c for c in self.callbacks if c.owns_backward], "owns_backward")
         self._step_owner = single_owner([c for c in self.callbacks if c.owns_optimizer_step], "owns_optimizer_step")
         self._clip_parameters = [p for group in self.optimizers[0].param_groups for p in group["params"]]
+        self._module_optimizers = optimizers_for_module(self.optimizers, self)  # self.optimizers() in manual mode
 
     def _count_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.global_step += 1
@@ -518,22 +523,21 @@ class Trainer:
 
     def _optimizer_step(self, module: TrainingModule) -> None:
         optimizer = self.optimizers[0]
+        if self._step_owner is not None:  # true gradients for the hooks and clipping (AMP unscales)
+            self._step_owner.unscale_gradients(self, module, optimizer)
         for hook in self._hooks.before_optimizer_step:
             hook(self, module, optimizer)
         for hook in self._hooks.module_before_optimizer_step:
             hook(optimizer)
         if self.gradient_clip_val is not None:
-            if self.gradient_clip_algorithm == "norm":
-                torch.nn.utils.clip_grad_norm_(self._clip_parameters, self.gradient_clip_val)
-            else:
-                torch.nn.utils.clip_grad_value_(self._clip_parameters, self.gradient_clip_val)
+            clip_gradients(self._clip_parameters, self.gradient_clip_val, self.gradient_clip_algorithm)
         if self._step_owner is not None:
             stepped = self._step_owner.optimizer_step(self, module, optimizer)
         else:
             optimizer.step()
             stepped = True
         optimizer.zero_grad(set_to_none=True)
-        self.global_step += 1
+        self.global_step += 1  # a step the owner skipped counts too (as in Lightning): ranks and intervals agree
         if stepped and self.lr_scheduler_configs:
             self._step_schedulers("step")
 

@@ -23,6 +23,7 @@ the skip happens on the device, and the LR scheduler then steps even on a skippe
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,6 +47,9 @@ class AMP(Callback):
             choice is printed on rank zero when the run starts.
         init_scale, growth_factor, backoff_factor, growth_interval: float16's ``GradScaler``
             settings (PyTorch's defaults when None).
+        cpu_dtype: the dtype to use instead when the device is the CPU, with a warning.
+            ``Trainer(precision="16-mixed")`` passes ``"bfloat16"``: Lightning switches to
+            bf16-mixed on the CPU, and a Lightning script must mean the same here.
 
     In manual optimization, ``self.manual_backward(loss)`` scales the loss and the optimizers from
     ``self.optimizers()`` step through the scaler; ``self.clip_gradients(opt, ...)`` unscales first.
@@ -59,10 +63,12 @@ class AMP(Callback):
 
     def __init__(self, dtype: str | torch.dtype = "bfloat16", *, init_scale: float | None = None,
                  growth_factor: float | None = None, backoff_factor: float | None = None,
-                 growth_interval: int | None = None) -> None:
-        if not isinstance(dtype, (str, torch.dtype)) or dtype not in _DTYPES:
-            raise ValueError(f"AMP(dtype={dtype!r}): use 'bfloat16' ('bf16'), 'float16' ('fp16') or 'auto'.")
+                 growth_interval: int | None = None, cpu_dtype: str | torch.dtype | None = None) -> None:
+        for name, value in (("dtype", dtype), ("cpu_dtype", cpu_dtype)):
+            if value is not None and (not isinstance(value, (str, torch.dtype)) or value not in _DTYPES):
+                raise ValueError(f"AMP({name}={value!r}): use 'bfloat16' ('bf16'), 'float16' ('fp16') or 'auto'.")
         self.requested = _DTYPES[dtype]
+        self.cpu_dtype = None if cpu_dtype is None else _DTYPES[cpu_dtype]
         options = {"init_scale": init_scale, "growth_factor": growth_factor, "backoff_factor": backoff_factor,
                    "growth_interval": growth_interval}
         self.scaler_options = {name: value for name, value in options.items() if value is not None}
@@ -88,7 +94,14 @@ class AMP(Callback):
             raise ValueError(f"AMP: torch.autocast does not support the device type {device.type!r} "
                              "(this strategy's device). Remove AMP or train on cpu, cuda or mps.")
         self.device_type = device.type
-        self.dtype = _resolve(self.requested, device)
+        requested = self.requested
+        if self.cpu_dtype is not None and device.type == "cpu" and self.cpu_dtype != requested:
+            requested = self.cpu_dtype
+            if trainer.is_global_zero:
+                warnings.warn(f"{self!r} runs {requested} on the CPU, as Lightning's precision='16-mixed' does there "
+                              "(bfloat16 needs no loss scaling). Pass callbacks=[AMP('fp16')] for float16 on the CPU.",
+                              stacklevel=2)
+        self.dtype = _resolve(requested, device)
         if self.requested == "auto" and trainer.is_global_zero:
             how = "no loss scaling needed" if self.dtype == torch.bfloat16 else "with loss scaling: no bfloat16 here"
             print(f"AMP('auto'): {str(self.dtype).removeprefix('torch.')} autocast on {device} ({how}).",

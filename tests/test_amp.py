@@ -265,7 +265,7 @@ def test_auto_chooses_bfloat16_on_the_cpu_and_says_so(make_trainer, regression_l
 
 
 @pytest.mark.parametrize(("precision", "dtype"), [
-    ("bf16-mixed", torch.bfloat16), ("16-mixed", torch.float16), ("32-true", None), ("32", None), (32, None),
+    ("bf16-mixed", torch.bfloat16), ("32-true", None), ("32", None), (32, None),
 ])
 def test_lightning_precision_spellings_translate_into_an_amp_callback(make_trainer, regression_loader, precision, dtype):
     module = Regressor()
@@ -273,6 +273,14 @@ def test_lightning_precision_spellings_translate_into_an_amp_callback(make_train
     assert [c for c in trainer.callbacks if isinstance(c, AMP)] == ([] if dtype is None else [trainer.callbacks[0]])
     trainer.fit(module, regression_loader)
     assert module.compute_dtypes == {dtype or torch.float32}
+
+
+def test_16_mixed_on_the_cpu_trains_in_bfloat16_with_a_warning_as_in_lightning(make_trainer, regression_loader):
+    module = Regressor()
+    trainer = make_trainer(max_steps=1, precision="16-mixed")
+    with pytest.warns(UserWarning, match=r"AMP\('float16'\) runs bfloat16 on the CPU, as Lightning's precision='16-mixed'"):
+        trainer.fit(module, regression_loader)
+    assert module.compute_dtypes == {torch.bfloat16}
 
 
 @pytest.mark.parametrize(("precision", "modern"), [("16", "16-mixed"), (16, "16-mixed"), ("bf16", "bf16-mixed")])

@@ -3,7 +3,8 @@
 ``"bf16-mixed"`` and ``"16-mixed"`` become a ``callbacks.AMP`` at the head of the callbacks
 (autocast around forward and loss; float16 adds a GradScaler), unless the strategy takes mixed
 precision over itself (``Strategy.mixed_precision``, FSDP's policy). ``"32-true"`` adds nothing.
-The loop never reads ``precision``.
+As in Lightning, ``"16-mixed"`` on the CPU trains in bfloat16, with a warning (``AMP("fp16")``
+gives float16 there). The loop never reads ``precision``.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def add_precision_callback(precision: Any, strategy: Strategy, callbacks: list[C
         return callbacks
     accepted = ", ".join(repr(value) for value in PRECISIONS)
     if isinstance(precision, bool) or not isinstance(precision, (str, int)) or precision not in PRECISIONS:
-        hint = _NOT_BUILT.get(precision) if isinstance(precision, (str, int)) and not isinstance(precision, bool) else None
+        hint = _NOT_BUILT.get(precision) if isinstance(precision, (str, int)) else None
         raise ValueError(f"Trainer(precision={precision!r}) is not supported{f' ({hint})' if hint else ''}. "
                          f"Use one of {accepted}, or None.")
     explicit = [callback for callback in callbacks if isinstance(callback, AMP)]
@@ -61,4 +62,5 @@ def add_precision_callback(precision: Any, strategy: Strategy, callbacks: list[C
         return callbacks
     if strategy.mixed_precision(torch.bfloat16 if dtype == "bfloat16" else torch.float16):
         return callbacks
-    return [AMP(dtype), *callbacks]
+    # As in Lightning, "16-mixed" on the CPU trains in bfloat16 (AMP warns when it switches).
+    return [AMP(dtype, cpu_dtype="bfloat16" if dtype == "float16" else None), *callbacks]

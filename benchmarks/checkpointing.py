@@ -10,8 +10,9 @@ A stack of residual MLP blocks (Linear width->4*width, GELU, Linear 4*width->wid
 saves for backward during one training step, counted by a callback whose forward context is
 ``torch.autograd.graph.saved_tensors_hooks`` (every tensor packed for backward, by its size; on a GPU
 this is what ``torch.cuda.max_memory_allocated`` grows by, less allocator rounding). Time: the median
-of per-step wall times (``on_train_batch_start`` to ``on_train_batch_end``) after a warm-up, the two
-configurations run alternately ``--repeats`` times so both meet the same machine.
+per-step wall time and CPU time of the process (``on_train_batch_start`` to ``on_train_batch_end``)
+after a warm-up, the two configurations run alternately ``--repeats`` times. On a shared machine the
+CPU time (all threads' work) is the steadier figure: waiting for a core does not count in it.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class Meter(Callback):
         self.warmup = warmup
         self.saved_bytes: list[int] = []
         self.step_seconds: list[float] = []
-        self._started = 0.0
+        self.step_cpu_seconds: list[float] = []
+        self._started = self._cpu_started = 0.0
 
     def forward_context(self):
         self.saved_bytes.append(0)
@@ -80,11 +82,12 @@ class Meter(Callback):
         return torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        self._started = time.perf_counter()
+        self._started, self._cpu_started = time.perf_counter(), time.process_time()
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if batch_idx >= self.warmup:
             self.step_seconds.append(time.perf_counter() - self._started)
+            self.step_cpu_seconds.append(time.process_time() - self._cpu_started)
 
 
 def run(checkpointing: bool, args: argparse.Namespace) -> Meter:
@@ -118,18 +121,20 @@ def main() -> None:
     parameters = sum(p.numel() * p.element_size() for p in Stack(args.blocks, args.width).parameters())
     print(f"## gradient checkpointing: {args.blocks} blocks, width {args.width} (hidden {4 * args.width}), "
           f"batch {args.batch}, {args.threads} threads, {args.steps - args.warmup} timed steps x {args.repeats} repeats\n")
-    print("| | saved for backward per step | step time, median (ms) | per-repeat medians (ms) |")
-    print("| --- | ---: | ---: | --- |")
+    print("| | saved for backward per step | CPU ms per step (median; per repeat) | wall ms per step (median; per repeat) |")
+    print("| --- | ---: | --- | --- |")
     rows = {}
     for checkpointing, label in ((False, "without"), (True, "GradientCheckpointing(modules=Block)")):
         saved = max(b for meter in meters[checkpointing] for b in meter.saved_bytes)
-        medians = [statistics.median(meter.step_seconds) * 1e3 for meter in meters[checkpointing]]
-        rows[checkpointing] = (saved, statistics.median(medians))
-        print(f"| {label} | {saved / 2**20:.2f} MiB | {statistics.median(medians):.1f} | "
-              f"{', '.join(f'{m:.1f}' for m in medians)} |")
-    (plain_bytes, plain_ms), (gc_bytes, gc_ms) = rows[False], rows[True]
+        cpu = [statistics.median(meter.step_cpu_seconds) * 1e3 for meter in meters[checkpointing]]
+        wall = [statistics.median(meter.step_seconds) * 1e3 for meter in meters[checkpointing]]
+        rows[checkpointing] = (saved, statistics.median(cpu), statistics.median(wall))
+        print(f"| {label} | {saved / 2**20:.2f} MiB | {statistics.median(cpu):.1f}; {', '.join(f'{m:.1f}' for m in cpu)} | "
+              f"{statistics.median(wall):.1f}; {', '.join(f'{m:.1f}' for m in wall)} |")
+    (plain_bytes, plain_cpu, plain_wall), (gc_bytes, gc_cpu, gc_wall) = rows[False], rows[True]
     print(f"\nSaved activations: {gc_bytes / plain_bytes:.1%} of the plain run's ({(plain_bytes - gc_bytes) / 2**20:.1f} MiB "
-          f"less; the parameters are {parameters / 2**20:.1f} MiB). Step time: {gc_ms / plain_ms:.2f}x.")
+          f"less; the parameters are {parameters / 2**20:.1f} MiB). Step time: {gc_cpu / plain_cpu:.2f}x in CPU time, "
+          f"{gc_wall / plain_wall:.2f}x in wall time.")
     print(f"torch {torch.__version__}, Python {platform.python_version()}, {platform.machine()}")
 
 

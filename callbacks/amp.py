@@ -85,7 +85,7 @@ class AMP(Callback):
         self._step_hooks: dict[torch.optim.Optimizer, Any] = {}
 
     def __repr__(self) -> str:
-        return f"AMP({self.requested!r})"
+        return f"AMP({self.requested!r}{f', cpu_dtype={self.cpu_dtype!r}' if self.cpu_dtype else ''})"
 
     # --- setup ---------------------------------------------------------------------------
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
@@ -98,8 +98,8 @@ class AMP(Callback):
         if self.cpu_dtype is not None and device.type == "cpu" and self.cpu_dtype != requested:
             requested = self.cpu_dtype
             if trainer.is_global_zero:
-                warnings.warn(f"{self!r} runs {requested} on the CPU, as Lightning's precision='16-mixed' does there "
-                              "(bfloat16 needs no loss scaling). Pass callbacks=[AMP('fp16')] for float16 on the CPU.",
+                warnings.warn(f"{self!r} runs {requested} on the CPU; Trainer(precision='16-mixed') asks for this, as "
+                              "Lightning switches to bf16-mixed there. Pass callbacks=[AMP('fp16')] for float16 on the CPU.",
                               stacklevel=2)
         self.dtype = _resolve(requested, device)
         if self.requested == "auto" and trainer.is_global_zero:

@@ -278,7 +278,8 @@ def test_lightning_precision_spellings_translate_into_an_amp_callback(make_train
 def test_16_mixed_on_the_cpu_trains_in_bfloat16_with_a_warning_as_in_lightning(make_trainer, regression_loader):
     module = Regressor()
     trainer = make_trainer(max_steps=1, precision="16-mixed")
-    with pytest.warns(UserWarning, match=r"AMP\('float16'\) runs bfloat16 on the CPU, as Lightning's precision='16-mixed'"):
+    with pytest.warns(UserWarning, match=r"AMP\('float16', cpu_dtype='bfloat16'\) runs bfloat16 on the CPU; "
+                                         r"Trainer\(precision='16-mixed'\) asks for this, as Lightning"):
         trainer.fit(module, regression_loader)
     assert module.compute_dtypes == {torch.bfloat16}
 

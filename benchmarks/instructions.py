@@ -9,7 +9,8 @@ Wall-clock microseconds on a shared VM move by tens of percent from one second t
 instructions executed do not. Each contender trains the tiny workload twice under
 ``valgrind --tool=cachegrind`` (with address-space randomisation off, one thread, a fixed hash
 seed), for ``--short`` and ``--long`` steps; the difference divided by the extra steps is its
-instructions per step, start-up and fixed costs cancelled. Overhead = contender minus hand loop.
+instructions per step, start-up and fixed costs cancelled. Overhead = contender minus its hand loop
+(``workloads.baseline_of``: the plain one, or the one under the same autocast for ``cadence-bf16-lean``).
 Repeated runs agree to about 0.2% of a step. Instructions are not time: Python interpreter code
 runs fewer instructions per microsecond than PyTorch's kernels, so read the microseconds from
 ``overhead.py`` and use this table to compare versions of Cadence and to see what an edit saved.
@@ -69,19 +70,22 @@ def main() -> None:
     if shutil.which("valgrind") is None or shutil.which("setarch") is None:
         sys.exit("instructions.py needs valgrind and setarch (apt-get install valgrind util-linux).")
 
-    from workloads import contenders
+    from workloads import baseline_of, contenders
 
-    names = ["hand", *(args.contenders or [name for name in contenders() if name not in ("hand", "hand-again")])]
+    chosen = args.contenders or [name for name in contenders() if name not in ("hand", "hand-again")]
+    names = list(dict.fromkeys(["hand", *(baseline_of(name) for name in chosen), *chosen]))
     jobs = [(name, steps) for name in names for steps in (args.short, args.long)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         counts = dict(zip(jobs, pool.map(lambda job: count(*job), jobs)))
     per_step = {name: (counts[name, args.long] - counts[name, args.short]) / (args.long - args.short) for name in names}
     print(f"## instructions per step: tiny, {args.long} - {args.short} steps, valgrind cachegrind\n")
-    print("| contender | instructions/step | over the hand loop | share of a hand-loop step |")
+    print("| contender | instructions/step | over its hand loop | share of a hand-loop step |")
     print("| --- | ---: | ---: | ---: |")
     for name in names:
-        extra = per_step[name] - per_step["hand"]
-        print(f"| {name} | {per_step[name]:,.0f} | {extra:+,.0f} | {extra / per_step['hand']:+.1%} |")
+        baseline = baseline_of(name)
+        extra = per_step[name] - per_step[baseline]
+        label = name if baseline == "hand" else f"{name} (vs {baseline})"
+        print(f"| {label} | {per_step[name]:,.0f} | {extra:+,.0f} | {extra / per_step[baseline]:+.1%} |")
 
 
 if __name__ == "__main__":

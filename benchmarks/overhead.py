@@ -14,7 +14,8 @@ the timed segments. Per repeat, overhead = median over segment pairs of (contend
 step, and ratio likewise; the table gives the median and range over repeats, and beside it the
 difference of the 10th percentiles of all segments, which keeps only the quiet moments of a
 noisy machine. The contender ``hand-again`` is the hand loop paired with itself: its row is the
-noise floor of the method.
+noise floor of the method. A contender doing other math than the hand loop is paired with the
+hand loop doing the same (``cadence-bf16-lean`` with ``hand-bf16``: both under bfloat16 autocast).
 
 Output goes to a pseudo-terminal during the runs, so progress bars draw as they do for a user.
 """
@@ -33,8 +34,8 @@ import sys
 
 import torch
 
-from workloads import (WORKLOADS, Workload, contenders, import_lazy_modules, lightning_version, make_loader, run_once,
-                       terminal_output, time_pair)
+from workloads import (WORKLOADS, Workload, baseline_of, contenders, import_lazy_modules, lightning_version,
+                       make_loader, run_once, terminal_output, time_pair)
 
 
 def measure(workload: Workload, names: list[str], repeats: int) -> dict[str, dict[str, list[float]]]:
@@ -44,7 +45,7 @@ def measure(workload: Workload, names: list[str], repeats: int) -> dict[str, dic
     results: dict[str, dict[str, list]] = {name: {"segments": [], "hand_segments": []} for name in names}
     for repeat in range(repeats):
         for name in names:
-            steps, hands = time_pair(runs[name], workload, contender_first=repeat % 2 == 1)
+            steps, hands = time_pair(runs[name], workload, contender_first=repeat % 2 == 1, baseline=baseline_of(name))
             results[name]["segments"].append(steps)
             results[name]["hand_segments"].append(hands)
     return results
@@ -72,8 +73,9 @@ def report(workload: Workload, results: dict[str, dict[str, list]], repeats: int
         everything = [seconds for mine in series["segments"] for seconds in mine]
         hand_everything = [seconds for hand in series["hand_segments"] for seconds in hand]
         quiet = (quantile(everything, 0.1) - quantile(hand_everything, 0.1)) * 1e6
+        label = name if baseline_of(name) == "hand" else f"{name} (vs {baseline_of(name)})"
         lines.append(
-            f"| {name} | {statistics.median(everything) * 1e6:.1f} | {statistics.median(hand_everything) * 1e6:.1f} "
+            f"| {label} | {statistics.median(everything) * 1e6:.1f} | {statistics.median(hand_everything) * 1e6:.1f} "
             f"| {statistics.median(overheads):+.1f} | {min(overheads):+.1f} .. {max(overheads):+.1f} "
             f"| {statistics.median(ratios):.3f}x | {quiet:+.1f} |"
         )

@@ -8,7 +8,7 @@ Every contender starts from the same seeded weights and trains one epoch on an o
 ``DataLoader(shuffle=True)`` that draws its order from torch's global RNG, seeded the same way
 before each run: a framework that draws from that RNG, or changes the math in any way (a loss
 scaled, a step reordered), ends with different weights. ``identical`` means ``torch.equal`` on
-every parameter.
+every parameter. ``cadence-bf16-lean`` is compared with the hand loop under the same autocast.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import warnings
 import torch
 from torch.utils.data import DataLoader
 
-from workloads import TINY, contenders, initial_network, lightning_version, make_loader, terminal_output
+from workloads import TINY, baseline_of, contenders, initial_network, lightning_version, make_loader, terminal_output
 
 
 def train(name: str, steps: int) -> dict[str, torch.Tensor]:
@@ -41,11 +41,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=TINY.steps)
     args = parser.parse_args()
     torch.set_num_threads(TINY.threads)
-    names = [name for name in contenders() if name not in ("hand", "hand-again")]
+    names = [name for name in contenders() if name not in ("hand", "hand-again", "hand-bf16")]
     with terminal_output() as out:
-        reference = train("hand", args.steps)
+        references = {"hand": train("hand", args.steps)}
         rows = []
         for name in names:
+            if baseline_of(name) not in references:
+                references[baseline_of(name)] = train(baseline_of(name), args.steps)
+            reference = references[baseline_of(name)]
             weights = train(name, args.steps)
             identical = all(torch.equal(weights[key], reference[key]) for key in reference)
             largest = max((weights[key] - reference[key]).abs().max().item() for key in reference)

@@ -13,6 +13,9 @@ Contenders:
     lightning-lean     the same two configurations in PyTorch Lightning, when it is installed
     lightning-users
     hand-again         the hand loop paired with itself: its "overhead" is the noise floor
+    hand-bf16          the hand loop with forward and loss under torch.autocast(bfloat16)
+    cadence-bf16-lean  cadence-lean with callbacks=[AMP("bf16")], measured against hand-bf16
+                       (``baseline_of``), so its overhead is Cadence's, not autocast's
 
 Used by ``overhead.py`` and ``parity.py``; ``ddp_bench.py`` has its own 2-process workload.
 """
@@ -181,6 +184,18 @@ def hand_loop(network: nn.Module, loader: DataLoader) -> None:
         optimizer.zero_grad(set_to_none=True)
 
 
+def hand_loop_bf16(network: nn.Module, loader: DataLoader) -> None:
+    """The hand loop with forward and loss under bfloat16 autocast (backward outside it), as AMP does."""
+    optimizer = make_optimizer(network.parameters())
+    network.train()
+    for inputs, targets in loader:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.mse_loss(network(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
 # --------------------------------------------------------------------------------------------
 # Cadence
 # --------------------------------------------------------------------------------------------
@@ -203,14 +218,20 @@ class CadenceRegressor(TrainingModule):
         return make_optimizer(self.parameters())
 
 
-def cadence_fit(network: nn.Module, loader: DataLoader, users: bool, root: str) -> None:
+def cadence_fit(network: nn.Module, loader: DataLoader, users: bool, root: str, callbacks: tuple = ()) -> None:
     module = CadenceRegressor(network, log_every_step=users)
     if users:
-        trainer = Trainer(max_epochs=1, strategy="cpu", default_root_dir=root)
+        trainer = Trainer(max_epochs=1, strategy="cpu", default_root_dir=root, callbacks=list(callbacks))
     else:
-        trainer = Trainer(max_epochs=1, strategy="cpu", default_root_dir=root,
+        trainer = Trainer(max_epochs=1, strategy="cpu", default_root_dir=root, callbacks=list(callbacks),
                           logger=False, enable_progress_bar=False, enable_checkpointing=False)
     trainer.fit(module, loader)
+
+
+def cadence_bf16_fit(network: nn.Module, loader: DataLoader, root: str) -> None:
+    from callbacks import AMP
+
+    cadence_fit(network, loader, False, root, callbacks=(AMP("bf16"),))
 
 
 # --------------------------------------------------------------------------------------------
@@ -263,10 +284,21 @@ def contenders() -> dict[str, Callable[..., None]]:
         "cadence-users": lambda network, loader, root: cadence_fit(network, loader, True, root),
     }
     found["hand-again"] = found["hand"]  # the hand loop paired with itself: the noise floor
+    found["hand-bf16"] = lambda network, loader, root: hand_loop_bf16(network, loader)
+    found["cadence-bf16-lean"] = cadence_bf16_fit
     if lightning_version() is not None:
         found["lightning-lean"] = lambda network, loader, root: lightning_fit(network, loader, False, root)
         found["lightning-users"] = lambda network, loader, root: lightning_fit(network, loader, True, root)
     return found
+
+
+#: The loop a contender is compared with when it is not the plain hand loop.
+BASELINES = {"cadence-bf16-lean": "hand-bf16"}
+
+
+def baseline_of(name: str) -> str:
+    """The contender ``name`` is measured against: the hand loop doing the same math."""
+    return BASELINES.get(name, "hand")
 
 
 def run_once(contender: Callable[..., None], workload: Workload, loader: DataLoader) -> None:
@@ -277,13 +309,14 @@ def run_once(contender: Callable[..., None], workload: Workload, loader: DataLoa
         contender(network, loader, root)
 
 
-def time_pair(contender: Callable[..., None], workload: Workload, contender_first: bool) -> tuple[list[float], list[float]]:
-    """Run ``contender`` and the hand loop in lockstep; return their segment times per step.
+def time_pair(contender: Callable[..., None], workload: Workload, contender_first: bool,
+              baseline: str = "hand") -> tuple[list[float], list[float]]:
+    """Run ``contender`` and the ``baseline`` hand loop in lockstep; return their segment times per step.
 
     Each run is a forked child of this process (which imported everything, ran nothing, and
     so forks cleanly even with several torch threads). ``contender_first`` says who starts.
     """
-    hand = contenders()["hand"]
+    hand = contenders()[baseline]
     runs = [contender, hand] if contender_first else [hand, contender]
     turns = [os.pipe(), os.pipe()]  # turns[k]: what run k waits on
     results = [os.pipe(), os.pipe()]

@@ -12,7 +12,10 @@ cadence_shadowing.check_packages()  # first: a user's trainer.py or strategies.p
 
 from typing import Any
 
+from callbacks.amp import AMP
 from callbacks.base import Callback
+from callbacks.checkpointing import GradientCheckpointing
+from callbacks.compile import Compile
 from callbacks.early_stopping import EarlyStopping
 from callbacks.logging import AsyncLogger, CSVLogger, TensorBoardLogger, default_loggers
 from callbacks.model_checkpoint import ModelCheckpoint
@@ -23,8 +26,9 @@ from callbacks.timer import Timer
 from callbacks.torch_flags import TorchFlags
 
 __all__ = [
-    "AsyncLogger", "CSVLogger", "Callback", "EarlyStopping", "ModelCheckpoint", "ModelSummary", "ProgressBar",
-    "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags", "default_callbacks", "with_module_callbacks",
+    "AMP", "AsyncLogger", "CSVLogger", "Callback", "Compile", "EarlyStopping", "GradientCheckpointing",
+    "ModelCheckpoint", "ModelSummary", "ProgressBar", "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags",
+    "default_callbacks", "with_module_callbacks",
 ]
 
 

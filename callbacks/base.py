@@ -28,7 +28,9 @@ class Callback:
     - ``forward_context`` returns a context entered around the forward and loss (autocast).
     - ``backward`` and ``optimizer_step`` replace the plain ``loss.backward()`` and
       ``optimizer.step()``. A callback that implements one sets ``owns_backward`` or
-      ``owns_optimizer_step`` to True; two callbacks claiming the same seam is an error.
+      ``owns_optimizer_step`` to True; two callbacks claiming the same seam is an error. The owner
+      of the optimizer step also owns ``unscale_gradients``, which the loop calls before anything
+      reads the gradients (AMP's GradScaler: scaled backward, unscale, step, update).
 
     Example::
 
@@ -157,12 +159,38 @@ class Callback:
         return None
 
     def backward(self, trainer: Trainer, module: TrainingModule, loss: torch.Tensor) -> None:
-        """Replace ``loss.backward()``; only called when ``owns_backward`` is True."""
+        """Replace ``loss.backward()``; only called when ``owns_backward`` is True.
+
+        Called for every micro-batch (the loss is already divided by ``accumulate_grad_batches``)
+        and for each ``self.manual_backward``. Finish with ``trainer.strategy.backward(tensor)``,
+        not ``tensor.backward()``: under DDP the strategy runs the gradient all-reduce there (and
+        skips it inside an accumulation window), so the gradients the step sees are averaged
+        over the ranks in whatever scale this seam gave them.
+        """
         raise NotImplementedError
 
+    def unscale_gradients(self, trainer: Trainer, module: TrainingModule, optimizer: torch.optim.Optimizer) -> None:
+        """Bring ``optimizer``'s gradients to their true scale; a no-op unless overridden.
+
+        Called on the owner of the optimizer step only, once per optimizer step: after the last
+        backward of the accumulation window (so after DDP's all-reduce) and before
+        ``on_before_optimizer_step`` and gradient clipping, so that clipping, and a hook logging
+        the gradient norm, see true gradients (as in Lightning). ``TrainingModule.clip_gradients``
+        calls it too, in manual optimization. It must be idempotent until the next
+        ``optimizer_step``: the loop and the user's clipping may both ask.
+        """
+
     def optimizer_step(self, trainer: Trainer, module: TrainingModule, optimizer: torch.optim.Optimizer) -> bool:
-        """Replace ``optimizer.step()``; return False if the step was skipped (the scheduler then
-        does not step). Only called when ``owns_optimizer_step`` is True."""
+        """Replace ``optimizer.step()``; return False if the step was skipped.
+
+        Only called when ``owns_optimizer_step`` is True: once per accumulation window in
+        automatic optimization, after ``unscale_gradients``, the hooks and clipping; and for each
+        ``opt.step()`` a ``training_step`` makes on ``self.optimizers()`` in manual optimization.
+        A skipped step (AMP found inf/NaN gradients) does not step the LR schedulers and is not
+        one of ``Trainer(on_nonfinite_loss="skip")``'s skips; ``global_step`` still counts it, as in
+        Lightning, so ``max_steps``, checkpoint and log intervals count windows on every rank alike.
+        The loop zeroes the gradients afterwards either way.
+        """
         raise NotImplementedError
 
     # --- checkpoint state ----------------------------------------------------------------

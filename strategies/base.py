@@ -102,6 +102,17 @@ class Strategy:
         ``configure_optimizers``, so the optimizer sees the parameters the wrapped model steps."""
         return module
 
+    def mixed_precision(self, dtype: torch.dtype) -> bool:
+        """Take mixed precision in ``dtype`` (``torch.bfloat16`` or ``torch.float16``) over; return True if so.
+
+        ``Trainer(precision="bf16-mixed" | "16-mixed")`` asks this at construction. The default,
+        False, lets the Trainer add a ``callbacks.AMP`` (autocast around forward and loss, and a
+        GradScaler for float16). A strategy with its own mechanism (FSDP's MixedPrecisionPolicy,
+        which keeps the parameters in ``dtype`` for compute and reduces gradients in float32)
+        applies it in ``wrap_module`` and returns True; then no AMP callback is added.
+        """
+        return False
+
     def unwrap(self, model: nn.Module) -> nn.Module:
         """Return the user's module from what ``setup_module`` returned."""
         return model

@@ -1,13 +1,15 @@
 """A small training run that the resume and preemption tests start in a child process and kill.
 
-    python tests/run_resumable.py ROOT [--kill-at-step N | --kill-while-saving-step N | --ready-at-step N]
+    python tests/run_resumable.py ROOT [--kill-at-step N | --kill-while-saving-step N | --ready-at-step N] [--fp16]
 
 Every run calls ``fit(..., ckpt_path="last")``, so running the same command again resumes; the
 final weights go to ``ROOT/final.pt``. The run has everything exact resume must survive: a
 shuffled loader with two worker processes, dropout, an LR scheduler stepped per optimizer step,
 gradient accumulation, and validation right after some checkpoints (3 epochs of 10 batches,
 5 optimizer steps each; a checkpoint every 4 steps, so steps 4 and 12 are followed by
-validation in the same batch).
+validation in the same batch). ``--fp16`` trains under ``AMP("fp16")`` with a loss scale too
+large at first (the first steps are skipped while it backs off), so a resumed run takes the same
+steps only if the scaler's state came back with the checkpoint.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from callbacks import Callback, ModelCheckpoint  # noqa: E402
+from callbacks import AMP, Callback, ModelCheckpoint  # noqa: E402
 from trainer import Trainer, TrainingModule, seed_everything  # noqa: E402
 
 
@@ -76,6 +78,11 @@ def train(root: str | os.PathLike, callbacks: list[Callback] = ()) -> Net:
     return model
 
 
+def fp16_amp() -> AMP:
+    """float16 AMP whose first steps overflow and are skipped until the scale has backed off."""
+    return AMP("fp16", init_scale=2.0**20)
+
+
 class KillAtStep(Callback):
     """SIGKILL this process right after optimizer step ``step``: no cleanup of any kind runs."""
 
@@ -120,8 +127,9 @@ def main() -> None:
     parser.add_argument("--kill-at-step", type=int)
     parser.add_argument("--kill-while-saving-step", type=int)
     parser.add_argument("--ready-at-step", type=int)
+    parser.add_argument("--fp16", action="store_true")
     args = parser.parse_args()
-    callbacks: list[Callback] = []
+    callbacks: list[Callback] = [fp16_amp()] if args.fp16 else []
     if args.kill_at_step is not None:
         callbacks.append(KillAtStep(args.kill_at_step))
     if args.kill_while_saving_step is not None:

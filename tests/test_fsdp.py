@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from callbacks import ModelCheckpoint
+from callbacks import AMP, ModelCheckpoint
 from strategies import FSDP
 from trainer import Trainer
 from trainer.cli import main as cadence
@@ -357,6 +357,16 @@ def test_precision_maps_onto_the_mixed_precision_policy_and_float16_is_refused()
     with pytest.raises(ValueError, match=r"asks for torch.bfloat16, but FSDP\(mixed_precision=...\) computes in "
                                          r"torch.float32"):
         chosen.mixed_precision(torch.bfloat16)
+
+
+def test_trainer_precision_under_fsdp_sets_the_policy_instead_of_adding_autocast():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    trainer = Trainer(strategy=FSDP(devices=2), precision="bf16-mixed", logger=False, enable_checkpointing=False)
+    assert not any(isinstance(callback, AMP) for callback in trainer.callbacks)
+    assert trainer.strategy.mp_policy == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"float16 under FSDP needs loss scaling"):
+        Trainer(strategy="fsdp", devices=2, precision="16-mixed")
 
 
 def test_a_meta_device_layer_without_reset_parameters_is_named():

@@ -20,7 +20,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import Callback, ModelCheckpoint
+from callbacks import AMP, Callback, ModelCheckpoint
 from trainer import Trainer, TrainingModule
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,19 +70,35 @@ def _moves_to_cpu(args: tuple, kwargs: dict) -> bool:
 
 
 class SyncRecorder(TorchFunctionMode):
-    """Records every tensor-to-Python conversion on this thread, with where the loop was."""
+    """Records every tensor-to-Python conversion on this thread, with where the loop was; those made
+    inside ``GradScaler.step`` (its one read of the overflow flag) go to ``scaler_calls`` instead."""
 
     def __init__(self, where: "LoopPosition") -> None:
         super().__init__()
         self.where = where
         self.calls: list[tuple[str, tuple]] = []
+        self.scaler_calls: list[tuple[str, tuple]] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         if name in SYNCING_METHODS or (name == "to" and _moves_to_cpu(args, kwargs)):
-            self.calls.append((name, self.where.position))
+            scaler_method = _grad_scaler_method()
+            if scaler_method is None:
+                self.calls.append((name, self.where.position))
+            else:
+                self.scaler_calls.append((scaler_method, name, self.where.position))
         return func(*args, **kwargs)
+
+
+def _grad_scaler_method() -> str | None:
+    """The public GradScaler method on the stack (``"step"``, ``"unscale_"``, ...), or None."""
+    frame, found = sys._getframe(2), None
+    while frame is not None:
+        if frame.f_code.co_filename.endswith("grad_scaler.py") and not frame.f_code.co_name.startswith("_"):
+            found = frame.f_code.co_name
+        frame = frame.f_back
+    return found
 
 
 class LoopPosition(Callback):
@@ -199,3 +215,28 @@ def test_the_framework_turns_no_tensor_into_a_python_value_between_log_steps(tmp
     # The recorder does see the framework's reads where they belong (not a vacuous pass).
     assert {log_every, 2 * log_every} <= steps_with_syncs
     assert any(phase == "validation" for _, (phase, _) in recorder.calls)
+
+
+def test_float16_amp_adds_no_host_sync_beyond_the_one_read_inside_grad_scaler_step(tmp_path, monkeypatch):
+    log_every = 4
+    position = LoopPosition()
+    trainer = Trainer(
+        max_epochs=2, strategy="cpu", default_root_dir=tmp_path, log_every_n_steps=log_every,
+        callbacks=[position, AMP("fp16"), ModelCheckpoint(monitor="val/loss")],
+    )
+    monkeypatch.setattr(sys, "stderr", TerminalLikeStream())
+    recorder = SyncRecorder(position)
+    with recorder:
+        trainer.fit(LoggingRegressor(), _loader(10), _loader(2))
+
+    assert trainer.global_step == 20
+    during_a_step = [(name, where) for name, where in recorder.calls if where[0] == "step"]
+    assert during_a_step == [], f"host syncs inside training steps besides GradScaler.step's: {during_a_step}"
+    # GradScaler.step reads whether a gradient overflowed, once per optimizer step; its other calls
+    # here are copies between the CPU and the CPU (device to device on a GPU), which wait for nothing.
+    # (Saving a checkpoint reads the scale too, at the epoch ends the other test allows.)
+    reads = [(method, name, where) for method, name, where in recorder.scaler_calls if name != "to" and where[0] == "step"]
+    assert reads == [("step", "item", ("step", step)) for step in range(1, 21)]
+    steps_with_syncs = {step for _, (phase, step) in recorder.calls if phase == "after"}
+    allowed = {step for step in steps_with_syncs if step % log_every == 0} | position.epoch_last_steps
+    assert steps_with_syncs <= allowed, f"host syncs after steps {sorted(steps_with_syncs - allowed)}"

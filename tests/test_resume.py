@@ -63,6 +63,15 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_bit_identical_weights(tmp_pa
     assert [path.name for path in (tmp_path / "cadence_logs").iterdir()] == ["version_0"]  # one run, one directory
 
 
+def test_a_float16_amp_run_killed_after_a_checkpoint_resumes_to_bit_identical_weights(tmp_path):
+    # The first steps overflow float16 and are skipped while the scale backs off; a resumed run
+    # that started again from the initial scale would skip steps the uninterrupted one took.
+    uninterrupted_fp16 = run_resumable.train(tmp_path / "uninterrupted", [run_resumable.fp16_amp()]).state_dict()
+    assert run_child(tmp_path / "killed", "--kill-at-step", "14", "--fp16") == -signal.SIGKILL
+    resumed = run_resumable.train(tmp_path / "killed", [run_resumable.fp16_amp()])
+    assert_same_weights(resumed, uninterrupted_fp16)
+
+
 def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(tmp_path, uninterrupted):
     assert run_child(tmp_path, "--kill-while-saving-step", "12") == -signal.SIGKILL
     checkpoints = tmp_path / "cadence_logs" / "version_0" / "checkpoints"

@@ -126,6 +126,8 @@ class StageMetrics:
     def _accumulate(self, name: str, value: Any, reduce_fx: str, weight: int) -> None:
         if isinstance(value, torch.Tensor):
             value = value.detach().reshape(())
+            if value.dtype in (torch.float16, torch.bfloat16):  # AMP: sum in float32, or value * batch_size overflows
+                value = value.float()
         total = self.epoch_totals.get(name)
         if total is None:
             start = value * weight if reduce_fx == "mean" else value

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from trainer.loading import load_module
+from trainer.optim import clip_optimizer_gradients
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -169,8 +170,13 @@ class TrainingModule(nn.Module):
         self._automatic_optimization = bool(value)
 
     def optimizers(self) -> torch.optim.Optimizer | list[torch.optim.Optimizer]:
-        """The optimizers from ``configure_optimizers``: one, or a list when there are several."""
-        optimizers = self._require_trainer("optimizers").optimizers
+        """The optimizers from ``configure_optimizers``: one, or a list when there are several.
+
+        When a callback owns the optimizer step (``AMP("fp16")``'s GradScaler), each comes wrapped
+        in ``trainer.optim.OwnedStepOptimizer``, so that ``opt.step()`` goes through the scaler
+        (skipping the step on inf/NaN gradients); ``.optimizer`` is the torch optimizer itself.
+        """
+        optimizers = self._require_trainer("optimizers")._module_optimizers
         return optimizers[0] if len(optimizers) == 1 else list(optimizers)
 
     def lr_schedulers(self) -> Any:
@@ -183,6 +189,21 @@ class TrainingModule(nn.Module):
     def manual_backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` through the Trainer, so AMP scaling and DDP work in manual mode."""
         self._require_trainer("manual_backward", running=True).run_backward(loss)
+
+    def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
+                       gradient_clip_algorithm: str | None = None) -> None:
+        """Clip the gradients of ``optimizer``'s parameters, for manual optimization (Lightning's API).
+
+        Under ``AMP("fp16")`` the gradients are unscaled first (once per step), so the threshold
+        applies to the true gradients. Call it between ``self.manual_backward`` and ``opt.step()``.
+
+        Args:
+            optimizer: one of ``self.optimizers()``.
+            gradient_clip_val: the largest total 2-norm (or value); None clips nothing.
+            gradient_clip_algorithm: ``"norm"`` (default) or ``"value"``.
+        """
+        clip_optimizer_gradients(self._require_trainer("clip_gradients"), optimizer, gradient_clip_val,
+                                 gradient_clip_algorithm)
 
     def toggle_optimizer(self, optimizer: Any) -> None:
         """Let only ``optimizer``'s parameters require gradients (a GAN's generator step must not

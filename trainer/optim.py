@@ -112,29 +112,47 @@ def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, m
             config.scheduler.step()
 
 
-class StepOptimizer:
-    """The optimizer a module's ``optimizer_step`` override receives (Lightning's LightningOptimizer).
+# ---------------------------------------------------------------------------------------------
+# Clipping, and optimizers whose step a callback owns
+# ---------------------------------------------------------------------------------------------
+CLIP_ALGORITHMS = ("norm", "value")
 
-    ``step(closure)`` runs ``closure`` (it returns the batch's loss: forward and backward have
-    run), then the Trainer's step: ``on_before_optimizer_step``, gradient clipping and the
-    optimizer's step, through the callback that owns the step when there is one (AMP's scaler).
-    The rest reads through to the optimizer: ``param_groups`` (a warm-up sets ``lr`` there),
-    ``state``, ``zero_grad``, ``state_dict``.
 
-    Args:
-        optimizer: the torch optimizer.
-        step: the Trainer's step of ``optimizer``; returns False when the step was skipped (AMP).
-    """
+def clip_gradients(parameters: list[torch.nn.Parameter], value: float, algorithm: str) -> None:
+    """Clip the gradients of ``parameters`` by their total 2-norm or elementwise by ``value``."""
+    if algorithm == "norm":
+        torch.nn.utils.clip_grad_norm_(parameters, value)
+    else:
+        torch.nn.utils.clip_grad_value_(parameters, value)
 
-    def __init__(self, optimizer: torch.optim.Optimizer, step: Any) -> None:
+
+def clip_optimizer_gradients(trainer: Any, optimizer: Any, value: Any, algorithm: Any) -> None:
+    """``TrainingModule.clip_gradients``: unscale ``optimizer``'s gradients if a callback scaled
+    them (AMP float16), then clip them. ``value`` None clips nothing, as in Lightning."""
+    if algorithm is None:
+        algorithm = "norm"
+    if algorithm not in CLIP_ALGORITHMS:
+        raise ValueError(f'clip_gradients(gradient_clip_algorithm={algorithm!r}): use "norm" or "value".')
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"clip_gradients(gradient_clip_val={value!r}): use a positive number, or None to clip nothing.")
+    optimizer = optimizer.optimizer if isinstance(optimizer, OptimizerView) else optimizer
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"clip_gradients got {type(optimizer).__name__}; pass an optimizer from self.optimizers().")
+    owner = trainer._step_owner
+    if owner is not None:
+        owner.unscale_gradients(trainer, trainer.module, optimizer)
+    clip_gradients([p for group in optimizer.param_groups for p in group["params"]], value, algorithm)
+
+
+class OptimizerView:
+    """An optimizer seen through a wrapper whose ``step`` the Trainer takes: the rest reads through
+    to the torch optimizer (``param_groups``, where a warm-up sets ``lr``; ``state``; ``zero_grad``;
+    the state dicts), which is also ``.optimizer``."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
-        self._step = step
-        self.applied = False  # whether a step changed the weights (the schedulers then step)
-
-    def step(self, closure: Any = None) -> Any:
-        loss = closure() if closure is not None else None
-        self.applied = self._step(self.optimizer)
-        return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -156,3 +174,74 @@ class StepOptimizer:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.optimizer!r})"
+
+
+class StepOptimizer(OptimizerView):
+    """The optimizer a module's ``optimizer_step`` override receives (Lightning's LightningOptimizer).
+
+    ``step(closure)`` runs ``closure`` (it returns the batch's loss: forward and backward have
+    run), then the Trainer's step: ``on_before_optimizer_step``, gradient clipping and the
+    optimizer's step, through the callback that owns the step when there is one (AMP's scaler).
+    The rest reads through to the optimizer: ``param_groups`` (a warm-up sets ``lr`` there),
+    ``state``, ``zero_grad``, ``state_dict``.
+
+    Args:
+        optimizer: the torch optimizer.
+        step: the Trainer's step of ``optimizer``; returns False when the step was skipped (AMP).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, step: Any) -> None:
+        super().__init__(optimizer)
+        self._step = step
+        self.applied = False  # whether a step changed the weights (the schedulers then step)
+
+    def step(self, closure: Any = None) -> Any:
+        loss = closure() if closure is not None else None
+        self.applied = self._step(self.optimizer)
+        return loss
+
+
+class OwnedStepOptimizer(OptimizerView):
+    """What ``self.optimizers()`` returns in manual optimization when a callback owns the
+    optimizer step (AMP float16): ``step()`` goes through that callback (``GradScaler.step``,
+    which skips the step when the gradients are not finite, then its update).
+
+    It is not a ``torch.optim.Optimizer`` subclass; it offers what a ``training_step`` uses:
+    ``step(closure=None)``, ``zero_grad(set_to_none=True)``, ``param_groups``, ``state``,
+    ``defaults``, ``state_dict()``, ``load_state_dict()``, ``add_param_group()``, and the torch
+    optimizer itself as ``.optimizer``. A skipped step counts in ``global_step``, as in automatic
+    optimization and in Lightning.
+
+    Args:
+        optimizer: the optimizer from ``configure_optimizers``.
+        trainer: the running Trainer; the callback that owns its optimizer step takes the step.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, trainer: Any) -> None:
+        super().__init__(optimizer)
+        self._trainer = trainer
+
+    def step(self, closure: Any = None) -> Any:
+        """Run ``closure`` (if given, with grad enabled), then the owner's step."""
+        result = None
+        if closure is not None:
+            with torch.enable_grad():
+                result = closure()
+        trainer = self._trainer
+        if not trainer._step_owner.optimizer_step(trainer, trainer.module, self.optimizer):
+            trainer.global_step += 1  # a step that ran is counted by the optimizer's step hook
+        return result
+
+
+def optimizers_for_module(optimizers: list[torch.optim.Optimizer], trainer: Any) -> list[Any]:
+    """What ``self.optimizers()`` hands a manual ``training_step``: the optimizers themselves, or
+    each wrapped in :class:`OwnedStepOptimizer` when a callback owns the optimizer step."""
+    if trainer._step_owner is None:
+        return list(optimizers)
+    return [OwnedStepOptimizer(optimizer, trainer) for optimizer in optimizers]

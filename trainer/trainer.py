@@ -38,7 +38,8 @@ from trainer.guards import check_losses, window_is_finite
 from trainer.hooks import (
     evaluation_hooks, single_owner, step_hooks, step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks,
 )
-from trainer.optim import SchedulerConfig, parse_optimizers, step_schedulers
+from trainer.optim import SchedulerConfig, clip_gradients, optimizers_for_module, parse_optimizers, step_schedulers
+from trainer.precision import add_precision_callback
 from trainer.preemption import Preemption
 from trainer.resume import resumable, resume_iterator
 from trainer.seed import preserved_rng, seed_everything, use_deterministic_algorithms
@@ -84,6 +85,7 @@ class Trainer:
         max_steps: int = -1,
         strategy: str | Strategy = "auto",
         devices: int | str | list[int] = "auto",
+        precision: str | int | None = None,
         callbacks: list[Callback] | Callback | None = None,
         accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None,
@@ -147,7 +149,7 @@ class Trainer:
         )
         self.strategy = run.strategy
         self.strategy.validate()
-        self.callbacks = run.callbacks
+        self.callbacks = add_precision_callback(precision, self.strategy, run.callbacks)  # "16-mixed" -> AMP
         self.max_epochs, self.max_steps = run.max_epochs, run.max_steps
         self.min_epochs, self.min_steps = min_epochs, min_steps
         self.fast_dev_run = fast_dev_run
@@ -228,9 +230,10 @@ class Trainer:
                 each batch: to device (non_blocking) -> on_train_batch_start
                     -> forward (training_step) under the callbacks' forward contexts
                     -> on_before_backward -> backward (no all-reduce while accumulating) -> on_after_backward
-                    -> every accumulate_grad_batches-th batch: on_before_optimizer_step, clip, optimizer
-                       step (all three inside the module's optimizer_step when it overrides it), then
-                       on_before_zero_grad, zero grad (the module's optimizer_zero_grad), step-interval schedulers
+                    -> every accumulate_grad_batches-th batch: unscale (AMP float16), on_before_optimizer_step,
+                       clip, optimizer step or the scaler's, which may skip it (all three inside the module's
+                       optimizer_step when it overrides it), then on_before_zero_grad, zero grad (the module's
+                       optimizer_zero_grad), step-interval schedulers (not after a skipped step)
                     -> on_train_batch_end -> every log_every_n_steps: on_log, non-finite loss check
                     -> at val_check_interval: validation (on_validation_start, on_validation_epoch_start,
                        each batch on_validation_batch_start/end, on_validation_epoch_end, on_validation_end)
@@ -469,6 +472,7 @@ class Trainer:
         self._backward = functools.partial(owner.backward, self, module) if owner is not None else self.strategy.backward
         self._step_owner = single_owner([c for c in self.callbacks if c.owns_optimizer_step], "owns_optimizer_step")
         self._clip_parameters = [p for group in self.optimizers[0].param_groups for p in group["params"]]
+        self._module_optimizers = optimizers_for_module(self.optimizers, self)  # self.optimizers() in manual mode
 
     def _count_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.global_step += 1
@@ -687,15 +691,14 @@ class Trainer:
             self._backward(loss)
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """on_before_optimizer_step, clip, step, global_step + 1; False when the owner of the step
-        skipped it (AMP found inf gradients): the schedulers then do not step."""
+        """unscale (AMP float16), on_before_optimizer_step, clip, step, global_step + 1; False when
+        the owner of the step skipped it (AMP found inf gradients): the schedulers then do not step."""
+        if self._step_owner is not None:  # true gradients for the hooks and clipping (AMP unscales)
+            self._step_owner.unscale_gradients(self, self.module, optimizer)
         if self._hooks.before_step:
             self._hooks.call_before_optimizer_step(self, self.module, optimizer)
         if self.gradient_clip_val is not None:
-            if self.gradient_clip_algorithm == "norm":
-                torch.nn.utils.clip_grad_norm_(self._clip_parameters, self.gradient_clip_val)
-            else:
-                torch.nn.utils.clip_grad_value_(self._clip_parameters, self.gradient_clip_val)
+            clip_gradients(self._clip_parameters, self.gradient_clip_val, self.gradient_clip_algorithm)
         if self._step_owner is not None:
             applied = self._step_owner.optimizer_step(self, self.module, optimizer)
         else:

@@ -38,7 +38,8 @@ from trainer.optim import SchedulerConfig, parse_optimizers
 from trainer.preemption import Preemption, workers_ignore_preemption
 from trainer.resume import resumable, resume_iterator
 from trainer.seed import (
-    preserved_rng, seed_everything, seed_worker_of_rank, seeded_generator, use_deterministic_algorithms,
+    preserved_rng, seed_everything, seed_worker_of_rank, seeded_generator, set_cublas_workspace_config,
+    use_deterministic_algorithms,
 )
 from trainer.state import checkpoint_state, handoff_state, receive_handoff, restore
 
@@ -103,6 +104,8 @@ class Trainer:
         )
         if seed is not None:
             seed_everything(seed)  # validates; seeded again at the start of each stage
+        if deterministic:
+            set_cublas_workspace_config()  # before cuBLAS first runs; the rest at the start of each stage
 
         self.max_epochs = max_epochs
         self.max_steps = max_steps
@@ -168,7 +171,7 @@ class Trainer:
             on_train_start
             each epoch until max_epochs, max_steps or should_stop:
                 on_train_epoch_start
-                each batch: to device (non_blocking) -> on_train_batch_start
+                each batch: to device (CUDA: copied ahead on a side stream) -> on_train_batch_start
                     -> forward (training_step) under the callbacks' forward contexts
                     -> backward (no all-reduce while accumulating)
                     -> every accumulate_grad_batches-th batch: on_before_optimizer_step, clip,
@@ -409,10 +412,10 @@ class Trainer:
         num_batches = self.num_training_batches
         val_every = self._val_every(num_batches) if val_loader is not None else None
         batch_idx = -1
-        for batch_idx, batch in self._iterate_train(train_loader):
+        # The strategy moves the batches (on CUDA it copies the next one while this one computes).
+        for batch_idx, batch in strategy.batches_on_device(self._iterate_train(train_loader)):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
             self.batch_idx = batch_idx
-            batch = strategy.batch_to_device(batch)
             for hook in hooks.batch_start:
                 hook(self, module, batch, batch_idx)
             for hook in hooks.module_batch_start:
@@ -657,11 +660,9 @@ class Trainer:
         hooks.module_start()
         hooks.module_epoch_start()
         predictions = []
+        batches = enumerate(loader) if limit == math.inf else itertools.islice(enumerate(loader), int(limit))
         with torch.inference_mode():
-            for batch_idx, batch in enumerate(loader):
-                if batch_idx >= limit:
-                    break
-                batch = self.strategy.batch_to_device(batch)
+            for batch_idx, batch in self.strategy.batches_on_device(batches):
                 with self._forward_context():
                     outputs = hooks.step(batch, batch_idx)
                 if stage == "predict":

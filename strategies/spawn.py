@@ -6,14 +6,23 @@ when set), starts one process per device with ``torch.multiprocessing``, and ret
 result. If any rank fails, the others are stopped (they see the store's abort flag, and whatever
 is left is terminated here), and the caller gets a RuntimeError carrying the failing rank's
 traceback and where every rank was.
+
+The work travels as :class:`_Work`: pickled for each worker by torch's pickler (tensors through
+shared memory) while the worker starts, and unpickled by the worker itself, so that a failure
+there is an error the worker reports. ``torch.Generator`` objects (a DataLoader's
+``generator=``) travel as their state: their own pickling makes a tensor on the fly, and shared
+memory sends a tensor as a file descriptor that must stay open until the worker has started,
+which that temporary tensor does not (the worker then failed with "unable to resize file").
 """
 
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import datetime
 import faulthandler
 import inspect
+import multiprocessing.reduction
 import multiprocessing.connection
 import os
 import pickle
@@ -62,7 +71,7 @@ def _run_workers(strategy: DDP, function: Callable[..., Any], args: tuple, count
     with tempfile.TemporaryDirectory(prefix="cadence-ddp-") as directory:
         result_path = str(Path(directory) / "rank0-result.pt")
         context = mp.start_processes(
-            _run_worker, args=(strategy, host, store.port, result_path, function, args),
+            _run_worker, args=(count, host, store.port, result_path, _Work(strategy, function, args)),
             nprocs=count, join=False, start_method=strategy.start_method,
         )
         try:
@@ -71,7 +80,8 @@ def _run_workers(strategy: DDP, function: Callable[..., Any], args: tuple, count
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
             # Spawned workers set up one stage each: their keys live under the first session's prefix.
             message = failure_message(dist.PrefixStore(forensics.session_prefix(0), store), count,
-                                      _native_crash(context, error))
+                                      _native_crash(context, error), strategy.timeout.total_seconds(),
+                                      started=[_started_marker(directory, rank).exists() for rank in range(count)])
             del store  # this frame outlives the call in the error's traceback (see spawn_workers)
             raise RuntimeError(message) from None
         finally:
@@ -104,17 +114,18 @@ def host_store(host: str, port: int, timeout: datetime.timedelta) -> dist.TCPSto
         ) from error
 
 
-def _run_worker(local_rank: int, strategy: DDP, host: str, port: int, result_path: str,
-                function: Callable[..., Any], args: tuple) -> None:
+def _run_worker(local_rank: int, world_size: int, host: str, port: int, result_path: str, work: _Work) -> None:
     """The body of one spawned process (``torch.multiprocessing`` passes ``local_rank``)."""
-    world_size = strategy.num_processes
     if not faulthandler.is_enabled():
         # A crash in native code (an abort, a segfault) then prints every thread's Python stack.
         faulthandler.enable(all_threads=True)
+    _started_marker(Path(result_path).parent, local_rank).touch()  # it got past importing the script
+    strategy, function, args = work.open(local_rank)
     # The usual variables, for code that reads them (and for the user's own torch.distributed calls).
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=host, MASTER_PORT=str(port))
-    strategy.set_process(rank=local_rank, local_rank=local_rank, world_size=world_size, store_address=(host, port))
+    strategy.set_process(rank=local_rank, local_rank=local_rank, world_size=world_size, store_address=(host, port),
+                         local_world_size=world_size)
     try:
         result = function(*args)
     except Exception:
@@ -127,6 +138,64 @@ def _run_worker(local_rank: int, strategy: DDP, host: str, port: int, result_pat
 
 def _done_marker(directory: str | Path, rank: int) -> Path:
     return Path(directory) / f"rank{rank}.done"
+
+
+def _started_marker(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"rank{rank}.started"
+
+
+class _Work:
+    """The strategy, function and arguments the workers run (see the module docstring), in one
+    pickle so that objects they share (the Trainer's strategy is ``strategy``) stay one object.
+
+    Pickled once per worker, while that worker starts (the pickling then hands shared-memory file
+    descriptors to that very process); with the "fork" start method it is not pickled at all.
+    """
+
+    def __init__(self, strategy: DDP, function: Callable[..., Any], args: tuple) -> None:
+        self.contents = (strategy, function, args)
+        self.data: bytes | None = None
+
+    def __reduce__(self) -> tuple:
+        return _Work._received, (bytes(_WorkPickler.dumps(self.contents)),)
+
+    @staticmethod
+    def _received(data: bytes) -> _Work:
+        work = _Work.__new__(_Work)
+        work.data = data
+        return work
+
+    def open(self, rank: int) -> tuple[DDP, Callable[..., Any], tuple]:
+        """The strategy, function and arguments, unpickled in the worker."""
+        if self.data is None:
+            return self.contents
+        try:
+            return pickle.loads(self.data)
+        except Exception as error:
+            raise RuntimeError(
+                f"DDP rank {rank} could not unpickle the work the launching process sent it ({type(error).__name__}: "
+                f"{error}). Everything fit receives must be importable in a new process: define classes and "
+                "functions at module level of an importable module, or launch with torchrun, where each "
+                "process builds its own objects."
+            ) from error
+
+
+class _WorkPickler(multiprocessing.reduction.ForkingPickler):
+    """torch.multiprocessing's pickler (tensors through shared memory), generators by their state."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dispatch_table[torch.Generator] = _reduce_generator
+
+
+def _reduce_generator(generator: torch.Generator) -> tuple:
+    return _rebuild_generator, (str(generator.device), generator.get_state().numpy().tobytes())
+
+
+def _rebuild_generator(device: str, state: bytes) -> torch.Generator:
+    generator = torch.Generator(device)
+    generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+    return generator
 
 
 def _wait_for_workers(context: Any, directory: str) -> list[tuple[int, int]]:
@@ -223,19 +292,31 @@ def _stop_leftovers(context: Any) -> None:
             process.join()
 
 
-def failure_message(store: Any, count: int, error: Any) -> str:
-    """What the caller reads when a worker failed: the cause's traceback, and where ranks were."""
+def failure_message(store: Any, count: int, error: Any, timeout_s: float | None = None,
+                    started: list[bool] | None = None) -> str:
+    """What the caller reads when a worker failed: the cause's traceback, and where ranks were.
+
+    Args:
+        store: the group's store (under the stage's prefix), where ranks recorded failures and whereabouts.
+        count: the number of ranks.
+        error: what ``ProcessContext.join`` raised (after :func:`_native_crash`).
+        timeout_s: ``DDP(timeout=...)``: a rank that NCCL's watchdog aborted is recognised by it.
+        started: per rank, whether its worker got past importing the script (None: unknown).
+    """
     # A rank killed by a signal (a native crash, the OOM killer) breaks the others' collectives:
     # it is the cause, unless some rank raised an error of its own.
     died = isinstance(error, mp.ProcessExitedException) and error.exit_code < 0
     first = forensics.first_failure(store, count, broken_collectives=not died)
+    record = forensics.read_records(store, count).get(getattr(error, "error_index", -1))
     if first is not None:
         rank, text = first
         message = f"DDP rank {rank} of {count} failed, so every rank was stopped. Its error:\n\n{text.rstrip()}"
+    elif died and -error.exit_code == signal.SIGABRT and _timed_out(record, timeout_s):
+        return _timeout_message(store, count, record, timeout_s)
     elif isinstance(error, mp.ProcessExitedException):
-        reached_group = forensics.read_records(store, count).get(error.error_index) is not None
+        rank_started = started is None or started[error.error_index]
         message = (f"DDP rank {error.error_index} of {count} (pid {error.error_pid}) ended without reporting an "
-                   f"error ({error.args[0]}). {_exit_hint(error.exit_code, reached_group)}")
+                   f"error ({error.args[0]}). {_exit_hint(error.exit_code, record is not None, rank_started)}")
     else:
         message = f"DDP rank {error.error_index} of {count} failed, so every rank was stopped.{error.args[0]}"
     if "Where each rank was" in message:  # a failed collective already said it
@@ -244,29 +325,93 @@ def failure_message(store: Any, count: int, error: Any) -> str:
     return f"{message}\n\n{where}" if where else message
 
 
-def _exit_hint(exit_code: int, reached_group: bool) -> str:
+def _timed_out(record: dict[str, Any] | None, timeout_s: float | None) -> bool:
+    """The NCCL watchdog's signature: the rank died of SIGABRT while its last report (published
+    about once a second) had it waiting in a collective for about the timeout."""
+    return (record is not None and timeout_s is not None and record["waiting"]
+            and record["in_phase_s"] >= timeout_s - 1.5)
+
+
+def _timeout_message(store: Any, count: int, record: dict[str, Any], timeout_s: float) -> str:
+    records = forensics.read_records(store, count)
+    lagging = [other for rank, other in sorted(records.items())
+               if rank != record["rank"] and forensics.fell_behind(other, record)]
+    if lagging:
+        lagged = "; ".join(f"rank {other['rank']} lagged (in {other['phase']} at training batch {other['batch_idx']})"
+                           for other in lagging)
+    else:
+        lagged = "no rank reported being behind it (one may be stuck in native code without reporting)"
+    return (f"DDP rank {record['rank']} of {count} timed out in a collective; {lagged}. Rank {record['rank']} "
+            f"waited in {record['phase']} for over {record['in_phase_s']:g} s, DDP(timeout={timeout_s:g}), and NCCL's "
+            "watchdog ended its process (SIGABRT).\n\n"
+            f"{forensics.where_ranks_were(store, count, me=record)}\n"
+            f"If that work is legitimately slow, raise DDP(timeout=...) (now {timeout_s:g} s); otherwise look for "
+            "code that only some ranks run.")
+
+
+def _exit_hint(exit_code: int, reached_group: bool, started: bool = True) -> str:
     """The likely cause of a worker that ended without a Python error."""
     if exit_code == -signal.SIGKILL:
         return "SIGKILL usually means the kernel's out-of-memory killer: use fewer devices, smaller batches or fewer workers."
     if -exit_code in _NATIVE_CRASH_SIGNALS:
         return ("It crashed in native code (a C++ error in torch or an extension, a CUDA/NCCL fault); the native "
                 "message and every thread's Python stack are in its output above. Run with devices=1 to see "
-                "whether it happens without DDP.")
+                "whether it happens without DDP. (With NCCL, a collective that waits longer than DDP(timeout=...) "
+                "also ends its process this way.)")
     if reached_group:
         return ("It had joined the process group, so something in the work ended the process "
                 "(sys.exit or os._exit in user code, or a signal): its output above says which.")
-    return ("It stopped before it started the work: its output above says why. (A script that calls fit "
-            'at import time needs `if __name__ == "__main__":` around that code.)')
+    if not started:
+        return ("It failed while importing your script, before it could start the work: its output above says "
+                'why. (A script that calls fit at import time needs `if __name__ == "__main__":` around that code.)')
+    return ("It stopped before it joined the process group (sys.exit or os._exit in user code, or a signal): "
+            "its output above says which.")
 
 
 # --- pickling, checked before any process starts -----------------------------------------------
+class _CannotSend(pickle.PicklingError):
+    """Something pickle could write but the workers cannot use as sent; carries its own fix."""
+
+    def __init__(self, what: str, fix: str) -> None:
+        super().__init__(what)
+        self.fix = fix
+
+
 class _ProbePickler(pickle.Pickler):
-    """Pickles to nowhere and skips tensors (always picklable; copying them would cost memory)."""
+    """Pickles to nowhere, as :class:`_WorkPickler` will (generators by their state), without
+    copying tensors, but refusing the tensors that shared memory cannot or should not send."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dispatch_table = {**copyreg.dispatch_table, torch.Generator: _reduce_generator}
 
     def persistent_id(self, obj: Any) -> Any:
-        if isinstance(obj, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
+        if isinstance(obj, torch.Tensor):
+            _check_sendable(obj)
+            return "tensor"
+        if isinstance(obj, (torch.UntypedStorage, torch.TypedStorage)):
             return "tensor"
         return None
+
+
+def _check_sendable(tensor: torch.Tensor) -> None:
+    if tensor.device.type == "cuda":
+        raise _CannotSend(
+            f"a tensor on {tensor.device} in the launching process",
+            "Each worker would open a CUDA context on that GPU and share its memory through CUDA IPC (rank 0 "
+            "training on the launcher's copy). Keep the model and the data on the CPU until fit (drop the "
+            ".cuda() or .to(device) before it): each DDP process moves its own copy to its own GPU.",
+        )
+    if tensor.device.type not in ("cpu", "meta"):
+        raise _CannotSend(
+            f"a tensor on {tensor.device}, which cannot be shared with other processes",
+            "Keep the model and the data on the CPU until fit: each DDP process moves its own copy to its device.",
+        )
+    if tensor.requires_grad and not tensor.is_leaf:
+        raise _CannotSend(
+            "a tensor computed with autograd (requires_grad, not a leaf), which cannot cross processes",
+            "Store tensor.detach() instead, or build it in setup().",
+        )
 
 
 class _Discard:
@@ -301,7 +446,8 @@ def _parts(name: str, obj: Any) -> list[tuple[str, Any]]:
         return [(f"{name}[{key!r}]", value) for key, value in obj.items()]
     if isinstance(obj, torch.nn.Module):
         attributes = [(key, value) for key, value in vars(obj).items() if not key.startswith("_")]
-        return [(f"{name}.{key}", value) for key, value in list(obj.named_children()) + attributes]
+        tensors = list(obj.named_parameters(recurse=False)) + list(obj.named_buffers(recurse=False))
+        return [(f"{name}.{key}", value) for key, value in list(obj.named_children()) + tensors + attributes]
     return [(f"{name}.{key}", value) for key, value in getattr(obj, "__dict__", {}).items()]
 
 
@@ -328,6 +474,9 @@ def check_picklable(function: Callable[..., Any], args: tuple, count: int) -> No
         if error is None:
             continue
         where, error = _culprit(name, obj, error)
+        if isinstance(error, _CannotSend):
+            raise ValueError(f"DDP starts {count} new processes and sends them the work, but `{where}` is {error}. "
+                             f"{error.fix}")
         raise ValueError(
             f"DDP starts {count} new processes and must pickle the work for them, but `{where}` cannot "
             f"be pickled ({error}). Define it at module level (not inside a function, and not a "

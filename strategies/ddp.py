@@ -201,8 +201,8 @@ class DDP(Strategy):
                 f'DDP(backend="{backend}") is not available in this PyTorch build (torch {torch.__version__}). '
                 + ('Use backend="gloo".' if backend != "gloo" else "Install a PyTorch build with gloo.")
             )
-        started = local_world_size()
         if launched_by_torchrun():
+            started = local_world_size()  # None when a scheduler does not say: devices cannot disagree
             if started is not None and self.devices not in ("auto", started):
                 raise ValueError(
                     f"DDP(devices={self.devices}) but torchrun started {started} processes on this machine "
@@ -225,7 +225,7 @@ class DDP(Strategy):
         # Launched by torchrun or a scheduler: this process needs one GPU; how many the machine
         # has and how many processes it runs are the launcher's business.
         check_gpus(1)
-        local_cuda_index(int(os.environ["LOCAL_RANK"]), torch.cuda.device_count())
+        local_cuda_index(int(os.environ["LOCAL_RANK"]), torch.cuda.device_count())  # raises if it has no GPU of its own
 
     def launch(self, function: Callable[..., Any], *args: Any) -> Any:
         """Join torchrun's group when this process is one of its ranks; else spawn the workers."""

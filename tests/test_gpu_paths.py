@@ -339,6 +339,37 @@ def test_values_logged_on_different_devices_reach_the_logs_at_log_steps_and_afte
     assert (trainer.logged_metrics["val/on_gpu"], trainer.logged_metrics["val/on_cpu"]) == (2.0, 3.0)
 
 
+# --- the non-finite loss guard under CUDA graphs -----------------------------------------------------
+class OverwritesItsLastLoss(TrainingModule):
+    """Overwrites the loss it returned at the previous step in place, as a CUDA graph replay
+    (``torch.compile(mode="reduce-overhead")``) overwrites its output; the loss at batch 3 is NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+        self.last_loss = None
+
+    def training_step(self, batch, batch_idx):
+        if self.last_loss is not None:
+            with torch.no_grad():
+                self.last_loss.fill_(1.0)
+        loss = nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+        if batch_idx == 3:
+            loss = loss * float("nan")
+        self.last_loss = loss
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_nan_loss_is_named_at_its_batch_even_when_the_loss_tensor_is_overwritten_by_the_next_step(
+        make_trainer, regression_loader):
+    trainer = make_trainer(max_epochs=1, log_every_n_steps=8)
+    with pytest.raises(FloatingPointError, match=r"The training loss is nan at epoch 0, batch 3 \(global step 3\)"):
+        trainer.fit(OverwritesItsLastLoss(), regression_loader)
+
+
 # --- DDP on GPUs: checks before any process starts ---------------------------------------------------
 def test_fork_with_cuda_is_refused_before_any_process_starts(two_gpus, plain_process):
     with pytest.raises(ValueError, match=r'DDP\(start_method="fork"\) cannot train on GPUs.*Cannot re-initialize '

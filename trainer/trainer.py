@@ -475,8 +475,9 @@ class Trainer:
         else:  # accumulating: under DDP the gradients are all-reduced once, at the window's last batch
             with self.strategy.no_backward_sync(self.model, enabled=True):
                 outputs, loss = self._forward_backward(batch, batch_idx)
-        # Checked later (log step, epoch end, checkpoint), so no host sync here.
-        self._unchecked_losses.append((loss.detach(), batch_idx, self.global_step))
+        # Checked later (log step, epoch end, checkpoint), so no host sync here. A copy, because a
+        # CUDA graph replay overwrites the loss in place at the next step (trainer/guards.py).
+        self._unchecked_losses.append((loss.detach().clone(), batch_idx, self.global_step))
         if steps_now and (self.on_nonfinite_loss != "skip" or self._window_is_finite()):
             self._optimizer_step(module)
         return outputs

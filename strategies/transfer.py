@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import warnings
 from collections import UserDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -147,12 +148,21 @@ def pinned_loader(loader: Any) -> Any:
 
     A CUDA copy from pinned memory runs on the copy engine while the GPU computes; from pageable
     memory the driver first stages it through a pinned buffer of its own, on the host's time.
-    With workers, the DataLoader pins in a background thread. Other iterables are kept as they are.
+    With workers, the DataLoader pins in a background thread. A subclass of DataLoader is kept (a
+    rebuilt plain DataLoader would lose what the subclass adds), with a warning; other iterables
+    are kept as they are.
     """
     from torch.utils.data import DataLoader
 
     from strategies.loaders import rebuild_dataloader
 
-    if isinstance(loader, DataLoader) and not loader.pin_memory:
-        return rebuild_dataloader(loader, pin_memory=True)
-    return loader
+    if not isinstance(loader, DataLoader) or loader.pin_memory:
+        return loader
+    if type(loader) is not DataLoader:
+        warnings.warn(
+            f"The {type(loader).__name__} does not pin memory, so batches reach the GPU through pageable memory "
+            "and their copies cannot overlap compute. Pass pin_memory=True to it.",
+            stacklevel=4,
+        )
+        return loader
+    return rebuild_dataloader(loader, pin_memory=True)

@@ -161,6 +161,16 @@ def test_a_cuda_run_pins_a_loader_that_does_not_and_keeps_one_that_does(two_gpus
     assert strategy.setup_dataloader(pinned, shuffle=True) is pinned
 
 
+class NamedLoader(DataLoader):
+    """A DataLoader subclass: rebuilding it as a plain DataLoader would lose what it adds."""
+
+
+def test_a_cuda_run_keeps_a_dataloader_subclass_that_does_not_pin_and_says_what_it_costs(two_gpus):
+    loader = NamedLoader(TensorDataset(torch.ones(4, 1)), batch_size=2)
+    with pytest.warns(UserWarning, match=r"The NamedLoader does not pin memory.*Pass pin_memory=True to it"):
+        assert SingleDevice("cuda").setup_dataloader(loader, shuffle=True) is loader
+
+
 def test_the_cpu_keeps_a_loader_without_pinned_memory_as_it_is():
     unpinned = DataLoader(TensorDataset(torch.ones(4, 1)), batch_size=2)
     with warnings.catch_warnings():

@@ -42,8 +42,9 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool | None =
             copies to the CPU that are read at once: a non-blocking copy from a GPU returns before
             its data has arrived.
 
-    The loader's batch itself is left as it was (containers are rebuilt, not changed in place),
-    except by an object's own ``.to()`` if that moves in place.
+    The loader's batch itself is left as it was (containers are rebuilt, not changed in place;
+    a mapping is rebuilt even when it has a ``.to()`` of its own), except by an object's own
+    ``.to()`` if that moves in place.
     """
     if non_blocking is None:
         non_blocking = copies_without_blocking(device)

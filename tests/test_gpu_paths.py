@@ -32,8 +32,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from strategies import DDP, MPS, SingleDevice
-from strategies import forensics
+from strategies import DDP, MPS, SingleDevice, forensics
 from strategies.prefetch import prefetch_to_device
 from strategies.process_group import end_process_group, local_cuda_index
 from strategies.spawn import failure_message
@@ -103,11 +102,16 @@ def plain_process(monkeypatch):
 
 # --- batch transfer --------------------------------------------------------------------------------
 class Encoding(collections.UserDict):
-    """What Hugging Face tokenizers return (``BatchEncoding``): a UserDict with more state."""
+    """What Hugging Face tokenizers return (``BatchEncoding``): a UserDict with more state, and a
+    ``.to()`` that moves its values in place."""
 
     def __init__(self, data=None, encodings=None):
         super().__init__(data)
         self.encodings = encodings
+
+    def to(self, device, non_blocking=False):
+        self.data = {key: value.to(device, non_blocking=non_blocking) for key, value in self.data.items()}
+        return self
 
 
 class Pair(NamedTuple):

@@ -11,13 +11,14 @@ its step skipped. ``"ignore"`` checks nothing.
 Why a copy: under CUDA graphs (``torch.compile(mode="reduce-overhead")``) the loss a step returns
 lives in the graph's static output memory, which the next replay overwrites in place; a list of
 the loss tensors themselves would be checked against later values, and miss or misplace a NaN.
-The options, in CPU instructions per step on top of a training step (valgrind, a 0-dim loss,
-``benchmarks/loss_guard_cost.py``): keeping the loss itself +3.7k (the old list, wrong under
-graphs); a copy (``loss.detach().clone()``) +12.3k; a running device-side "all finite so far" flag
-(``flag.logical_and_(torch.isfinite(loss))``) +77k, because ``isfinite`` is a composite of several
-ops, and it forgets which batch was bad. The copy is the cheapest correct one and keeps the
-error's precision (the value and the first bad batch); on CUDA it is one small kernel per step,
-queued on the stream after the step, so it runs before the next replay.
+The options, in CPU instructions added to a step (valgrind; ``benchmarks/loss_guard_cost.py``,
+figures in ``benchmarks/RESULTS.md``): the loss itself in the list, +3.7k (what the loop did, wrong
+under graphs); a copy (``loss.detach().clone()``), +12.3k; ``isfinite(loss)`` in the list, +41k
+(``isfinite`` is a composite of several ops; the value is lost); a running device-side "all finite
+so far" flag, +47k; a running float64 sum of the losses (non-finite once any is), +19k. The flag
+and the sum forget which batch was bad. The copy is the cheapest correct one and keeps the error's
+precision (the value and the first bad batch); on CUDA it is one small kernel per step, queued on
+the stream right after the step, so it runs before the next replay.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import datetime
 import importlib.util
 import itertools
 import os
+import pickle
 import signal
 import sys
 import warnings
@@ -33,6 +34,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from strategies import DDP, MPS, SingleDevice, forensics
+from strategies.pickling import PickledWork
 from strategies.prefetch import prefetch_to_device
 from strategies.process_group import end_process_group, local_cuda_index
 from strategies.spawn import failure_message
@@ -442,6 +444,32 @@ def test_a_tensor_still_attached_to_autograd_is_named_before_spawning(tmp_path, 
     model.cached = model.layer(torch.ones(1, 4))  # requires grad, not a leaf: cannot cross processes
     with pytest.raises(ValueError, match=r"`module.cached` is a tensor computed with autograd.*tensor.detach\(\)"):
         fit_spawned(model, tmp_path)
+
+
+def _fails_to_load():
+    raise ModuleNotFoundError("No module named 'user_code'")
+
+
+class LoadsOnlyHere:
+    """Unpickling it fails, as a class from a module the worker cannot import does."""
+
+    def __reduce__(self):
+        return _fails_to_load, ()
+
+
+def test_a_worker_that_cannot_unpickle_its_work_says_so_with_the_error():
+    sent = pickle.loads(pickle.dumps(PickledWork(None, print, (LoadsOnlyHere(),))))  # as a spawned worker gets it
+    with pytest.raises(RuntimeError, match=r"DDP rank 1 could not unpickle the work the launching process sent it "
+                                           r"\(ModuleNotFoundError: No module named 'user_code'\)\. Everything fit "
+                                           r"receives must be importable in a new process"):
+        sent.open(1)
+
+
+def test_a_generator_reaches_the_worker_as_its_state():
+    generator = torch.Generator().manual_seed(11)
+    torch.rand(3, generator=generator)
+    _, _, (received,) = pickle.loads(pickle.dumps(PickledWork(None, print, (generator,)))).open(0)
+    assert received is not generator and torch.equal(received.get_state(), generator.get_state())
 
 
 # --- NCCL faults ---------------------------------------------------------------------------------

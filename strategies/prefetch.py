@@ -17,11 +17,12 @@ k run. Three things keep that correct:
   and PyTorch's caching host allocator keeps a pinned block from being reused until the copies
   that read it have run, however early the loop drops the CPU batch.
 
-The loop sees one more batch fetched from the loader than it has trained on: batch k+1 is read
-while step k runs. An ``itertools.islice`` over the batches (how the loop applies
-``limit_train_batches``) stops without fetching past its limit. Random numbers a dataset draws in
-the main process (``num_workers=0``) are drawn one step earlier than without prefetching; with
-DataLoader workers nothing changes.
+The loader is read one batch ahead: batch k+1 is fetched, and its copy queued, before step k is
+queued; a loop that stops early (``max_steps``, ``should_stop``) has read one batch it does not
+train on. An ``itertools.islice`` over the batches (how the loop applies ``limit_train_batches``)
+stops without fetching past its limit. Random numbers a dataset draws in the main process
+(``num_workers=0``) are drawn one step earlier than without prefetching; with DataLoader workers
+nothing changes.
 
 The CUDA calls are the methods of :class:`CudaCopyStream`; the logic here takes any object with
 the same methods, so it runs on a CPU with a fake one that records the calls.

@@ -1,21 +1,30 @@
-"""On a CUDA machine: a fit with logging every step raises no host sync between log steps.
+"""On a CUDA machine: a fit with logging every step raises no host sync between log steps, on one
+GPU and under DDP, from the batch transfer to the optimizer step.
 
-Run from the repository root on a machine with a GPU (about a minute, most of it start-up)::
+Run from the repository root on a machine with a GPU (about a minute per run, most of it start-up)::
 
     python benchmarks/cuda_sync_check.py
-    python benchmarks/cuda_sync_check.py --steps 400 --log-every 50 --json result.json
+    python benchmarks/cuda_sync_check.py --steps 400 --log-every 50 --prefetch off --json result.json
 
 PyTorch's sync debug mode (``torch.cuda.set_sync_debug_mode("error")``) raises at any call that
 makes the host wait for the GPU (``.item()``, ``.cpu()``, ``bool(tensor)``, a blocking copy,
-``nonzero``, ...). A callback switches it on from the start of each training step and off only
-where the budget allows reading values: at log steps (every ``--log-every`` batches), at the
-end of an epoch and in validation. The run uses what users run: ``self.log(..., prog_bar=True)``
-every step plus an ``on_epoch`` metric, the default loggers and progress bar, a
-``ModelCheckpoint`` on a validation metric, a pinned-memory DataLoader, and the ``AMP`` callback
-when the installed Cadence has one. The CPU test ``tests/test_performance_guards.py`` checks the
-same property without a GPU by intercepting the conversions with a TorchFunctionMode.
+``nonzero``, ...). The mode is switched on when the training loader collates a batch (its
+``collate_fn``), so every batch's copy to the GPU runs under it, the one that follows a log step
+included, and by a callback at the start of each training step; it is switched off only where the
+budget allows reading values: at log steps (every ``--log-every`` batches), at the end of an epoch
+and in validation.
 
-Exit status 0 and a line starting with ``OK`` mean no sync outside the allowed points.
+Two runs: ``strategy="cuda"`` (one GPU), then ``DDP`` over two GPUs where there are two (one
+process otherwise; NCCL either way). Each uses what users run: ``self.log(..., prog_bar=True)``
+every step, an ``on_epoch`` metric, a ``sync_dist=True`` metric, a value logged as a CPU tensor
+beside the GPU ones (the learning rate), the default loggers and progress bar, a
+``ModelCheckpoint`` on a validation metric, a DataLoader without ``pin_memory`` (the strategy pins
+it), the prefetcher (``--prefetch off`` to compare) and the ``AMP`` callback when the installed
+Cadence has one. The CPU test ``tests/test_performance_guards.py`` checks the same property without
+a GPU by intercepting the conversions with a TorchFunctionMode.
+
+Exit status 0 and a line starting with ``OK`` per run mean no sync outside the allowed points;
+without a GPU it prints ``SKIPPED`` and exits with status 2.
 """
 
 from __future__ import annotations
@@ -30,12 +39,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, too
 
 from callbacks import Callback, ModelCheckpoint  # noqa: E402
+from strategies import DDP, SingleDevice  # noqa: E402
 from trainer import Trainer, TrainingModule  # noqa: E402
+
+
+def collate_under_sync_check(samples):
+    """The training loader's collate_fn: from here to the next allowed read, a sync is an error."""
+    torch.cuda.set_sync_debug_mode("error")
+    return default_collate(samples)
 
 
 class SyncDebugWindows(Callback):
@@ -43,6 +59,7 @@ class SyncDebugWindows(Callback):
 
     Placed first, so its ``on_train_batch_end`` runs before the other callbacks': after a non-log
     step the mode stays "error" for them, for the next batch's transfer and for the next step.
+    Its count of checked steps comes back from DDP workers as its state.
     """
 
     def __init__(self, log_every: int) -> None:
@@ -72,6 +89,12 @@ class SyncDebugWindows(Callback):
     def teardown(self, trainer, module, stage):
         torch.cuda.set_sync_debug_mode("default")
 
+    def state_dict(self):
+        return {"checked_steps": self.checked_steps}
+
+    def load_state_dict(self, state):
+        self.checked_steps = state["checked_steps"]
+
 
 class Classifier(TrainingModule):
     def __init__(self, width: int) -> None:
@@ -83,22 +106,25 @@ class Classifier(TrainingModule):
         logits = self.net(x)
         loss = F.cross_entropy(logits, y)
         self.log("train/loss", loss, prog_bar=True)
-        self.log("train/acc", (logits.argmax(1) == y).float().mean(), on_step=True, on_epoch=True)
+        self.log("train/acc", (logits.argmax(1) == y).float().mean(), on_step=True, on_epoch=True, sync_dist=True)
+        # A value on the CPU beside the GPU ones: stacked per device at log steps, no copy per step.
+        self.log("train/lr", torch.tensor(self.trainer.optimizers[0].param_groups[0]["lr"]))
         return loss
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
-        self.log("val/loss", F.cross_entropy(self.net(x), y), prog_bar=True)
+        self.log("val/loss", F.cross_entropy(self.net(x), y), prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=1e-3, fused=True)
 
 
-def loader(batches: int, width: int, batch_size: int, seed: int) -> DataLoader:
+def loader(batches: int, width: int, batch_size: int, seed: int, collate_fn=None) -> DataLoader:
+    """Without pin_memory, as users write it: the CUDA strategies pin it."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(batches * batch_size, width, generator=generator)
     y = torch.randint(0, 10, (batches * batch_size,), generator=generator)
-    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True, pin_memory=True, num_workers=0)
+    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True, num_workers=0, collate_fn=collate_fn)
 
 
 def amp_callbacks() -> list[Callback]:
@@ -109,32 +135,19 @@ def amp_callbacks() -> list[Callback]:
     return [AMP("bf16")]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=200, help="training batches per epoch")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--log-every", type=int, default=50)
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--json", help="also write the result here")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("SKIPPED: no CUDA device; this check needs a GPU.")
-        return 2
-
+def check(name: str, strategy, args: argparse.Namespace) -> dict:
+    """One fit under the sync debug windows; what it found."""
     windows = SyncDebugWindows(args.log_every)
     extra = amp_callbacks()
-    result = {
-        "torch": torch.__version__, "python": platform.python_version(), "gpu": torch.cuda.get_device_name(0),
-        "steps": args.steps * args.epochs, "log_every_n_steps": args.log_every,
-        "amp": bool(extra), "ok": False, "error": None,
-    }
+    result = {"run": name, "amp": bool(extra), "ok": False, "error": None}
     with tempfile.TemporaryDirectory() as root:
         trainer = Trainer(
-            max_epochs=args.epochs, strategy="cuda", default_root_dir=root, log_every_n_steps=args.log_every,
+            max_epochs=args.epochs, strategy=strategy, default_root_dir=root, log_every_n_steps=args.log_every,
             callbacks=[windows, *extra, ModelCheckpoint(monitor="val/loss")],
         )
         try:
-            trainer.fit(Classifier(args.width), loader(args.steps, args.width, 64, 0), loader(4, args.width, 64, 1))
+            train = loader(args.steps, args.width, 64, 0, collate_fn=collate_under_sync_check)
+            trainer.fit(Classifier(args.width), train, loader(4, args.width, 64, 1))
             result["ok"] = True
         except RuntimeError as error:  # the sync debug mode's error names the call that synced
             result["error"] = f"{type(error).__name__}: {error}"
@@ -142,13 +155,42 @@ def main() -> int:
             torch.cuda.set_sync_debug_mode("default")
     result["checked_steps"] = windows.checked_steps
     if result["ok"]:
-        print(f"OK: {windows.checked_steps} non-log steps ran under sync debug mode 'error' without a host sync "
-              f"({result['gpu']}, torch {result['torch']}, AMP {'on' if extra else 'not available'}).")
+        print(f"OK {name}: {windows.checked_steps} non-log steps and their batch transfers ran under sync debug "
+              f"mode 'error' without a host sync (AMP {'on' if extra else 'not available'}).")
     else:
-        print(f"FAILED after {windows.checked_steps} checked steps: {result['error']}")
+        print(f"FAILED {name} after {windows.checked_steps} checked steps: {result['error']}")
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200, help="training batches per epoch")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--prefetch", choices=("on", "off"), default="on", help="the CUDA strategies' prefetch option")
+    parser.add_argument("--json", help="also write the result here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print(f"SKIPPED: no CUDA device (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); "
+              "this check needs a GPU.")
+        return 2
+
+    prefetch = args.prefetch == "on"
+    gpus = min(2, torch.cuda.device_count())
+    runs = [
+        check(f"cuda:0, prefetch {args.prefetch}", SingleDevice("cuda", prefetch=prefetch), args),
+        check(f"DDP on {gpus} GPU(s), NCCL, prefetch {args.prefetch}", DDP(devices=gpus, prefetch=prefetch), args),
+    ]
+    summary = {
+        "torch": torch.__version__, "python": platform.python_version(), "gpu": torch.cuda.get_device_name(0),
+        "gpus": torch.cuda.device_count(), "steps": args.steps * args.epochs, "log_every_n_steps": args.log_every,
+        "runs": runs, "ok": all(run["ok"] for run in runs),
+    }
+    print(f"{'OK' if summary['ok'] else 'FAILED'}: {summary['gpu']} x{summary['gpus']}, torch {summary['torch']}.")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
-    return 0 if result["ok"] else 1
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+    return 0 if summary["ok"] else 1
 
 
 if __name__ == "__main__":

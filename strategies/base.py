@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any, Callable
 
 import torch
@@ -34,6 +35,9 @@ class Strategy:
     #: run then hands it back to the caller, for ``trainer.save_checkpoint`` after ``fit``. FSDP's
     #: ranks each hold a shard.
     whole_state_on_rank_zero: bool = True
+    #: Copy the next batch on a side stream while the current one computes: None is on for CUDA
+    #: and off elsewhere (:meth:`batches_on_device`).
+    prefetch: bool | None = None
 
     # --- process topology -----------------------------------------------------------------
     @property
@@ -133,9 +137,26 @@ class Strategy:
         ``contiguous``, for prediction, one block of the dataset in order per rank)."""
         return dataloader
 
+    def batches_on_device(self, batches: Iterable[tuple[int, Any]]) -> Iterable[tuple[int, Any]]:
+        """The loop's ``(batch_idx, batch)`` pairs with each batch on the device; called once per
+        epoch and per evaluation, around the batches the loop iterates.
+
+        On the CPU the pairs pass through untouched (no call per step). On CUDA with ``prefetch``
+        (the default there) the next batch is copied on a side stream while the current one
+        computes (:mod:`strategies.prefetch`); elsewhere each batch moves with :meth:`batch_to_device`.
+        """
+        if self.device.type == "cpu" and type(self).batch_to_device is Strategy.batch_to_device:
+            return batches  # hot loop: a loader's tensors are on the CPU already
+        if self.device.type == "cuda" and self.prefetch is not False:
+            from strategies.prefetch import CudaCopyStream, prefetch_to_device
+
+            return prefetch_to_device(batches, self.batch_to_device, CudaCopyStream(self.device))
+        return ((batch_idx, self.batch_to_device(batch)) for batch_idx, batch in batches)
+
     def batch_to_device(self, batch: Any) -> Any:
-        """Move the tensors inside ``batch`` to the device without blocking the host."""
-        if self.device.type == "cpu":  # hot loop: a loader's tensors are on the CPU already
+        """Move the tensors inside ``batch`` to the device; without blocking the host where that
+        is safe (CUDA; see :mod:`strategies.transfer`)."""
+        if self.device.type == "cpu":
             return batch
         return move_to_device(batch, self.device)
 

@@ -33,10 +33,13 @@ from strategies import forensics
 from strategies.accelerators import check_agrees
 from strategies.base import Strategy
 from strategies.loaders import shard_dataloader
+from strategies.prefetch import check_prefetch
 from strategies.process_group import (
-    check_gpus, check_port_free, connect_stores, is_communication_error, launched_by_torchrun,
+    check_gpus, check_port_free, connect_stores, end_process_group, is_communication_error, launched_by_torchrun,
+    local_cuda_index, local_world_size,
 )
 from strategies.single import cuda_device_lines
+from strategies.transfer import pinned_loader
 
 #: How long a collective may wait for the slowest rank before failing. Long enough for rank zero
 #: to write a large checkpoint or run a long validation while the others wait at a barrier.
@@ -52,8 +55,7 @@ def join_launched_group(strategy: DDP, function: Callable[..., Any], args: tuple
     world_size = int(environ["WORLD_SIZE"])
     strategy.set_process(
         rank=int(environ["RANK"]), local_rank=int(environ["LOCAL_RANK"]), world_size=world_size,
-        store_address=(environ["MASTER_ADDR"], int(environ["MASTER_PORT"])),
-        local_world_size=int(environ.get("LOCAL_WORLD_SIZE", world_size)),
+        store_address=(environ["MASTER_ADDR"], int(environ["MASTER_PORT"])), local_world_size=local_world_size(),
     )
     return function(*args)
 
@@ -89,6 +91,8 @@ class DDP(Strategy):
         timeout: seconds a collective waits for the slowest rank before failing with a report of
             where every rank was.
         num_nodes: machines; more than one needs torchrun (``Trainer(num_nodes=...)`` sets it).
+        prefetch: on GPUs, copy the next batch on a side stream while the current one computes
+            (:mod:`strategies.prefetch`). None (the default) is on with NCCL, off on the CPU.
 
     Example::
 
@@ -98,7 +102,7 @@ class DDP(Strategy):
     def __init__(self, devices: int | str | list[int] = "auto", backend: str | None = None, start_method: str = "spawn",
                  find_unused_parameters: bool = False, gradient_as_bucket_view: bool = True,
                  static_graph: bool = False, timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S,
-                 num_nodes: int = 1) -> None:
+                 num_nodes: int = 1, prefetch: bool | None = None) -> None:
         self.devices = devices
         self.num_nodes = num_nodes
         self.backend = backend
@@ -110,6 +114,7 @@ class DDP(Strategy):
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
             raise ValueError(f"DDP(timeout={timeout!r}): use a number of seconds > 0 (or a datetime.timedelta).")
         self.timeout = datetime.timedelta(seconds=seconds)
+        self.prefetch = prefetch
         self.device = torch.device("cpu")
         self._mode: str | None = None  # "spawn" or "join", fixed by launch
         self._rank: int | None = None
@@ -150,7 +155,7 @@ class DDP(Strategy):
         if self._local_world_size is not None:
             return self._local_world_size
         if launched_by_torchrun():
-            return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+            return local_world_size() or int(os.environ["WORLD_SIZE"])
         if self.devices == "auto":
             return torch.cuda.device_count() if self.resolved_backend == "nccl" else 1
         return len(self.devices) if isinstance(self.devices, list) else self.devices
@@ -178,7 +183,7 @@ class DDP(Strategy):
                     local_world_size: int | None = None) -> None:
         """Which rank this process is, and where the group's store is (called by the launchers)."""
         self._rank, self._local_rank, self._world_size = rank, local_rank, world_size
-        self._local_world_size = local_world_size or world_size
+        self._local_world_size = local_world_size
         self._store_address = store_address
 
     # --- checks and launch -----------------------------------------------------------------
@@ -199,23 +204,24 @@ class DDP(Strategy):
         backend = self.resolved_backend
         if backend not in BACKENDS:
             raise ValueError(f'{type(self).__name__}(backend="{backend}") is not a torch.distributed backend; use "nccl" (GPUs) or "gloo" (CPU).')
+        check_prefetch(self.prefetch, "cuda" if backend == "nccl" else "cpu", type(self).__name__)
         if backend == "nccl":
-            check_gpus(max(self.devices) + 1 if isinstance(self.devices, list) else self.num_processes)
+            self._check_gpus()
         if not dist.is_backend_available(backend):
             raise ValueError(
                 f'{type(self).__name__}(backend="{backend}") is not available in this PyTorch build (torch {torch.__version__}). '
                 + ('Use backend="gloo".' if backend != "gloo" else "Install a PyTorch build with gloo.")
             )
         if launched_by_torchrun():
-            started = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
-            nodes = int(os.environ["WORLD_SIZE"]) // started
-            if self.num_nodes != 1 and self.num_nodes != nodes:
+            started = local_world_size()  # None when a scheduler does not say
+            nodes = int(os.environ["WORLD_SIZE"]) // started if started else None
+            if self.num_nodes != 1 and nodes is not None and self.num_nodes != nodes:
                 raise ValueError(
                     f"num_nodes={self.num_nodes}, but torchrun started {nodes} machine(s) (WORLD_SIZE="
                     f"{os.environ['WORLD_SIZE']}, {started} per machine). Match --nnodes, or leave num_nodes at 1."
                 )
             asked = len(self.devices) if isinstance(self.devices, list) else self.devices
-            if asked not in ("auto", started):
+            if started is not None and asked not in ("auto", started):
                 raise ValueError(
                     f"{type(self).__name__}(devices={self.devices}) but torchrun started {started} processes on this machine "
                     f'(--nproc-per-node). Use devices="auto" or devices={started}.'
@@ -250,6 +256,22 @@ class DDP(Strategy):
                                  "num_nodes in one place.")
             self.num_nodes = num_nodes
 
+    def _check_gpus(self) -> None:
+        if not launched_by_torchrun():
+            check_gpus(max(self.devices) + 1 if isinstance(self.devices, list) else self.num_processes)
+            if self.start_method == "fork":
+                # Asking whether CUDA is available (above) already initialized it in this process.
+                raise ValueError(
+                    'DDP(start_method="fork") cannot train on GPUs: a process forked after CUDA was initialized '
+                    'cannot use CUDA ("Cannot re-initialize CUDA in forked subprocess"). Use start_method="spawn" '
+                    '(the default) or "forkserver", or launch with torchrun.'
+                )
+            return
+        # Launched by torchrun or a scheduler: this process needs one GPU; how many the machine
+        # has and how many processes it runs are the launcher's business.
+        check_gpus(1)
+        local_cuda_index(int(os.environ["LOCAL_RANK"]), torch.cuda.device_count())  # raises if it has no GPU of its own
+
     def launch(self, function: Callable[..., Any], *args: Any) -> Any:
         """Join torchrun's group when this process is one of its ranks; else spawn the workers."""
         if launched_by_torchrun():
@@ -268,8 +290,10 @@ class DDP(Strategy):
 
     def describe(self) -> str:
         how = "spawned" if self._mode == "spawn" else "joined from torchrun"
-        nodes = max(1, self.world_size // (self._local_world_size or self.world_size))
-        text = (f"{type(self).__name__}: {self.world_size} processes on {nodes} machine(s), {how}, backend {self.resolved_backend}; "
+        machines = ""
+        if self._local_world_size:  # unknown when the launcher does not export LOCAL_WORLD_SIZE
+            machines = f" on {max(1, self.world_size // self._local_world_size)} machine(s)"
+        text = (f"{type(self).__name__}: {self.world_size} processes{machines}, {how}, backend {self.resolved_backend}; "
                 f"rank 0 on {self.device}.")
         if self.device.type == "cuda":
             text += " CUDA devices: " + "; ".join(cuda_device_lines())
@@ -284,8 +308,12 @@ class DDP(Strategy):
             join_launched_group(self, _nothing, ())
         self._reset_runtime()
         backend = self.resolved_backend
-        index = self.devices[self._local_rank] if isinstance(self.devices, list) else self._local_rank
-        self.device = torch.device("cuda", index) if backend == "nccl" else torch.device("cpu")
+        if backend == "nccl":
+            listed = self.devices[self._local_rank] if isinstance(self.devices, list) else None
+            self.device = torch.device("cuda", listed if listed is not None
+                                       else local_cuda_index(self._local_rank, torch.cuda.device_count()))
+        else:
+            self.device = torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         elif self._mode == "spawn" and "OMP_NUM_THREADS" not in os.environ:
@@ -329,11 +357,8 @@ class DDP(Strategy):
         if self._whereabouts is not None:
             self._whereabouts.stop()
         if self._owns_group and dist.is_initialized():
-            if error is not None and self.resolved_backend == "nccl":
-                # Destroying waits for pending NCCL work that may never finish; abort does not.
-                dist.distributed_c10d._abort_process_group()
-            else:
-                dist.destroy_process_group()
+            # After an error, destroying would wait for pending NCCL work that may never finish.
+            end_process_group(abort=error is not None and self.resolved_backend == "nccl")
         self._owns_group = False
         self._control_group = None
 
@@ -383,8 +408,9 @@ class DDP(Strategy):
 
     def setup_dataloader(self, dataloader: Any, *, shuffle: bool, contiguous: bool = False) -> Any:
         seed = self._shuffle_seed(dataloader) if shuffle else 0
-        return shard_dataloader(dataloader, rank=self.global_rank, world_size=self.world_size, shuffle=shuffle,
-                                seed=seed, warn=self.is_global_zero, contiguous=contiguous)
+        sharded = shard_dataloader(dataloader, rank=self.global_rank, world_size=self.world_size, shuffle=shuffle,
+                                   seed=seed, warn=self.is_global_zero, contiguous=contiguous)
+        return pinned_loader(sharded) if self.device.type == "cuda" else sharded
 
     def _shuffle_seed(self, loader: Any) -> int:
         # Every rank must shuffle alike, or shards overlap: rank zero's draw wins. Drawn from the

@@ -165,14 +165,21 @@ def where_ranks_were(store: Any, world_size: int, me: dict[str, Any] | None = No
     return "\n".join(line for line in lines if line)
 
 
-def _compare(other: dict[str, Any], me: dict[str, Any]) -> str:
-    """Whether ``other`` was waiting with ``me``, behind it, or somewhere else."""
+def fell_behind(other: dict[str, Any], me: dict[str, Any]) -> bool:
+    """True when the rank of record ``other`` had not reached the collective ``me`` waited in."""
     counters = (other["batches"], other["collectives"])
     mine = (me["batches"], me["collectives"])
     if counters == mine and other["phase"] == me["phase"]:
+        return False  # waiting at the same collective
+    return counters < mine or (counters == mine and not other["waiting"])
+
+
+def _compare(other: dict[str, Any], me: dict[str, Any]) -> str:
+    """Whether ``other`` was waiting with ``me``, behind it, or somewhere else."""
+    if other["phase"] == me["phase"] and (other["batches"], other["collectives"]) == (me["batches"], me["collectives"]):
         return ""  # waiting at the same collective
     place = f"{other['phase']} at training batch {other['batch_idx']}"
-    if counters < mine or (counters == mine and not other["waiting"]):
+    if fell_behind(other, me):
         return (f"Rank {other['rank']} fell behind: it was in {place} and had not reached "
                 f"{me['phase']}, where rank {me['rank']} waited.")
     return (f"Rank {other['rank']} was in {place} instead of {me['phase']}: the ranks took different "

@@ -67,3 +67,46 @@ def is_communication_error(error: Exception) -> bool:
     return isinstance(error, dist.DistError) or any(
         marker in text for marker in ("gloo", "NCCL", "Connection closed", "Timed out", "timed out")
     )
+
+
+def local_world_size() -> int | None:
+    """Processes on this machine as the launcher says (``LOCAL_WORLD_SIZE``), or None when it does
+    not say: some schedulers export only ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``, and
+    ``WORLD_SIZE`` counts the processes of every machine."""
+    value = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(value) if value else None
+
+
+def local_cuda_index(local_rank: int, visible: int) -> int:
+    """The CUDA device of the process with ``local_rank`` on its machine, given that it sees
+    ``visible`` devices.
+
+    A process that sees its machine's GPUs (torchrun) takes ``cuda:LOCAL_RANK``; a process that
+    sees exactly one takes ``cuda:0``: a scheduler that gives each process a GPU of its own sets
+    ``CUDA_VISIBLE_DEVICES`` per process, while ``LOCAL_RANK`` still counts the processes.
+    """
+    if local_rank < visible:
+        return local_rank
+    if visible == 1:
+        return 0
+    shown = ", ".join(f"cuda:{index}" for index in range(visible)) or "none"
+    raise ValueError(
+        f"This process has LOCAL_RANK={local_rank} but sees {visible} CUDA device(s) ({shown}), so it has no "
+        "GPU of its own. Let each process see all of its machine's GPUs (it then uses cuda:LOCAL_RANK) or "
+        "exactly one (CUDA_VISIBLE_DEVICES set per process); check CUDA_VISIBLE_DEVICES and LOCAL_RANK."
+    )
+
+
+def end_process_group(abort: bool) -> None:
+    """Leave the default process group; with ``abort`` (NCCL after a failure) without waiting for
+    collectives that will never complete.
+
+    ``_abort_process_group`` (private, torch >= 2.5) aborts every NCCL communicator at once. Torch
+    2.4 lacks it; there ``destroy_process_group`` itself aborts the communicators (pytorch/pytorch#119250;
+    torch 2.6 made it wait for pending work instead, pytorch/pytorch#141510), so it is the fallback.
+    """
+    abort_group = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort and abort_group is not None:
+        abort_group()
+    else:
+        dist.destroy_process_group()

@@ -6,13 +6,14 @@ that a run on the wrong hardware is visible in the first lines of its output.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 from torch import nn
 
 from strategies.base import Strategy
+from strategies.prefetch import check_prefetch
+from strategies.transfer import pinned_loader
 
 
 def cuda_device_lines() -> list[str]:
@@ -63,19 +64,26 @@ class SingleDevice(Strategy):
 
     Args:
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"`` or a ``torch.device``.
+        prefetch: copy the next batch to the GPU on a side stream while the current one computes
+            (:mod:`strategies.prefetch`). None (the default) is on for CUDA, off elsewhere.
+
+    On CUDA a DataLoader that does not pin its batches is rebuilt with ``pin_memory=True``.
 
     Example::
 
         Trainer(strategy=SingleDevice("cuda:1"))
+        Trainer(strategy=SingleDevice("cuda", prefetch=False))  # copy each batch when the step needs it
     """
 
-    def __init__(self, device: str | torch.device = "cpu") -> None:
+    def __init__(self, device: str | torch.device = "cpu", prefetch: bool | None = None) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", 0)
+        self.prefetch = prefetch
         self.detected = False  # set by "auto": the report then says the device was chosen
 
     def validate(self) -> None:
+        check_prefetch(self.prefetch, self.device.type, type(self).__name__)
         if self.device.type == "cuda":
             check_cuda_index(self.device.index, f'strategy="{self.device}"')
         elif self.device.type == "mps" and not mps_available():
@@ -89,15 +97,7 @@ class SingleDevice(Strategy):
             torch.cuda.set_device(self.device)
 
     def setup_dataloader(self, dataloader: Any, *, shuffle: bool, contiguous: bool = False) -> Any:
-        # The user's choice is never changed; the warning only says what it costs.
-        if self.device.type == "cuda" and getattr(dataloader, "pin_memory", True) is False:
-            warnings.warn(
-                "The DataLoader has pin_memory=False, so batches are copied to the GPU from "
-                "pageable memory and the copy cannot overlap compute. "
-                "Pass DataLoader(..., pin_memory=True) to speed up training.",
-                stacklevel=2,
-            )
-        return dataloader
+        return pinned_loader(dataloader) if self.device.type == "cuda" else dataloader
 
     def describe(self) -> str:
         how = "detected" if self.detected else "chosen"

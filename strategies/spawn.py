@@ -6,6 +6,8 @@ when set), starts one process per device with ``torch.multiprocessing``, and ret
 result. If any rank fails, the others are stopped (they see the store's abort flag, and whatever
 is left is terminated here), and the caller gets a RuntimeError carrying the failing rank's
 traceback and where every rank was.
+
+What the workers receive, and the check that it can be sent, are in :mod:`strategies.pickling`.
 """
 
 from __future__ import annotations
@@ -13,12 +15,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import faulthandler
-import inspect
 import multiprocessing.connection
 import os
-import pickle
 import signal
-import sys
 import tempfile
 import threading
 import warnings
@@ -31,6 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from strategies import forensics
+from strategies.pickling import PickledWork, check_picklable
 
 if TYPE_CHECKING:
     from strategies.ddp import DDP
@@ -62,7 +62,7 @@ def _run_workers(strategy: DDP, function: Callable[..., Any], args: tuple, count
     with tempfile.TemporaryDirectory(prefix="cadence-ddp-") as directory:
         result_path = str(Path(directory) / "rank0-result.pt")
         context = mp.start_processes(
-            _run_worker, args=(strategy, host, store.port, result_path, function, args),
+            _run_worker, args=(count, host, store.port, result_path, PickledWork(strategy, function, args)),
             nprocs=count, join=False, start_method=strategy.start_method,
         )
         try:
@@ -71,7 +71,8 @@ def _run_workers(strategy: DDP, function: Callable[..., Any], args: tuple, count
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
             # Spawned workers set up one stage each: their keys live under the first session's prefix.
             message = failure_message(dist.PrefixStore(forensics.session_prefix(0), store), count,
-                                      _native_crash(context, error))
+                                      _native_crash(context, error), strategy.timeout.total_seconds(),
+                                      started=[_started_marker(directory, rank).exists() for rank in range(count)])
             del store  # this frame outlives the call in the error's traceback (see spawn_workers)
             raise RuntimeError(message) from None
         finally:
@@ -104,17 +105,18 @@ def host_store(host: str, port: int, timeout: datetime.timedelta) -> dist.TCPSto
         ) from error
 
 
-def _run_worker(local_rank: int, strategy: DDP, host: str, port: int, result_path: str,
-                function: Callable[..., Any], args: tuple) -> None:
+def _run_worker(local_rank: int, world_size: int, host: str, port: int, result_path: str, work: PickledWork) -> None:
     """The body of one spawned process (``torch.multiprocessing`` passes ``local_rank``)."""
-    world_size = strategy.num_processes
     if not faulthandler.is_enabled():
         # A crash in native code (an abort, a segfault) then prints every thread's Python stack.
         faulthandler.enable(all_threads=True)
+    _started_marker(Path(result_path).parent, local_rank).touch()  # it got past importing the script
+    strategy, function, args = work.open(local_rank)
     # The usual variables, for code that reads them (and for the user's own torch.distributed calls).
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=host, MASTER_PORT=str(port))
-    strategy.set_process(rank=local_rank, local_rank=local_rank, world_size=world_size, store_address=(host, port))
+    strategy.set_process(rank=local_rank, local_rank=local_rank, world_size=world_size, store_address=(host, port),
+                         local_world_size=world_size)
     try:
         result = function(*args)
     except Exception:
@@ -127,6 +129,10 @@ def _run_worker(local_rank: int, strategy: DDP, host: str, port: int, result_pat
 
 def _done_marker(directory: str | Path, rank: int) -> Path:
     return Path(directory) / f"rank{rank}.done"
+
+
+def _started_marker(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"rank{rank}.started"
 
 
 def _wait_for_workers(context: Any, directory: str) -> list[tuple[int, int]]:
@@ -223,19 +229,31 @@ def _stop_leftovers(context: Any) -> None:
             process.join()
 
 
-def failure_message(store: Any, count: int, error: Any) -> str:
-    """What the caller reads when a worker failed: the cause's traceback, and where ranks were."""
+def failure_message(store: Any, count: int, error: Any, timeout_s: float | None = None,
+                    started: list[bool] | None = None) -> str:
+    """What the caller reads when a worker failed: the cause's traceback, and where ranks were.
+
+    Args:
+        store: the group's store (under the stage's prefix), where ranks recorded failures and whereabouts.
+        count: the number of ranks.
+        error: what ``ProcessContext.join`` raised (after :func:`_native_crash`).
+        timeout_s: ``DDP(timeout=...)``: a rank that NCCL's watchdog aborted is recognised by it.
+        started: per rank, whether its worker got past importing the script (None: unknown).
+    """
     # A rank killed by a signal (a native crash, the OOM killer) breaks the others' collectives:
     # it is the cause, unless some rank raised an error of its own.
     died = isinstance(error, mp.ProcessExitedException) and error.exit_code < 0
     first = forensics.first_failure(store, count, broken_collectives=not died)
+    record = forensics.read_records(store, count).get(getattr(error, "error_index", -1))
     if first is not None:
         rank, text = first
         message = f"DDP rank {rank} of {count} failed, so every rank was stopped. Its error:\n\n{text.rstrip()}"
+    elif died and -error.exit_code == signal.SIGABRT and _timed_out(record, timeout_s):
+        return _timeout_message(store, count, record, timeout_s)
     elif isinstance(error, mp.ProcessExitedException):
-        reached_group = forensics.read_records(store, count).get(error.error_index) is not None
+        rank_started = started is None or started[error.error_index]
         message = (f"DDP rank {error.error_index} of {count} (pid {error.error_pid}) ended without reporting an "
-                   f"error ({error.args[0]}). {_exit_hint(error.exit_code, reached_group)}")
+                   f"error ({error.args[0]}). {_exit_hint(error.exit_code, record is not None, rank_started)}")
     else:
         message = f"DDP rank {error.error_index} of {count} failed, so every rank was stopped.{error.args[0]}"
     if "Where each rank was" in message:  # a failed collective already said it
@@ -244,93 +262,44 @@ def failure_message(store: Any, count: int, error: Any) -> str:
     return f"{message}\n\n{where}" if where else message
 
 
-def _exit_hint(exit_code: int, reached_group: bool) -> str:
+def _timed_out(record: dict[str, Any] | None, timeout_s: float | None) -> bool:
+    """The NCCL watchdog's signature: the rank died of SIGABRT while its last report had it waiting
+    in a collective for about the timeout (reports come about once a second, later on a busy host)."""
+    return (record is not None and timeout_s is not None and record["waiting"]
+            and record["in_phase_s"] >= timeout_s - max(2.0, 0.1 * timeout_s))
+
+
+def _timeout_message(store: Any, count: int, record: dict[str, Any], timeout_s: float) -> str:
+    records = forensics.read_records(store, count)
+    lagging = [other for rank, other in sorted(records.items())
+               if rank != record["rank"] and forensics.fell_behind(other, record)]
+    if lagging:
+        lagged = "; ".join(f"rank {other['rank']} lagged (in {other['phase']} at training batch {other['batch_idx']})"
+                           for other in lagging)
+    else:
+        lagged = "no rank reported being behind it (one may be stuck in native code without reporting)"
+    return (f"DDP rank {record['rank']} of {count} timed out in a collective; {lagged}. Rank {record['rank']} "
+            f"waited in {record['phase']} for over {record['in_phase_s']:g} s, DDP(timeout={timeout_s:g}), and NCCL's "
+            "watchdog ended its process (SIGABRT).\n\n"
+            f"{forensics.where_ranks_were(store, count, me=record)}\n"
+            f"If that work is legitimately slow, raise DDP(timeout=...) (now {timeout_s:g} s); otherwise look for "
+            "code that only some ranks run.")
+
+
+def _exit_hint(exit_code: int, reached_group: bool, started: bool = True) -> str:
     """The likely cause of a worker that ended without a Python error."""
     if exit_code == -signal.SIGKILL:
         return "SIGKILL usually means the kernel's out-of-memory killer: use fewer devices, smaller batches or fewer workers."
     if -exit_code in _NATIVE_CRASH_SIGNALS:
         return ("It crashed in native code (a C++ error in torch or an extension, a CUDA/NCCL fault); the native "
                 "message and every thread's Python stack are in its output above. Run with devices=1 to see "
-                "whether it happens without DDP.")
+                "whether it happens without DDP. (With NCCL, a collective that waits longer than DDP(timeout=...) "
+                "also ends its process this way.)")
     if reached_group:
         return ("It had joined the process group, so something in the work ended the process "
                 "(sys.exit or os._exit in user code, or a signal): its output above says which.")
-    return ("It stopped before it started the work: its output above says why. (A script that calls fit "
-            'at import time needs `if __name__ == "__main__":` around that code.)')
-
-
-# --- pickling, checked before any process starts -----------------------------------------------
-class _ProbePickler(pickle.Pickler):
-    """Pickles to nowhere and skips tensors (always picklable; copying them would cost memory)."""
-
-    def persistent_id(self, obj: Any) -> Any:
-        if isinstance(obj, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
-            return "tensor"
-        return None
-
-
-class _Discard:
-    def write(self, data: bytes) -> int:
-        return len(data)
-
-
-def _pickle_error(obj: Any) -> Exception | None:
-    try:
-        _ProbePickler(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    except (pickle.PicklingError, TypeError, AttributeError) as error:
-        return error
-    main = sys.modules.get("__main__")
-    defined_in = getattr(type(obj), "__module__", None)
-    if defined_in == "__main__" and not hasattr(main, "__file__"):
-        return pickle.PicklingError(
-            f"{type(obj).__name__} is defined in an interactive session (a notebook or REPL), "
-            "which new processes cannot import"
-        )
-    return None
-
-
-def _parts(name: str, obj: Any) -> list[tuple[str, Any]]:
-    """The pieces of ``obj`` worth naming in an error: a loader's dataset and collate_fn, the
-    attributes of a module or the Trainer."""
-    if isinstance(obj, torch.utils.data.DataLoader):
-        fields = ("dataset", "collate_fn", "sampler", "batch_sampler", "worker_init_fn")
-        return [(f"{name}.{field}", getattr(obj, field)) for field in fields]
-    if isinstance(obj, (list, tuple)):
-        return [(f"{name}[{index}]", item) for index, item in enumerate(obj)]
-    if isinstance(obj, dict):
-        return [(f"{name}[{key!r}]", value) for key, value in obj.items()]
-    if isinstance(obj, torch.nn.Module):
-        attributes = [(key, value) for key, value in vars(obj).items() if not key.startswith("_")]
-        return [(f"{name}.{key}", value) for key, value in list(obj.named_children()) + attributes]
-    return [(f"{name}.{key}", value) for key, value in getattr(obj, "__dict__", {}).items()]
-
-
-def _culprit(name: str, obj: Any, error: Exception, depth: int = 3) -> tuple[str, Exception]:
-    """The most specific piece of ``obj`` that cannot be pickled."""
-    if depth == 0:
-        return name, error
-    for part_name, part in _parts(name, obj):
-        part_error = _pickle_error(part)
-        if part_error is not None:
-            return _culprit(part_name, part, part_error, depth - 1)
-    return name, error
-
-
-def check_picklable(function: Callable[..., Any], args: tuple, count: int) -> None:
-    """Raise a ValueError naming what cannot be sent to the spawned processes, and the fixes."""
-    names = list(inspect.signature(function).parameters)
-    named = [(names[i] if i < len(names) else f"argument {i}", arg) for i, arg in enumerate(args)]
-    owner = getattr(function, "__self__", None)
-    if owner is not None:
-        named.append((type(owner).__name__.lower(), owner))
-    for name, obj in named:
-        error = _pickle_error(obj)
-        if error is None:
-            continue
-        where, error = _culprit(name, obj, error)
-        raise ValueError(
-            f"DDP starts {count} new processes and must pickle the work for them, but `{where}` cannot "
-            f"be pickled ({error}). Define it at module level (not inside a function, and not a "
-            "lambda) in a module the processes can import, or launch with torchrun, where each "
-            f"process builds its own objects: `torchrun --nproc-per-node={count} your_script.py`."
-        )
+    if not started:
+        return ("It failed while importing your script, before it could start the work: its output above says "
+                'why. (A script that calls fit at import time needs `if __name__ == "__main__":` around that code.)')
+    return ("It stopped before it joined the process group (sys.exit or os._exit in user code, or a signal): "
+            "its output above says which.")

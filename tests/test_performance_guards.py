@@ -8,6 +8,7 @@ host wait for the device.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import subprocess
@@ -21,6 +22,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import AMP, Callback, ModelCheckpoint
+from strategies import SingleDevice
+from strategies.prefetch import prefetch_to_device
 from trainer import Trainer, TrainingModule
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -240,3 +243,32 @@ def test_float16_amp_adds_no_host_sync_beyond_the_one_read_inside_grad_scaler_st
     steps_with_syncs = {step for _, (phase, step) in recorder.calls if phase == "after"}
     allowed = {step for step in steps_with_syncs if step % log_every == 0} | position.epoch_last_steps
     assert steps_with_syncs <= allowed, f"host syncs after steps {sorted(steps_with_syncs - allowed)}"
+
+
+class _RecordingCopyStream:
+    """The CUDA calls of strategies.prefetch.CudaCopyStream, as no-ops (this machine has no GPU)."""
+
+    def copying(self):
+        return contextlib.nullcontext()
+
+    def record_copied(self):
+        return object()
+
+    def wait_for(self, copied):
+        pass
+
+    def used_by_compute(self, tensor):
+        pass
+
+
+def test_the_cuda_prefetcher_turns_no_tensor_into_a_python_value():
+    # Its CUDA calls (streams, events, record_stream) never wait for the GPU; what it adds in Python,
+    # finding the batch's tensors and moving them, must not read one either.
+    position = LoopPosition()
+    position.position = ("step", 1)
+    batch = {"x": torch.ones(4, 2), "pair": (torch.zeros(4), [torch.ones(1)]), "name": "kept"}
+    mover = SingleDevice(torch.device("meta"))
+    with SyncRecorder(position) as recorder:
+        moved = list(prefetch_to_device(enumerate([batch] * 3), mover.batch_to_device, _RecordingCopyStream()))
+    assert len(moved) == 3 and moved[0][1]["x"].device.type == "meta"
+    assert recorder.calls == []

@@ -140,22 +140,32 @@ def test_batch_to_device_moves_every_tensor_inside_any_container():
     assert batch["example"].image.device.type == "cpu"  # the loader's batch is left as it was
 
 
-def test_a_cuda_run_warns_about_a_loader_without_pinned_memory_and_keeps_it(two_gpus):
+def test_a_cuda_run_pins_a_loader_that_does_not_and_keeps_one_that_does(two_gpus):
     strategy = SingleDevice("cuda")
-    unpinned = DataLoader(TensorDataset(torch.ones(4, 1)), batch_size=2)
-    with pytest.warns(UserWarning, match=r"pin_memory=False.*Pass DataLoader\(..., pin_memory=True\)"):
-        assert strategy.setup_dataloader(unpinned, shuffle=True) is unpinned
-    pinned = DataLoader(TensorDataset(torch.ones(4, 1)), batch_size=2, pin_memory=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert strategy.setup_dataloader(pinned, shuffle=True) is pinned
+    data = TensorDataset(torch.arange(6.0).unsqueeze(1))
+    unpinned = DataLoader(data, batch_size=2, shuffle=True)
+    rebuilt = strategy.setup_dataloader(unpinned, shuffle=True)
+    assert rebuilt.pin_memory and not unpinned.pin_memory  # the user's loader is left as it was
+    assert (rebuilt.dataset, rebuilt.batch_size, type(rebuilt.sampler)) == (data, 2, type(unpinned.sampler))
+    pinned = DataLoader(data, batch_size=2, pin_memory=True)
+    assert strategy.setup_dataloader(pinned, shuffle=True) is pinned
 
 
-def test_the_cpu_does_not_warn_about_pinned_memory():
+class NamedLoader(DataLoader):
+    """A DataLoader subclass: rebuilding it as a plain DataLoader would lose what it adds."""
+
+
+def test_a_cuda_run_keeps_a_dataloader_subclass_that_does_not_pin_and_says_what_it_costs(two_gpus):
+    loader = NamedLoader(TensorDataset(torch.ones(4, 1)), batch_size=2)
+    with pytest.warns(UserWarning, match=r"The NamedLoader does not pin memory.*Pass pin_memory=True to it"):
+        assert SingleDevice("cuda").setup_dataloader(loader, shuffle=True) is loader
+
+
+def test_the_cpu_keeps_a_loader_without_pinned_memory_as_it_is():
     unpinned = DataLoader(TensorDataset(torch.ones(4, 1)), batch_size=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        SingleDevice("cpu").setup_dataloader(unpinned, shuffle=True)
+        assert SingleDevice("cpu").setup_dataloader(unpinned, shuffle=True) is unpinned
 
 
 def test_the_base_strategy_is_one_process():

@@ -1,12 +1,24 @@
 """The non-finite loss guard: find the first NaN or infinite training loss without a per-step sync.
 
-The loop appends each step's detached loss to a list (no device work, no host sync). With
+The loop appends a copy of each step's loss to a list (one small device op, no host sync). With
 ``Trainer(on_nonfinite_loss="raise")``, the default, the list is checked with one host sync at
 each log step, at the end of each epoch and before each checkpoint is written, so no checkpoint
 ever holds the weights a non-finite loss produced; the error names the first bad batch exactly
 and the last checkpoint written before it. ``"skip"`` must decide before each optimizer step, so
 it costs one host sync per step: a window whose loss is not finite has its gradients dropped and
 its step skipped. ``"ignore"`` checks nothing.
+
+Why a copy: under CUDA graphs (``torch.compile(mode="reduce-overhead")``) the loss a step returns
+lives in the graph's static output memory, which the next replay overwrites in place; a list of
+the loss tensors themselves would be checked against later values, and miss or misplace a NaN.
+The options, in CPU instructions added to a step (valgrind; ``benchmarks/loss_guard_cost.py``,
+figures in ``benchmarks/RESULTS.md``): the loss itself in the list, +3.7k (what the loop did, wrong
+under graphs); a copy (``loss.detach().clone()``), +12.3k; ``isfinite(loss)`` in the list, +41k
+(``isfinite`` is a composite of several ops; the value is lost); a running device-side "all finite
+so far" flag, +47k; a running float64 sum of the losses (non-finite once any is), +19k. The flag
+and the sum forget which batch was bad. The copy is the cheapest correct one and keeps the error's
+precision (the value and the first bad batch); on CUDA it is one small kernel per step, queued on
+the stream right after the step, so it runs before the next replay.
 """
 
 from __future__ import annotations

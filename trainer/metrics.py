@@ -279,39 +279,52 @@ def format_results(results: list[dict[str, float]] | Any, stage: str) -> str:
 
 
 class _HostCopy:
-    """Metric values on their way to the host: one stacked tensor, copied without blocking."""
+    """Metric values on their way to the host: one stacked tensor per device, copied without blocking.
+
+    Values logged on different devices (a CUDA loss beside a CPU tensor such as a learning rate)
+    are stacked per device: a CPU stack is read as it is, a CUDA stack is copied into pinned
+    memory with ``non_blocking=True`` and an event that says when it has arrived. No value moves
+    between devices, and nothing waits for the GPU before :meth:`values`.
+    """
 
     def __init__(self, step: int, named: dict[str, tuple[Any, MetricSpec]], reduce: Any, gather: Any) -> None:
         self.step = step
         self.specs = {key: spec for key, (_, spec) in named.items()}
         check_same_sync_keys(named, gather)
         self.numbers = {key: float(value) for key, (value, _) in named.items() if not isinstance(value, torch.Tensor)}
-        self.tensor_keys = [key for key, (value, _) in named.items() if isinstance(value, torch.Tensor)]
-        self.host: torch.Tensor | None = None
-        self.ready: Any = None
+        tensor_keys = [key for key, (value, _) in named.items() if isinstance(value, torch.Tensor)]
+        self.copies: list[tuple[list[str], torch.Tensor, Any]] = []  # (keys, host tensor, ready event or None)
         # Reduced in sorted key order, so every rank's collectives pair up with the same key's.
         for key in sorted(self.numbers):
             if self.specs[key].sync_dist:
                 self.numbers[key] = float(reduce(torch.tensor(self.numbers[key]), self.specs[key].reduce_fx))
-        if not self.tensor_keys:
+        if not tensor_keys:
             return
         reduced = {key: reduce(named[key][0].detach().reshape(()).float(), self.specs[key].reduce_fx)
-                   for key in sorted(self.tensor_keys) if self.specs[key].sync_dist}
-        tensors = [reduced[key] if key in reduced else named[key][0].detach().reshape(()).float() for key in self.tensor_keys]
-        stacked = torch.stack(tensors)
-        if stacked.device.type == "cuda":
-            self.host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
-            self.host.copy_(stacked, non_blocking=True)
-            self.ready = torch.cuda.Event()
-            self.ready.record()
-        else:
-            self.host = stacked if stacked.device.type == "cpu" else stacked.to("cpu")
+                   for key in sorted(tensor_keys) if self.specs[key].sync_dist}
+        by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+        for key in tensor_keys:
+            value = reduced[key] if key in reduced else named[key][0].detach().reshape(()).float()
+            by_device.setdefault(value.device, []).append((key, value))
+        for device, pairs in by_device.items():
+            stacked = torch.stack([value for _, value in pairs])
+            ready = None
+            if device.type == "cuda":
+                host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+                host.copy_(stacked, non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record(torch.cuda.current_stream(device))
+            else:
+                host = stacked if device.type == "cpu" else stacked.to("cpu")
+            self.copies.append(([key for key, _ in pairs], host, ready))
 
     def values(self) -> dict[str, float]:
-        """The host values; waits for the copy if it has not finished (it has, by the next log step)."""
-        if self.ready is not None:
-            self.ready.synchronize()
-        values = dict(zip(self.tensor_keys, self.host.tolist())) if self.host is not None else {}
+        """The host values; waits for the copies if they have not finished (they have, by the next log step)."""
+        values = {}
+        for keys, host, ready in self.copies:
+            if ready is not None:
+                ready.synchronize()
+            values.update(zip(keys, host.tolist()))
         values.update(self.numbers)
         return values
 

@@ -128,9 +128,28 @@ def preserved_rng() -> Iterator[None]:
         restore_rng_state(state)
 
 
+def set_cublas_workspace_config() -> None:
+    """Set ``CUBLAS_WORKSPACE_CONFIG``, which deterministic cuBLAS needs, unless the user did.
+
+    cuBLAS reads it when it first runs in a process, so ``Trainer(deterministic=True)`` sets it at
+    construction, before any stage (spawned DDP workers inherit it). Set after CUDA started, it
+    may be too late: a warning says so and how to set it in time.
+    """
+    if "CUBLAS_WORKSPACE_CONFIG" in os.environ:
+        return
+    if torch.cuda.is_initialized():
+        warnings.warn(
+            "Trainer(deterministic=True) sets CUBLAS_WORKSPACE_CONFIG=:4096:8, but CUDA is already in use in this "
+            "process: if cuBLAS has run (a matrix product on the GPU), it keeps its nondeterministic workspace. "
+            "Export CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting Python, or build the Trainer before any GPU work.",
+            stacklevel=3,
+        )
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+
+
 def use_deterministic_algorithms() -> None:
     """``Trainer(deterministic=True)``: deterministic kernels (an error names any op without one)."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    set_cublas_workspace_config()
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False

@@ -42,7 +42,7 @@ from trainer.optim import SchedulerConfig, clip_gradients, optimizers_for_module
 from trainer.precision import add_precision_callback
 from trainer.preemption import Preemption
 from trainer.resume import resumable, resume_iterator
-from trainer.seed import preserved_rng, seed_everything, use_deterministic_algorithms
+from trainer.seed import preserved_rng, seed_everything, set_cublas_workspace_config, use_deterministic_algorithms
 from trainer.shorthands import reject_unknown_arguments
 from trainer.shorthands import translate as translate_shorthands
 from trainer.schedule import validation_due, validation_interval
@@ -136,6 +136,8 @@ class Trainer:
         )
         if seed is not None:
             seed_everything(seed)  # validates; seeded again at the start of each stage
+        if deterministic:
+            set_cublas_workspace_config()  # before cuBLAS first runs; the rest at the start of each stage
 
         # Lightning's shorthands become a strategy, callbacks and the plain settings below.
         run = translate_shorthands(
@@ -227,7 +229,7 @@ class Trainer:
             each epoch until max_epochs, max_steps or should_stop (once min_epochs/min_steps are met):
                 every reload_dataloaders_every_n_epochs: the loaders again from their hooks
                 on_train_epoch_start
-                each batch: to device (non_blocking) -> on_train_batch_start
+                each batch: to device (CUDA: copied ahead on a side stream) -> on_train_batch_start
                     -> forward (training_step) under the callbacks' forward contexts
                     -> on_before_backward -> backward (no all-reduce while accumulating) -> on_after_backward
                     -> every accumulate_grad_batches-th batch: unscale (AMP float16), on_before_optimizer_step,
@@ -568,10 +570,10 @@ class Trainer:
             val_every = validation_interval(self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch,
                                             num_batches)
         batch_idx = -1
-        for batch_idx, batch in self._iterate_train(train_loader):
+        # The strategy moves the batches (on CUDA it copies the next one while this one computes).
+        for batch_idx, batch in strategy.batches_on_device(self._iterate_train(train_loader)):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
             self.batch_idx = batch_idx
-            batch = strategy.batch_to_device(batch)
             for hook in hooks.batch_start:
                 hook(self, module, batch, batch_idx)
             for hook in hooks.module_batch_start:
@@ -634,8 +636,9 @@ class Trainer:
         else:  # accumulating: under DDP the gradients are all-reduced once, at the window's last batch
             with self.strategy.no_backward_sync(self.model, enabled=True):
                 outputs, loss = self._forward_backward(batch, batch_idx)
-        # Checked later (log step, epoch end, checkpoint), so no host sync here.
-        self._unchecked_losses.append((loss.detach(), batch_idx, self.global_step))
+        # Checked later (log step, epoch end, checkpoint), so no host sync here. A copy, because a
+        # CUDA graph replay overwrites the loss in place at the next step (trainer/guards.py).
+        self._unchecked_losses.append((loss.detach().clone(), batch_idx, self.global_step))
         if not steps_now or (self.on_nonfinite_loss == "skip" and not window_is_finite(self)):
             return outputs
         optimizer, hooks = self.optimizers[0], self._hooks
@@ -804,10 +807,8 @@ class Trainer:
                 step_index = (dataloader_idx,) if hooks.step_takes_dataloader_idx else ()
                 hook_index = (dataloader_idx,) if several else ()
                 predictions.append([])
-                for batch_idx, batch in enumerate(loader):
-                    if batch_idx >= limit:
-                        break
-                    batch = self.strategy.batch_to_device(batch)
+                batches = enumerate(loader) if limit == math.inf else itertools.islice(enumerate(loader), int(limit))
+                for batch_idx, batch in self.strategy.batches_on_device(batches):
                     for hook in hooks.batch_start:
                         hook(self, module, batch, batch_idx, *hook_index)
                     for hook in hooks.module_batch_start:

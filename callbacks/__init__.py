@@ -1,7 +1,8 @@
 """What else happens around the loop: progress, logging, checkpoints, early stopping, ...
 
 ``default_callbacks`` adds the ones the Trainer's flags ask for (``enable_progress_bar``,
-``logger``, ``enable_checkpointing``) to the user's, which keep their order.
+``logger``, ``enable_checkpointing``) to the user's, which keep their order;
+``observability_callbacks`` those of ``profiler`` and ``report``.
 """
 
 from __future__ import annotations
@@ -9,14 +10,20 @@ from __future__ import annotations
 from typing import Any
 
 from callbacks.base import Callback
+from callbacks.csv_logger import CSVLogger
 from callbacks.early_stopping import EarlyStopping
-from callbacks.logging import AsyncLogger, CSVLogger, TensorBoardLogger, default_loggers
+from callbacks.logging import AsyncLogger, Logger
+from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.model_checkpoint import ModelCheckpoint
+from callbacks.performance import PerformanceReport
+from callbacks.profiler import Profiler
 from callbacks.progress import ProgressBar
+from callbacks.tensorboard_logger import TensorBoardLogger, tensorboard_available
 
 __all__ = [
-    "AsyncLogger", "CSVLogger", "Callback", "EarlyStopping", "ModelCheckpoint", "ProgressBar",
-    "TensorBoardLogger", "default_callbacks",
+    "AsyncLogger", "CSVLogger", "Callback", "EarlyStopping", "LearningRateMonitor", "Logger", "ModelCheckpoint",
+    "PerformanceReport", "Profiler", "ProgressBar", "TensorBoardLogger", "default_callbacks",
+    "observability_callbacks",
 ]
 
 
@@ -53,3 +60,41 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
             "(or different monitor/mode for ModelCheckpoint)."
         )
     return callbacks
+
+
+def default_loggers() -> list[Callback]:
+    """``logger=True``: a TensorBoardLogger when tensorboard is installed (first, so that
+    ``module.logger.experiment`` is its SummaryWriter, as in Lightning), and a CSVLogger."""
+    return [TensorBoardLogger(), CSVLogger()] if tensorboard_available() else [CSVLogger()]
+
+
+PROFILERS = (None, "simple", "pytorch")
+
+
+def observability_callbacks(callbacks: list[Callback], *, profiler: Any, report: Any) -> list[Callback]:
+    """``callbacks`` plus what ``Trainer(profiler=..., report=...)`` asks for.
+
+    ``profiler``: None; ``"simple"``, the end-of-fit PerformanceReport (Lightning's SimpleProfiler
+    times every hook; the report times the phases of the loop, which costs nothing per hook);
+    ``"pytorch"``, a ``Profiler()`` with its defaults; or a ``Profiler``. ``report``: add the
+    PerformanceReport (on by default).
+    """
+    if not isinstance(report, bool):
+        raise ValueError(f"Trainer(report={report!r}): use True (print where the time went after fit) or False.")
+    if not (profiler in PROFILERS or isinstance(profiler, Profiler)):
+        raise ValueError(
+            f"Trainer(profiler={profiler!r}): use None, \"simple\" (the performance report), \"pytorch\" "
+            "(callbacks.Profiler with its defaults) or a callbacks.Profiler. For Python-level profiles, run "
+            "python -m cProfile -o fit.prof your_script.py."
+        )
+    if profiler == "simple" and not report:
+        raise ValueError('Trainer(profiler="simple", report=False): "simple" is the performance report that '
+                         "report=False turns off. Pass one of them.")
+    added: list[Callback] = []
+    if (report or profiler == "simple") and not any(isinstance(c, PerformanceReport) for c in callbacks):
+        added.append(PerformanceReport())
+    if profiler == "pytorch" or isinstance(profiler, Profiler):
+        if any(isinstance(c, Profiler) for c in callbacks):
+            raise ValueError(f"Trainer(profiler={profiler!r}) and a Profiler in callbacks: pass one of them.")
+        added.append(Profiler() if profiler == "pytorch" else profiler)
+    return callbacks + added

@@ -208,11 +208,12 @@ def check_exists(path: str | os.PathLike) -> Path:
     return path
 
 
-def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], root: Path, warn: bool) -> Path | None:
+def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], versions: Path, warn: bool) -> Path | None:
     """The file ``Trainer.<stage>(ckpt_path=...)`` loads, checked before anything starts.
 
     ``"last"`` is the newest ``last.ckpt`` in ``checkpoint_dirs`` (the ModelCheckpoints' explicit
-    dirpaths) if there are any, else under ``<root>/cadence_logs/version_*/checkpoints/``. When there
+    dirpaths) if there are any, else under ``<versions>/version_*/checkpoints/`` (``versions``:
+    the run's ``<default_root_dir>/cadence_logs``, or its first logger's ``<save_dir>/<name>``). When there
     is none, ``fit`` starts from scratch (returns None, with a warning if ``warn``), so one command
     both starts a run and resumes it; the other stages need a checkpoint.
     """
@@ -223,8 +224,8 @@ def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], r
     if checkpoint_dirs:
         candidates, where = [d / "last.ckpt" for d in checkpoint_dirs], " or ".join(map(str, checkpoint_dirs))
     else:
-        candidates = list(root.glob("cadence_logs/version_*/checkpoints/last.ckpt"))
-        where = f"{root / 'cadence_logs'}/version_*/checkpoints"
+        candidates = list(versions.glob("version_*/checkpoints/last.ckpt"))
+        where = f"{versions}/version_*/checkpoints"
     candidates = [candidate for candidate in candidates if candidate.is_file()]
     if candidates:
         return max(candidates, key=os.path.getmtime)

@@ -6,6 +6,7 @@ the function that carries it out::
     cadence fit --config examples/digits.yaml
     cadence fit --config examples/digits.yaml --trainer.max_epochs=5 --model.init_args.lr=1.0e-3
     cadence diagnose comm --devices 2
+    cadence env --json
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_fit_command(commands)
     add_diagnose_command(commands)
+    add_env_command(commands)
     return parser
 
 
@@ -113,3 +115,23 @@ def run_diagnose_comm(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "0") == "0":  # under torchrun every rank has a report; one prints it
         print(report)
     return 0 if report.ok else 1
+
+
+# --- cadence env ----------------------------------------------------------------------------------
+def add_env_command(commands: Any) -> None:
+    env = commands.add_parser(
+        "env", help="print what a bug report needs: versions, devices, CPU, environment variables",
+        description="Print the versions of Python, torch, CUDA, cuDNN, NCCL, the dependencies and Cadence; each "
+                    "device's name, memory, compute capability and bf16 support; the CPU and torch threads; and "
+                    "the environment variables that change how PyTorch and distributed runs behave.",
+    )
+    env.add_argument("--json", action="store_true", help="print JSON instead of text")
+    env.set_defaults(run=run_env)
+
+
+def run_env(args: argparse.Namespace) -> int:
+    from trainer.environment import environment_report
+
+    report = environment_report()
+    print(report.to_json() if args.json else report)
+    return 0

@@ -15,6 +15,7 @@ import itertools
 import math
 import os
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,7 @@ from trainer.metrics import MetricStore
 from trainer.module import TrainingModule
 from trainer.guards import first_nonfinite, nonfinite_loss_error
 from trainer.hooks import evaluation_hooks, single_owner, step_hooks
+from trainer.log_dir import choose_log_dir, versions_root
 from trainer.optim import SchedulerConfig, parse_optimizers
 from trainer.preemption import Preemption, workers_ignore_preemption
 from trainer.resume import resumable, resume_iterator
@@ -41,6 +43,7 @@ from trainer.seed import (
     preserved_rng, seed_everything, seed_worker_of_rank, seeded_generator, use_deterministic_algorithms,
 )
 from trainer.state import checkpoint_state, handoff_state, receive_handoff, restore
+from trainer.timing import PhaseTimes, measured
 
 STAGES = ("fit", "validate", "test", "predict")
 
@@ -55,6 +58,10 @@ class Trainer:
             and the last good checkpoint (checked at log steps: no per-step sync), or ``"skip"``s
             that optimizer step (one host sync per step; counted in ``num_skipped_steps``), or
             is ``"ignore"``d.
+        report: after ``fit``, print (and save in ``log_dir``) where the time went, with
+            recommendations (``callbacks.PerformanceReport``).
+        profiler: ``"pytorch"`` (or a ``callbacks.Profiler``) traces a few training batches
+            with ``torch.profiler``; ``"simple"`` is the performance report.
 
     SIGTERM and SIGUSR1 during ``fit`` save ``last.ckpt`` at the end of the current step and end
     the process (see ``trainer/preemption.py``); ``fit(ckpt_path="last")`` resumes.
@@ -91,6 +98,8 @@ class Trainer:
         seed: int | None = None,
         deterministic: bool = False,
         on_nonfinite_loss: str = "raise",
+        profiler: str | Callback | None = None,
+        report: bool = True,
     ) -> None:
         limits = {"train": limit_train_batches, "validate": limit_val_batches,
                   "test": limit_test_batches, "predict": limit_predict_batches}
@@ -123,6 +132,7 @@ class Trainer:
         self.callbacks = callbacks_package.default_callbacks(
             callbacks, enable_progress_bar=enable_progress_bar, enable_checkpointing=enable_checkpointing, logger=logger
         )
+        self.callbacks = callbacks_package.observability_callbacks(self.callbacks, profiler=profiler, report=report)
 
         # Public loop state (Lightning names).
         self.current_epoch = 0
@@ -139,6 +149,7 @@ class Trainer:
         self.module: TrainingModule | None = None  # the user's module while a stage runs
         self.model: torch.nn.Module | None = None  # what the strategy wrapped (DDP), or the module
         self.optimizers: list[torch.optim.Optimizer] = []
+        self.train_dataloader: Any = None  # the training loader as fit runs it (sharded, seeded)
         self.lr_scheduler_configs: list[SchedulerConfig] = []
         self.metrics = MetricStore(self.strategy.all_reduce, self.strategy.all_gather_object)
         self.batch_idx = -1  # index of the training batch being run, within its epoch; -1 before the first
@@ -152,6 +163,7 @@ class Trainer:
         self._unchecked_losses: list = []  # (loss, batch_idx, global_step) since the last NaN check
         self._last_checkpoint: tuple[str, int] | None = None  # (path, global step) last written or loaded
         self._preemption = Preemption()
+        self.phase_times = PhaseTimes()  # host seconds per phase, for the performance report
 
     # =========================================================================================
     # The public entry points
@@ -220,6 +232,7 @@ class Trainer:
         dataloaders = self._loader_or_hook(dataloaders, model, "predict_dataloader", "predict")
         return self._launch("predict", model, dataloaders, None, ckpt_path)
 
+    @measured("checkpointing")
     def save_checkpoint(self, path: str | os.PathLike) -> None:
         """Write the whole training state to ``path`` atomically (rank zero writes; all ranks wait).
 
@@ -254,7 +267,7 @@ class Trainer:
         if ckpt_path is not None:  # before anything starts, so a wrong path costs nothing
             ckpt_path = self._resolve_ckpt_path(ckpt_path, stage)
         if self.log_dir is None:  # a resumed run keeps the version directory its checkpoint is in
-            self.log_dir = (self._log_dir_of(ckpt_path) if stage == "fit" else None) or self._next_log_dir()
+            self.log_dir = choose_log_dir(self.loggers, self.default_root_dir, ckpt_path if stage == "fit" else None)
         output, handoff = self.strategy.launch(self._run_stage, stage, module, loader, val_loader, ckpt_path)
         if handoff is not None:  # the work ran in other processes: bring its results here
             receive_handoff(self, module, handoff)
@@ -368,6 +381,7 @@ class Trainer:
     def _run_fit(self, module: TrainingModule, train_loader: Any, val_loader: Any, ckpt_path: Any) -> None:
         train_loader = self._prepare_loader(train_loader, "train", shuffle=True)
         train_loader, self._train_sampler = resumable(train_loader)  # records each epoch's RNG for resuming
+        self.train_dataloader = train_loader
         val_loader = self._prepare_loader(val_loader, "validate", shuffle=False) if val_loader is not None else None
         if self.num_val_batches == 0:
             val_loader = None  # limit_val_batches=0: no validation at all, hooks included (as in Lightning)
@@ -409,8 +423,11 @@ class Trainer:
         num_batches = self.num_training_batches
         val_every = self._val_every(num_batches) if val_loader is not None else None
         batch_idx = -1
+        times, clock = self.phase_times, time.perf_counter  # two host clock reads a batch, no device sync
+        times.start_loop()
         for batch_idx, batch in self._iterate_train(train_loader):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
+            times.data_wait += clock() - times.ready
             self.batch_idx = batch_idx
             batch = strategy.batch_to_device(batch)
             for hook in hooks.batch_start:
@@ -427,11 +444,13 @@ class Trainer:
                 self._log_step()
             if val_every is not None and self._validation_due(batch_idx, val_every, num_batches):
                 self._run_validation(val_loader)
+            times.ready = clock()  # the next batch is asked for now
             if self._preemption.stop_now and self._ends_window(batch_idx, num_batches):  # a plain bool read
                 self._save_for_preemption()
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
             if self.should_stop or (self.max_steps != -1 and self.global_step >= self.max_steps):
                 break
+        times.end_loop(self._train_batches_seen)
         if batch_idx == -1 and self._resume_position is None:
             raise RuntimeError(
                 "The training DataLoader yielded no batches. Check that the dataset is not empty and "
@@ -552,6 +571,7 @@ class Trainer:
             else:
                 config.scheduler.step()
 
+    @measured("logging")
     def _log_step(self) -> None:
         """Every log_every_n_steps batches: start this step's copy to the host; publish the last."""
         received = self.metrics.receive()  # copied one log step ago: reading it does not wait
@@ -624,6 +644,7 @@ class Trainer:
         count = self._train_batches_seen if self.check_val_every_n_epoch is None else batch_idx + 1
         return count % val_every == 0
 
+    @measured("validation")
     def _run_sanity_check(self, val_loader: Any) -> None:
         self.sanity_checking = True
         try:
@@ -633,6 +654,7 @@ class Trainer:
         finally:
             self.sanity_checking = False
 
+    @measured("validation")
     def _run_validation(self, val_loader: Any) -> None:
         # Validating leaves every RNG as it found it: the weights do not depend on when (or
         # whether) validation runs, and a checkpoint written just before it resumes exactly.
@@ -664,11 +686,14 @@ class Trainer:
                 batch = self.strategy.batch_to_device(batch)
                 with self._forward_context():
                     outputs = hooks.step(batch, batch_idx)
+                self.metrics.keep_evaluation_step_values(batch_idx)  # on_step values, read at the end
                 if stage == "predict":
                     predictions.append(outputs)
                 for hook in hooks.batch_end:
                     hook(self, module, outputs, batch, batch_idx)
         hooks.module_epoch_end()
+        for step, step_values, step_specs in self.metrics.read_evaluation_step_values(stage, not self.sanity_checking):
+            self._publish(step_values, step_specs, step)
         values, specs = self.metrics.read_epoch_values(self.metrics.evaluation)
         if not self.sanity_checking:
             self._publish(values, specs, self.global_step)
@@ -798,22 +823,8 @@ class Trainer:
     def _resolve_ckpt_path(self, ckpt_path: str | os.PathLike, stage: str) -> Path | None:
         directories = [Path(c.dirpath) for c in self.callbacks
                        if isinstance(c, callbacks_package.ModelCheckpoint) and c.dirpath is not None]
-        return checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, self.default_root_dir, self.is_global_zero)
-
-    def _log_dir_of(self, ckpt_path: Path | None) -> Path | None:
-        """A run resumed from <default_root_dir>/cadence_logs/version_N/checkpoints/ keeps logging in
-        version_N, so rerunning one command continues one run; any other checkpoint gets a new version."""
-        if ckpt_path is None or ckpt_path.parent.name != "checkpoints":
-            return None
-        version, root = ckpt_path.resolve().parent.parent, self.default_root_dir / "cadence_logs"
-        if version.name.startswith("version_") and root.exists() and version.parent == root.resolve():
-            return root / version.name
-        return None
-
-    def _next_log_dir(self) -> Path:
-        root = self.default_root_dir / "cadence_logs"
-        versions = [int(p.name.split("_")[1]) for p in root.glob("version_*") if p.name.split("_")[1].isdigit()]
-        return root / f"version_{max(versions, default=-1) + 1}"
+        versions = versions_root(self.loggers, self.default_root_dir)
+        return checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, versions, self.is_global_zero)
 
     # =========================================================================================
     # Small helpers
@@ -829,6 +840,16 @@ class Trainer:
     @property
     def world_size(self) -> int:
         return self.strategy.world_size
+
+    @property
+    def loggers(self) -> list[Callback]:
+        """The loggers among the callbacks (``callbacks.Logger``), in order (Lightning's name)."""
+        return [callback for callback in self.callbacks if isinstance(callback, callbacks_package.Logger)]
+
+    @property
+    def logger(self) -> Callback | None:
+        """The first logger, or None (Lightning's name)."""
+        return next(iter(self.loggers), None)
 
     @property
     def checkpoint_callback(self) -> Callback | None:

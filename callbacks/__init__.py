@@ -12,7 +12,8 @@ from typing import Any
 from callbacks.base import Callback
 from callbacks.csv_logger import CSVLogger
 from callbacks.early_stopping import EarlyStopping
-from callbacks.logging import AsyncLogger, Logger
+from callbacks.async_logger import AsyncLogger
+from callbacks.logging import Logger
 from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.model_checkpoint import ModelCheckpoint
 from callbacks.performance import PerformanceReport

@@ -19,8 +19,10 @@ from __future__ import annotations
 import csv
 import os
 from pathlib import Path
+from typing import Any
 
-from callbacks.logging import AsyncLogger
+from callbacks.async_logger import AsyncLogger
+from callbacks.logging import do_nothing
 
 FIXED_COLUMNS = ["epoch", "step"]
 
@@ -35,6 +37,13 @@ class CSVLogger(AsyncLogger):
 
         Trainer(logger=CSVLogger("logs", name="mnist"))  # logs/mnist/version_0/metrics.csv
     """
+
+    @property
+    def experiment(self) -> _CSVExperiment:
+        """Lightning's CSV experiment writer (``log_metrics``, ``log_hparams``, ``save``). A CSV file
+        holds no images, so its ``add_*`` methods (``add_image``, ``add_histogram``...) do nothing:
+        Lightning code that calls them on every logger's experiment runs unchanged."""
+        return _CSVExperiment(self)
 
     def open(self, directory: Path, resume_step: int | None) -> None:
         self.path = directory / "metrics.csv"
@@ -92,6 +101,26 @@ class CSVLogger(AsyncLogger):
         state = super().__getstate__()
         state.update(_file=None, _csv=None)
         return state
+
+
+class _CSVExperiment:
+    def __init__(self, logger: CSVLogger) -> None:
+        self.logger = logger
+
+    def log_metrics(self, metrics_dict: dict[str, float], step: int | None = None) -> None:
+        self.logger.log_metrics(metrics_dict, step)
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        self.logger.log_hyperparams(params)
+
+    def save(self) -> None:
+        self.logger.save()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("add_"):
+            return do_nothing
+        raise AttributeError(f"CSVLogger.experiment has no {name!r}: it writes metrics (log_metrics) and "
+                             "hyperparameters (log_hparams); images and histograms go to a TensorBoardLogger.")
 
 
 def _step(row: list[str]) -> float:

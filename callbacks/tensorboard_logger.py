@@ -15,7 +15,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from callbacks.logging import AsyncLogger, plain_hparams
+from callbacks.async_logger import AsyncLogger
+from callbacks.logging import do_nothing, plain_hparams
 
 #: SummaryWriter arguments a TensorBoardLogger passes on (log_dir and purge_step are its own).
 WRITER_ARGUMENTS = ("comment", "max_queue", "flush_secs", "filename_suffix")
@@ -111,11 +112,7 @@ class _NoExperiment:
     """``logger.experiment`` on ranks other than zero: every method call does nothing."""
 
     def __getattr__(self, name: str) -> Any:
-        return _do_nothing
-
-
-def _do_nothing(*args: Any, **kwargs: Any) -> None:
-    return None
+        return do_nothing
 
 
 def tensorboard_available() -> bool:

@@ -58,7 +58,9 @@ class Validated(Logged):
         self.history += [("val/loss", self.global_step, loss.item()), ("val/batch", self.global_step, float(batch_idx))]
 
     def on_train_epoch_end(self):
-        self.logger.experiment.add_histogram("weights", self.layer.weight, self.current_epoch)
+        for logger in self.loggers:  # as Lightning's GAN example does; a CSV file takes no histogram
+            logger.experiment.add_histogram("weights", self.layer.weight, self.current_epoch)
+        assert self.logger.experiment is self.loggers[0].experiment  # TensorBoard's SummaryWriter
 
 
 def loader(batches: int) -> DataLoader:

@@ -686,11 +686,11 @@ class Trainer:
                 batch = self.strategy.batch_to_device(batch)
                 with self._forward_context():
                     outputs = hooks.step(batch, batch_idx)
-                self.metrics.keep_evaluation_step_values(batch_idx)  # on_step values, read at the end
                 if stage == "predict":
                     predictions.append(outputs)
                 for hook in hooks.batch_end:
                     hook(self, module, outputs, batch, batch_idx)
+                self.metrics.keep_evaluation_step_values(batch_idx)  # the batch's on_step values, read at the end
         hooks.module_epoch_end()
         for step, step_values, step_specs in self.metrics.read_evaluation_step_values(stage, not self.sanity_checking):
             self._publish(step_values, step_specs, step)

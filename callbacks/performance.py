@@ -24,7 +24,6 @@ hook; timing each hook would cost every step, so Cadence times the phases of the
 from __future__ import annotations
 
 import os
-import resource
 import sys
 import time
 from dataclasses import dataclass
@@ -152,10 +151,13 @@ def measure_run(trainer: Trainer, module: TrainingModule, started: float, before
 
 
 def batch_size(loader: Any) -> int | None:
-    """Samples per batch: the loader's ``batch_size``, or its (wrapped) batch sampler's; None if unknown."""
+    """Samples per batch: the loader's ``batch_size``, its (wrapped) batch sampler's, or that of a
+    sampler yielding whole batches (``batch_size=None``); None if unknown."""
     size, sampler = getattr(loader, "batch_size", None), getattr(loader, "batch_sampler", None)
     while size is None and sampler is not None:
         size, sampler = getattr(sampler, "batch_size", None), getattr(sampler, "batch_sampler", None)
+    if size is None:
+        size = getattr(getattr(loader, "sampler", None), "batch_size", None)
     return size if isinstance(size, int) else None
 
 
@@ -168,15 +170,20 @@ def cpus_per_process(trainer: Trainer) -> int:
 
 def memory_line(device: torch.device) -> str:
     """Peak host memory of this process, and of the device when there is one (read once, no sync)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    peak *= 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
-    parts = [f"host RSS {_size(peak)}"]
+    parts = []
+    try:
+        import resource  # Unix only; loaded when a report is made
+    except ImportError:
+        pass
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        parts.append(f"host RSS {_size(peak * (1 if sys.platform == 'darwin' else 1024))}")  # macOS: bytes; Linux: KiB
     if device.type == "cuda":
         parts.append(f"{device} {_size(torch.cuda.max_memory_allocated(device))} allocated "
                      f"({_size(torch.cuda.max_memory_reserved(device))} reserved)")
     elif device.type == "mps":
         parts.append(f"mps {_size(torch.mps.driver_allocated_memory())} allocated by the driver (now, not peak)")
-    return "peak memory: " + "; ".join(parts)
+    return "peak memory: " + "; ".join(parts) if parts else ""
 
 
 def _size(count: float) -> str:

@@ -190,14 +190,12 @@ class AsyncLogger(Logger):
             self._start(Path(self.log_dir), resume_step=trainer.global_step)
 
     def on_log(self, trainer: Trainer, module: TrainingModule, metrics: dict[str, float], step: int) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"{type(self).__name__} could not write to {self.log_dir}: {self._error}") from self._error
         if self._rank_zero:
             self._add(self.write, {**metrics, "epoch": trainer.current_epoch}, step)
             self._last_step = step
 
     def teardown(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
-        if self._rank_zero and stage == "fit" and self._thread is not None:
+        if self._rank_zero and stage == "fit" and self._thread is not None and self._error is None:
             final = {key: float(value) for key, value in trainer.callback_metrics.items()}
             self._add(self.write_final, dict(self.hparams), final)
         self.finalize("success")
@@ -207,6 +205,8 @@ class AsyncLogger(Logger):
 
     # --- the writer thread -----------------------------------------------------------------
     def _add(self, write: Callable[..., None], *args: Any) -> None:
+        if self._error is not None:  # the writer thread failed: say so on the training thread
+            raise RuntimeError(f"{type(self).__name__} could not write to {self.log_dir}: {self._error}") from self._error
         self._pending.append((write, args))
         self._hand_over(force=False)
 

@@ -242,6 +242,17 @@ def test_the_learning_rate_monitor_logs_each_group_in_the_row_of_its_step(make_t
     assert all(float(row["lr-SGD/pg1-momentum"]) == 0.9 for row in rows)
 
 
+def test_a_logger_that_cannot_write_says_so(tmp_path):
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    logger = CSVLogger(blocked, name="")  # its directory would be a_file/version_0
+    logger.log_metrics({"loss": 1.0}, step=1)
+    with pytest.warns(UserWarning, match=r"CSVLogger could not write to .*a_file/version_0: .*Not a directory"):
+        logger.finalize()
+    with pytest.raises(RuntimeError, match=r"CSVLogger could not write to .*a_file/version_0: "):
+        logger.log_metrics({"loss": 0.5}, step=2)
+
+
 def test_bad_logger_arguments_are_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"CSVLogger\(version=-1\): use an int >= 0"):
         CSVLogger(version=-1)

@@ -43,7 +43,11 @@ class CSVLogger(AsyncLogger):
         """Lightning's CSV experiment writer (``log_metrics``, ``log_hparams``, ``save``). A CSV file
         holds no images, so its ``add_*`` methods (``add_image``, ``add_histogram``...) do nothing:
         Lightning code that calls them on every logger's experiment runs unchanged."""
-        return _CSVExperiment(self)
+        if self._experiment is None:
+            self._experiment = _CSVExperiment(self)
+        return self._experiment
+
+    _experiment: _CSVExperiment | None = None
 
     def open(self, directory: Path, resume_step: int | None) -> None:
         self.path = directory / "metrics.csv"

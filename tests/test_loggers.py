@@ -134,6 +134,15 @@ def test_every_logged_value_reaches_the_wide_csv_with_its_epoch(logged_run):
     assert train_epochs == {step: (step - 1) // BATCHES for step in expected["train/loss"]}
 
 
+def test_metrics_csv_rows_are_in_step_order_when_validation_runs_between_log_steps(make_trainer):
+    trainer = make_trainer(max_epochs=1, logger=CSVLogger(), log_every_n_steps=2, val_check_interval=3)
+    trainer.fit(Validated(), loader(BATCHES), loader(VAL_BATCHES))
+    with open(trainer.log_dir / "metrics.csv", newline="") as file:
+        rows = [(int(row["step"]), bool(row["val/batch"])) for row in csv.DictReader(file) if not row["val/loss_step"]]
+    # log steps 2, 4, 6; validation after batches 3 and 6, each after the values logged before it
+    assert rows == [(2, False), (3, True), (4, False), (6, False), (6, True), (6, False)]
+
+
 def test_hyperparameters_reach_hparams_yaml_and_tensorboard_with_the_final_metrics(logged_run):
     trainer, _, events, _ = logged_run
     assert yaml.safe_load((trainer.log_dir / "hparams.yaml").read_text()) == {"lr": 0.05, "hidden": 8, "note": "tiny"}

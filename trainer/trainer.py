@@ -656,6 +656,9 @@ class Trainer:
 
     @measured("validation")
     def _run_validation(self, val_loader: Any) -> None:
+        received = self.metrics.receive()  # the last log step's values first: the logs stay in step order
+        if received is not None:
+            self._publish(received[1], received[2], received[0])
         # Validating leaves every RNG as it found it: the weights do not depend on when (or
         # whether) validation runs, and a checkpoint written just before it resumes exactly.
         with preserved_rng():

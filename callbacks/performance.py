@@ -99,16 +99,20 @@ class PerformanceReport(Callback):
     def __init__(self) -> None:
         self.text = ""
         self.facts: RunFacts | None = None
-        self._start: tuple[float, dict[str, float], int, int] | None = None
+        self._start: tuple[float, dict[str, float]] | None = None  # at setup: clock, phase totals
+        self._first = (0, 0)  # at fit start: global step, epoch
 
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
         if stage == "fit":
-            self._start = (time.perf_counter(), trainer.phase_times.totals(), trainer.global_step, trainer.current_epoch)
+            self._start = (time.perf_counter(), trainer.phase_times.totals())
+
+    def on_fit_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        self._first = (trainer.global_step, trainer.current_epoch)  # after a checkpoint was restored
 
     def on_fit_end(self, trainer: Trainer, module: TrainingModule) -> None:
         if self._start is None:
             return
-        facts = measure_run(trainer, module, *self._start)
+        facts = measure_run(trainer, module, *self._start, *self._first)
         shares = trainer.strategy.all_gather_object(facts.data_wait_share)  # one collective, at the end
         slowest = max(range(len(shares)), key=shares.__getitem__)
         if shares[slowest] > facts.data_wait_share:

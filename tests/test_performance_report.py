@@ -121,3 +121,10 @@ def test_phases_that_take_a_large_share_of_the_fit_are_named():
     assert [line.split(":")[0] for line in advice] == [
         "Log steps took 8.0% of the fit", "Validation took 40.0% of the fit", "Writing checkpoints took 15.0% of the fit"]
     assert "raise Trainer(log_every_n_steps=1)" in advice[0]
+
+
+def test_a_resumed_fit_reports_only_the_batches_it_trained(make_trainer, tmp_path):
+    make_trainer(max_epochs=1, enable_checkpointing=True).fit(Net(), fast_loader())
+    report = PerformanceReport()
+    make_trainer(max_epochs=3, enable_checkpointing=True, callbacks=[report]).fit(Net(), fast_loader(), ckpt_path="last")
+    assert (report.facts.batches, report.facts.optimizer_steps, report.facts.epochs) == (16, 16, 2)

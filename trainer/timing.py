@@ -29,34 +29,35 @@ class PhaseTimes:
     """Host seconds a Trainer spent per phase, accumulated over its fits (read :meth:`totals`)."""
 
     def __init__(self) -> None:
-        self.batches = 0  # training batches run, as of the end of the last batch loop
+        self.batches = 0  # training batches the closed batch loops ran
         self.data_wait = 0.0  # waiting for the next training batch (the loop adds to it)
         self.ready = 0.0  # the clock when the loop last asked for a batch (the loop sets it)
         self.sections = dict.fromkeys(PHASES, 0.0)  # each phase's own time (nested phases taken off)
         self._in_sections = 0.0  # time inside measured sections, nested ones counted once
         self._batch_loops = 0.0  # closed batch loops: start to the end of their last batch
         self._sections_in_loops = 0.0  # section time inside those loops
-        self._loop: tuple[float, float] | None = None  # (start, in_sections) of the open batch loop
+        self._loop: tuple[float, float, int] | None = None  # (start, in_sections, batches seen) of the open loop
 
-    def start_loop(self) -> None:
-        """Before an epoch's batch loop asks for its first batch."""
+    def start_loop(self, batches_seen: int) -> None:
+        """Before an epoch's batch loop asks for its first batch (``batches_seen``: the
+        Trainer's count of training batches so far)."""
         self._batch_loops, self._sections_in_loops = self._closed()
         self.ready = time.perf_counter()
-        self._loop = (self.ready, self._in_sections)
+        self._loop = (self.ready, self._in_sections, batches_seen)
 
-    def end_loop(self, batches: int) -> None:
-        """After an epoch's batch loop, before the epoch-end work (which is not the loop's);
-        ``batches``: the training batches run so far."""
+    def end_loop(self, batches_seen: int) -> None:
+        """After an epoch's batch loop, before the epoch-end work (which is not the loop's)."""
+        if self._loop is not None:
+            self.batches += batches_seen - self._loop[2]
         self._batch_loops, self._sections_in_loops = self._closed()
         self._loop = None
-        self.batches = batches
 
     def _closed(self) -> tuple[float, float]:
         """The batch loops' time and the section time inside them, an open loop included (one
         left by ``return`` after a preemption signal ends at its last batch)."""
         loops, in_loops = self._batch_loops, self._sections_in_loops
         if self._loop is not None:
-            started, in_sections = self._loop
+            started, in_sections, _ = self._loop
             loops += max(0.0, self.ready - started)
             in_loops += self._in_sections - in_sections
         return loops, in_loops

@@ -424,7 +424,7 @@ class Trainer:
         val_every = self._val_every(num_batches) if val_loader is not None else None
         batch_idx = -1
         times, clock = self.phase_times, time.perf_counter  # two host clock reads a batch, no device sync
-        times.start_loop()
+        times.start_loop(self._train_batches_seen)
         for batch_idx, batch in self._iterate_train(train_loader):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
             times.data_wait += clock() - times.ready

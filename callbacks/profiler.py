@@ -79,7 +79,7 @@ class Profiler(Callback):
         self._rank, self._prints = trainer.global_rank, trainer.is_global_zero
         self._device_type = device.type if activity is not None else None
         self._sort = self.sort_by or ("self_device_time_total" if activity is not None else "self_cpu_time_total")
-        self._steps = 0
+        self._steps, self._windows = 0, 0
         self._profile = torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU] + ([activity] if activity is not None else []),
             schedule=torch.profiler.schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=self.repeat),
@@ -120,7 +120,8 @@ class Profiler(Callback):
         os.replace(temporary, path)
         self.trace_paths.append(path)
         averages = profile.key_averages()
-        first = window * (self.wait + self.warmup + self.active) + self.wait + self.warmup
+        first = self._windows * (self.wait + self.warmup + self.active) + self.wait + self.warmup
+        self._windows += 1
         last = min(first + self.active, profile.step_num) - 1  # a fit may end inside the window
         text = (f"Profiler, rank {self._rank}, window {window} (training batches {first}-{last} of this fit): {path}\n"
                 f"{averages.table(sort_by=self._sort, row_limit=self.row_limit)}\n"

@@ -186,7 +186,8 @@ class Trainer:
                     -> every accumulate_grad_batches-th batch: on_before_optimizer_step, clip,
                        optimizer step, zero grad, step-interval schedulers
                     -> on_train_batch_end -> every log_every_n_steps: on_log, non-finite loss check
-                    -> at val_check_interval: validation (on_validation_start ... on_validation_end)
+                    -> at val_check_interval: on_log (the last log step's values, so logs stay in
+                       step order), then validation (on_validation_start ... on_validation_end)
                     -> after SIGTERM/SIGUSR1, once the accumulation window ends: write last.ckpt, stop
                 epoch metrics -> on_log; epoch-interval schedulers
                 on_train_epoch_end

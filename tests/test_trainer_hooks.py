@@ -123,7 +123,7 @@ def test_fit_calls_the_hooks_in_the_order_of_its_docstring(run):
         # (the logs stay in step order), then its own metrics -> on_log
         "callback.on_log",
         *validation(batches=2), "callback.on_log", "callback.on_validation_end", "module.on_validation_end",
-        "callback.on_log",  # the epoch's metrics
+        # the epoch's end: nothing left to publish (train/loss is logged per step only)
         "callback.on_train_epoch_end", "module.on_train_epoch_end",
         "callback.on_train_end", "module.on_train_end",
         "callback.on_fit_end", "module.on_fit_end",

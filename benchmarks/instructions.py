@@ -39,7 +39,7 @@ def run_steps(name: str, steps: int) -> None:
 
     torch.set_num_threads(1)
     workload = Workload("tiny", TINY.width, TINY.depth, TINY.batch_size, steps, steps, TINY.segment, 1)
-    run_once(contenders()[name], workload, make_loader(workload))
+    run_once(contenders(variants=True)[name], workload, make_loader(workload))
 
 
 def count(name: str, steps: int) -> int:

@@ -218,20 +218,20 @@ class CadenceRegressor(TrainingModule):
         return make_optimizer(self.parameters())
 
 
-def cadence_fit(network: nn.Module, loader: DataLoader, users: bool, root: str, callbacks: tuple = ()) -> None:
+def cadence_fit(network: nn.Module, loader: DataLoader, users: bool, root: str, **options: Any) -> None:
     module = CadenceRegressor(network, log_every_step=users)
     if users:
-        trainer = Trainer(max_epochs=1, strategy="cpu", default_root_dir=root, callbacks=list(callbacks))
+        trainer = Trainer(max_epochs=1, strategy="cpu", default_root_dir=root, **options)
     else:
-        trainer = Trainer(max_epochs=1, strategy="cpu", default_root_dir=root, callbacks=list(callbacks),
-                          logger=False, enable_progress_bar=False, enable_checkpointing=False)
+        trainer = Trainer(max_epochs=1, strategy="cpu", default_root_dir=root,
+                          logger=False, enable_progress_bar=False, enable_checkpointing=False, **options)
     trainer.fit(module, loader)
 
 
 def cadence_bf16_fit(network: nn.Module, loader: DataLoader, root: str) -> None:
     from callbacks import AMP
 
-    cadence_fit(network, loader, False, root, callbacks=(AMP("bf16"),))
+    cadence_fit(network, loader, False, root, callbacks=[AMP("bf16")])
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,8 +276,13 @@ def lightning_fit(network: nn.Module, loader: DataLoader, users: bool, root: str
 # --------------------------------------------------------------------------------------------
 # Timing one run
 # --------------------------------------------------------------------------------------------
-def contenders() -> dict[str, Callable[..., None]]:
-    """Name -> function(network, loader, root); Lightning only when it is installed."""
+def contenders(variants: bool = False) -> dict[str, Callable[..., None]]:
+    """Name -> function(network, loader, root); Lightning only when it is installed.
+
+    ``variants`` adds Cadence configurations that are run only when named: ``cadence-lean-no-report``
+    (``report=False``) and ``cadence-lean-profiled`` (a Profiler whose one-batch schedule ends on the
+    first batch, so the other batches pay what a finished profiler costs).
+    """
     found: dict[str, Callable[..., None]] = {
         "hand": lambda network, loader, root: hand_loop(network, loader),
         "cadence-lean": lambda network, loader, root: cadence_fit(network, loader, False, root),
@@ -286,6 +291,12 @@ def contenders() -> dict[str, Callable[..., None]]:
     found["hand-again"] = found["hand"]  # the hand loop paired with itself: the noise floor
     found["hand-bf16"] = lambda network, loader, root: hand_loop_bf16(network, loader)
     found["cadence-bf16-lean"] = cadence_bf16_fit
+    if variants:
+        from callbacks import Profiler
+
+        found["cadence-lean-no-report"] = lambda network, loader, root: cadence_fit(network, loader, False, root, report=False)
+        found["cadence-lean-profiled"] = lambda network, loader, root: cadence_fit(
+            network, loader, False, root, callbacks=[Profiler(wait=0, warmup=0, active=1, record_shapes=False, profile_memory=False)])
     if lightning_version() is not None:
         found["lightning-lean"] = lambda network, loader, root: lightning_fit(network, loader, False, root)
         found["lightning-users"] = lambda network, loader, root: lightning_fit(network, loader, True, root)

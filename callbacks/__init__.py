@@ -1,7 +1,8 @@
 """What else happens around the loop: progress, logging, checkpoints, early stopping, ...
 
 ``default_callbacks`` adds the ones the Trainer's flags ask for (``enable_progress_bar``,
-``logger``, ``enable_checkpointing``) to the user's, which keep their order.
+``logger``, ``enable_checkpointing``) to the user's, which keep their order;
+``observability_callbacks`` those of ``profiler`` and ``report``.
 """
 
 from __future__ import annotations
@@ -16,19 +17,26 @@ from callbacks.amp import AMP
 from callbacks.base import Callback
 from callbacks.checkpointing import GradientCheckpointing
 from callbacks.compile import Compile
+from callbacks.csv_logger import CSVLogger
 from callbacks.early_stopping import EarlyStopping
-from callbacks.logging import AsyncLogger, CSVLogger, TensorBoardLogger, default_loggers
+from callbacks.async_logger import AsyncLogger
+from callbacks.logging import Logger
+from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.model_checkpoint import ModelCheckpoint
 from callbacks.model_summary import ModelSummary
+from callbacks.performance import PerformanceReport
+from callbacks.profiler import Profiler
 from callbacks.progress import ProgressBar
 from callbacks.sync_batchnorm import SyncBatchNorm
+from callbacks.tensorboard_logger import TensorBoardLogger, tensorboard_available
 from callbacks.timer import Timer
 from callbacks.torch_flags import TorchFlags
 
 __all__ = [
     "AMP", "AsyncLogger", "CSVLogger", "Callback", "Compile", "EarlyStopping", "GradientCheckpointing",
-    "ModelCheckpoint", "ModelSummary", "ProgressBar", "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags",
-    "default_callbacks", "with_module_callbacks",
+    "LearningRateMonitor", "Logger", "ModelCheckpoint", "ModelSummary", "PerformanceReport", "Profiler", "ProgressBar",
+    "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags", "default_callbacks", "observability_callbacks",
+    "with_module_callbacks",
 ]
 
 
@@ -89,3 +97,41 @@ def _check_state_keys(callbacks: list[Callback]) -> None:
             f"Two callbacks share the checkpoint key {duplicates}; give one a different state_key "
             "(or different monitor/mode for ModelCheckpoint)."
         )
+
+
+def default_loggers() -> list[Callback]:
+    """``logger=True``: a TensorBoardLogger when tensorboard is installed (first, so that
+    ``module.logger.experiment`` is its SummaryWriter, as in Lightning), and a CSVLogger."""
+    return [TensorBoardLogger(), CSVLogger()] if tensorboard_available() else [CSVLogger()]
+
+
+PROFILERS = (None, "simple", "pytorch")
+
+
+def observability_callbacks(callbacks: list[Callback], *, profiler: Any, report: Any) -> list[Callback]:
+    """``callbacks`` plus what ``Trainer(profiler=..., report=...)`` asks for.
+
+    ``profiler``: None; ``"simple"``, the end-of-fit PerformanceReport (Lightning's SimpleProfiler
+    times every hook; the report times the phases of the loop, which costs nothing per hook);
+    ``"pytorch"``, a ``Profiler()`` with its defaults; or a ``Profiler``. ``report``: add the
+    PerformanceReport (on by default).
+    """
+    if not isinstance(report, bool):
+        raise ValueError(f"Trainer(report={report!r}): use True (print where the time went after fit) or False.")
+    if not (profiler in PROFILERS or isinstance(profiler, Profiler)):
+        raise ValueError(
+            f"Trainer(profiler={profiler!r}): use None, \"simple\" (the performance report), \"pytorch\" "
+            "(callbacks.Profiler with its defaults) or a callbacks.Profiler. For Python-level profiles, run "
+            "python -m cProfile -o fit.prof your_script.py."
+        )
+    if profiler == "simple" and not report:
+        raise ValueError('Trainer(profiler="simple", report=False): "simple" is the performance report that '
+                         "report=False turns off. Pass one of them.")
+    added: list[Callback] = []
+    if (report or profiler == "simple") and not any(isinstance(c, PerformanceReport) for c in callbacks):
+        added.append(PerformanceReport())
+    if profiler == "pytorch" or isinstance(profiler, Profiler):
+        if any(isinstance(c, Profiler) for c in callbacks):
+            raise ValueError(f"Trainer(profiler={profiler!r}) and a Profiler in callbacks: pass one of them.")
+        added.append(Profiler() if profiler == "pytorch" else profiler)
+    return callbacks + added

@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture
 def make_trainer(tmp_path):
     """``make_trainer(**kwargs)``: a CPU Trainer that writes only under ``tmp_path`` and prints
-    no bars; loggers and checkpoints are off unless the test turns them on."""
+    no bars or performance report; loggers and checkpoints are off unless the test turns them on."""
 
     def make(**kwargs) -> Trainer:
         kwargs.setdefault("strategy", "cpu")
@@ -37,6 +37,7 @@ def make_trainer(tmp_path):
         kwargs.setdefault("enable_progress_bar", False)
         kwargs.setdefault("enable_checkpointing", False)
         kwargs.setdefault("logger", False)
+        kwargs.setdefault("report", False)
         return Trainer(**kwargs)
 
     return make

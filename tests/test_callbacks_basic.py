@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from callbacks import Callback, CSVLogger, EarlyStopping, ModelCheckpoint, ModelSummary, ProgressBar, TensorBoardLogger
+from callbacks import (
+    Callback, CSVLogger, EarlyStopping, ModelCheckpoint, ModelSummary, PerformanceReport, ProgressBar, TensorBoardLogger,
+)
 from trainer import Trainer, TrainingModule
 
 
@@ -46,15 +48,16 @@ def test_a_plain_callback_changes_nothing(make_trainer, regression_loader):
 
 def test_the_default_trainer_adds_a_progress_bar_loggers_and_checkpoints():
     kinds = [type(callback) for callback in Trainer(strategy="cpu").callbacks]
-    assert kinds == [CSVLogger, TensorBoardLogger, ProgressBar, ModelCheckpoint, ModelSummary]
+    assert kinds == [TensorBoardLogger, CSVLogger, ProgressBar, ModelCheckpoint, ModelSummary, PerformanceReport]
     quiet = Trainer(strategy="cpu", enable_progress_bar=False, enable_checkpointing=False, logger=False,
-                    enable_model_summary=False)
+                    enable_model_summary=False, report=False)
     assert quiet.callbacks == []
 
 
 def test_a_users_own_progress_bar_or_checkpoint_replaces_the_default():
     bar, checkpoint = ProgressBar(refresh_rate=5), ModelCheckpoint(monitor="val/loss")
-    trainer = Trainer(strategy="cpu", logger=False, callbacks=[checkpoint, bar], enable_model_summary=False)
+    trainer = Trainer(strategy="cpu", logger=False, callbacks=[checkpoint, bar], enable_model_summary=False,
+                      report=False)
     assert trainer.callbacks == [checkpoint, bar]
 
 
@@ -94,7 +97,7 @@ def test_logs_and_checkpoints_go_to_numbered_version_directories(tmp_path, regre
     files = {path.relative_to(trainer.log_dir).as_posix().split(".")[0] for path in trainer.log_dir.rglob("*")}
     assert {"metrics", "events", "checkpoints", "checkpoints/last"} <= files
     rows = (trainer.log_dir / "metrics.csv").read_text().splitlines()
-    assert rows[0] == "step,metric,value" and any(row.startswith("8,val/loss,") for row in rows)
+    assert rows[0] == "epoch,step,train/loss,val/loss" and any(row.startswith("0,8,,") for row in rows)
 
 
 def test_early_stopping_stops_when_the_metric_stops_improving(make_trainer, regression_loader):

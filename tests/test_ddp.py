@@ -10,6 +10,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
+import csv
+import io
 import json
 import multiprocessing
 import os
@@ -27,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from callbacks import CSVLogger
+from callbacks import CSVLogger, Profiler
 from strategies import DDP
 from trainer import DataModule, Trainer, TrainingModule
 
@@ -152,6 +154,7 @@ def spawned_fit(tmp_path_factory):
         strategy=DDP(devices=WORLD_SIZE), max_epochs=EPOCHS, accumulate_grad_batches=ACCUMULATE,
         default_root_dir=out, logger=CSVLogger(), log_every_n_steps=2, seed=0,
         max_time={"hours": 1},  # never reached: the ranks' Timer checks pair up at log steps, no hang
+        callbacks=[Profiler(wait=0, warmup=1, active=1, record_shapes=False, profile_memory=False)],
     )
     with stderr_into(out / "stderr.txt"):
         trainer.fit(model, DataLoader(data, batch_size=BATCH_SIZE, shuffle=True), DataLoader(data, batch_size=8))
@@ -236,14 +239,21 @@ def test_the_trained_weights_and_counters_come_back_to_the_caller(spawned_fit):
     assert spawned_fit.trainer.current_epoch == EPOCHS
 
 
+def test_each_rank_writes_its_own_profiler_trace_and_rank_zero_prints_the_table(spawned_fit):
+    traces = sorted(path.name for path in (spawned_fit.trainer.log_dir / "profiler").glob("*.pt.trace.json.gz"))
+    assert traces == ["rank0-window0.pt.trace.json.gz", "rank1-window0.pt.trace.json.gz"]
+    assert spawned_fit.stderr.count("Profiler, rank 0, window 0") == 1 and "Profiler, rank 1" not in spawned_fit.stderr
+    assert spawned_fit.stderr.count("Performance report (fit)") == 1
+
+
 def test_only_rank_zero_prints_and_writes_logs_and_checkpoints(spawned_fit):
     assert spawned_fit.stderr.count("DDP: 2 processes") == 3  # fit, validate, predict
     assert spawned_fit.stderr.count("Epoch 1/2") == 1
     versions = list((spawned_fit.out / "cadence_logs").iterdir())
     assert [path.name for path in versions] == ["version_0"]
-    rows = spawned_fit.csv_after_fit.splitlines()[1:]
-    written = [tuple(row.split(",")[:2]) for row in rows]
-    assert len(written) == len(set(written))  # each (step, metric) once: one writer
+    rows = list(csv.DictReader(io.StringIO(spawned_fit.csv_after_fit)))
+    written = [(row["step"], name) for row in rows for name, value in row.items() if value and name not in ("epoch", "step")]
+    assert len(written) == len(set(written)) and ("8", "train/loss") in written  # each (step, metric) once: one writer
     checkpoint = torch.load(versions[0] / "checkpoints" / "last.ckpt", weights_only=True)
     assert set(checkpoint["state_dict"]) == {"layer.weight", "layer.bias"}  # no wrapper prefixes
     torch.testing.assert_close(checkpoint["state_dict"]["layer.weight"], spawned_fit.model.layer.weight)

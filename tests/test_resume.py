@@ -9,6 +9,7 @@ workers, and that the batches already trained are skipped without being fetched.
 from __future__ import annotations
 
 import contextlib
+import csv
 import os
 import signal
 import subprocess
@@ -58,9 +59,17 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_bit_identical_weights(tmp_pa
     assert run_child(tmp_path, "--kill-at-step", "14") == -signal.SIGKILL  # after step 12's checkpoint, mid-epoch 2
     checkpoints = tmp_path / "cadence_logs" / "version_0" / "checkpoints"
     assert torch.load(checkpoints / "last.ckpt", weights_only=True)["loops"]["global_step"] == 12
+    metrics = tmp_path / "cadence_logs" / "version_0" / "metrics.csv"
+    with open(metrics, newline="") as file:
+        header, *rows = list(csv.reader(file))
+    assert header[:2] == ["epoch", "step"] and all(len(row) == len(header) for row in rows)  # valid after SIGKILL
     resumed = run_resumable.train(tmp_path)  # the same code again: fit(ckpt_path="last")
     assert_same_weights(resumed, uninterrupted)
     assert [path.name for path in (tmp_path / "cadence_logs").iterdir()] == ["version_0"]  # one run, one directory
+    with open(metrics, newline="") as file:
+        rows = list(csv.DictReader(file))
+    steps = [int(row["step"]) for row in rows if row["train/loss"]]
+    assert steps == sorted(steps) and steps[-1] == 15  # the resumed run continued the file in order
 
 
 def test_a_float16_amp_run_killed_after_a_checkpoint_resumes_to_bit_identical_weights(tmp_path):

@@ -141,9 +141,11 @@ def test_fit_calls_the_hooks_in_the_order_of_its_docstring(run):
         "callback.on_train_epoch_start", "module.on_train_epoch_start",
         *training_batch(),  # batch 0: its values are copied to the host, published at the next log step
         *training_batch(), "callback.on_log",  # batch 1: batch 0's values reach on_log
-        # validation at val_check_interval=1.0 (the end of the epoch): its metrics -> on_log
+        # validation at val_check_interval=1.0 (the end of the epoch): first batch 1's values
+        # (the logs stay in step order), then its own metrics -> on_log
+        "callback.on_log",
         *validation(batches=2), "callback.on_log", "callback.on_validation_end", "module.on_validation_end",
-        "callback.on_log",  # the epoch's metrics
+        # the epoch's end: nothing left to publish (train/loss is logged per step only)
         "callback.on_train_epoch_end", "module.on_train_epoch_end",
         "callback.on_train_end", "module.on_train_end",
         "callback.on_fit_end", "module.on_fit_end",

@@ -123,13 +123,14 @@ def check_exists(path: str | os.PathLike) -> Path:
     return path
 
 
-def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], root: Path, warn: bool,
+def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], versions: Path, warn: bool,
                       best: str | None = None) -> Path | None:
     """The checkpoint ``Trainer.<stage>(ckpt_path=...)`` loads, checked before anything starts.
 
     ``"last"`` is the newest ``last.ckpt`` (a file, or a sharded directory) in ``checkpoint_dirs``
     (the ModelCheckpoints' explicit dirpaths) if there are any, else under
-    ``<root>/cadence_logs/version_*/checkpoints/``. When there is none, ``fit`` starts from scratch
+    ``<versions>/version_*/checkpoints/`` (``versions``: the run's ``<default_root_dir>/cadence_logs``,
+    or its first logger's ``<save_dir>/<name>``). When there is none, ``fit`` starts from scratch
     (returns None, with a warning if ``warn``), so one command both starts a run and resumes it;
     the other stages need a checkpoint. ``"best"`` (validate, test, predict) is ``best``, the
     ModelCheckpoint's ``best_model_path`` (None: there is no ModelCheckpoint).
@@ -145,9 +146,9 @@ def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], r
     if checkpoint_dirs:
         candidates, where = [d / "last.ckpt" for d in checkpoint_dirs], " or ".join(map(str, checkpoint_dirs))
     else:
-        candidates = list(root.glob("cadence_logs/version_*/checkpoints/last.ckpt"))
-        candidates += [path.with_name("last.ckpt") for path in root.glob("cadence_logs/version_*/checkpoints/.last.ckpt.*.old")]
-        where = f"{root / 'cadence_logs'}/version_*/checkpoints"
+        candidates = list(versions.glob("version_*/checkpoints/last.ckpt"))
+        candidates += [path.with_name("last.ckpt") for path in versions.glob("version_*/checkpoints/.last.ckpt.*.old")]
+        where = f"{versions}/version_*/checkpoints"
     for candidate in candidates:
         recover_interrupted_replace(candidate)
     candidates = [candidate for candidate in set(candidates) if candidate.is_file() or is_sharded_checkpoint(candidate)]
@@ -171,24 +172,6 @@ def _best(stage: str, best: str | None) -> Path:
         raise FileNotFoundError(f'Trainer.{stage}(ckpt_path="best"): the ModelCheckpoint has saved no ranked checkpoint '
                                 'yet (no fit ran with it, or save_top_k=0). Pass ckpt_path="last" or a path.')
     return check_exists(best)
-
-
-def resumed_log_dir(ckpt_path: Path | None, root: Path) -> Path | None:
-    """A run resumed from <root>/cadence_logs/version_N/checkpoints/ keeps logging in version_N, so
-    rerunning one command continues one run; any other checkpoint (None) gets a new version."""
-    if ckpt_path is None or ckpt_path.parent.name != "checkpoints":
-        return None
-    version, logs = ckpt_path.resolve().parent.parent, root / "cadence_logs"
-    if version.name.startswith("version_") and logs.exists() and version.parent == logs.resolve():
-        return logs / version.name
-    return None
-
-
-def next_log_dir(root: Path) -> Path:
-    """``<root>/cadence_logs/version_N`` with the next free N."""
-    logs = root / "cadence_logs"
-    versions = [int(p.name.split("_")[1]) for p in logs.glob("version_*") if p.name.split("_")[1].isdigit()]
-    return logs / f"version_{max(versions, default=-1) + 1}"
 
 
 def check_resumable(state: dict[str, Any], path: Path) -> None:

@@ -7,6 +7,7 @@ the function that carries it out::
     cadence fit --config examples/digits.yaml --trainer.max_epochs=5 --model.init_args.lr=1.0e-3
     cadence diagnose comm --devices 2
     cadence convert-checkpoint cadence_logs/version_0/checkpoints/last.ckpt model.ckpt
+    cadence env --json
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_fit_command(commands)
     add_diagnose_command(commands)
     add_convert_checkpoint_command(commands)
+    add_env_command(commands)
     return parser
 
 
@@ -138,4 +140,24 @@ def run_convert_checkpoint(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, OSError) as error:
         raise SystemExit(f"cadence convert-checkpoint: {error}") from None
     print(f"Wrote {written} ({written.stat().st_size / 2**20:.1f} MiB) from {args.source}.", file=sys.stderr)
+    return 0
+
+
+# --- cadence env ----------------------------------------------------------------------------------
+def add_env_command(commands: Any) -> None:
+    env = commands.add_parser(
+        "env", help="print what a bug report needs: versions, devices, CPU, environment variables",
+        description="Print the versions of Python, torch, CUDA, cuDNN, NCCL, the dependencies and Cadence; each "
+                    "device's name, memory, compute capability and bf16 support; the CPU and torch threads; and "
+                    "the environment variables that change how PyTorch and distributed runs behave.",
+    )
+    env.add_argument("--json", action="store_true", help="print JSON instead of text")
+    env.set_defaults(run=run_env)
+
+
+def run_env(args: argparse.Namespace) -> int:
+    from trainer.environment import environment_report
+
+    report = environment_report()
+    print(report.to_json() if args.json else report)
     return 0

@@ -206,6 +206,9 @@ class MetricStore:
         self.evaluation = StageMetrics(default_on_step=False)
         self.current = self.train
         self._pending: tuple[int, dict[str, MetricSpec], torch.Tensor, Any, dict[str, float]] | None = None
+        self._evaluation_steps: list[tuple[int, dict[str, tuple[Any, MetricSpec]]]] = []  # (batch_idx, values)
+        self.evaluation_batches: dict[str, int] = {}  # per stage: the step axis of its on_step values
+        self._evaluation_batches_run = 0
 
     def start_evaluation(self) -> None:
         self.evaluation = StageMetrics(default_on_step=False)
@@ -237,6 +240,32 @@ class MetricStore:
         if pending is None:
             return None
         return pending.step, pending.values(), pending.specs
+
+    def keep_evaluation_step_values(self, batch_idx: int) -> None:
+        """After an evaluation batch: keep what it logged ``on_step`` (on the device) for the end."""
+        values = self.evaluation.take_step_values()
+        if values:
+            self._evaluation_steps.append((batch_idx, values))
+        self._evaluation_batches_run = max(self._evaluation_batches_run, batch_idx + 1)  # the longest loader
+
+    def read_evaluation_step_values(self, stage: str, publish: bool) -> list[tuple[int, dict[str, float], dict[str, MetricSpec]]]:
+        """At the end of an evaluation: ``[(step, values, specs)]`` of its ``on_step`` values, one
+        host copy for all of them. As in Lightning, the step counts the stage's batches over the
+        Trainer's runs (sanity checks excluded: ``publish=False`` reads and drops them)."""
+        kept, self._evaluation_steps = self._evaluation_steps, []
+        num_batches, self._evaluation_batches_run = self._evaluation_batches_run, 0
+        first = self.evaluation_batches.get(stage, 0)
+        named = {(first + batch_idx, _key(name, spec, "step")): (value, spec)
+                 for batch_idx, values in kept for name, (value, spec) in values.items()}
+        copy = _HostCopy(-1, named, self.reduce, self.gather)  # every rank, even with nothing kept: the sync check pairs up
+        if not publish:
+            return []
+        self.evaluation_batches[stage] = first + num_batches
+        steps: dict[int, tuple[dict[str, float], dict[str, MetricSpec]]] = {}
+        for (step, key), value in copy.values().items():
+            values, specs = steps.setdefault(step, ({}, {}))
+            values[key], specs[key] = value, copy.specs[step, key]
+        return [(step, values, specs) for step, (values, specs) in sorted(steps.items())]
 
     def read_epoch_values(self, stage_metrics: StageMetrics) -> tuple[dict[str, float], dict[str, MetricSpec]]:
         """At the end of an epoch or evaluation: the reduced epoch values on the host, now."""

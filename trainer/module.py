@@ -161,6 +161,16 @@ class TrainingModule(nn.Module):
             print(*args, **kwargs)
 
     @property
+    def logger(self) -> Any:
+        """The Trainer's first logger (``self.logger.experiment`` is TensorBoard's SummaryWriter), or None."""
+        return self._trainer.logger if self._trainer is not None else None
+
+    @property
+    def loggers(self) -> list[Any]:
+        """The Trainer's loggers, or [] outside a run."""
+        return self._trainer.loggers if self._trainer is not None else []
+
+    @property
     def automatic_optimization(self) -> bool:
         """False means ``training_step`` calls ``manual_backward`` and steps the optimizers itself."""
         return self._automatic_optimization

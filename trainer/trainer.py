@@ -17,6 +17,7 @@ import itertools
 import math
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from trainer.datamodule import DataModule
 from trainer.metrics import MetricStore, format_results, split_by_dataloader
 from trainer.module import TrainingModule
 from trainer.guards import check_losses, window_is_finite
+from trainer.log_dir import choose_log_dir, versions_root
 from trainer.hooks import (
     evaluation_hooks, single_owner, step_hooks, step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks,
 )
@@ -50,6 +52,7 @@ from trainer.state import (
     checkpoint_state, end_of_fit_checkpoint, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore,
     training_state,
 )
+from trainer.timing import PhaseTimes, measured
 from trainer.utilities import rank_zero_only
 
 STAGES = ("fit", "validate", "test", "predict")
@@ -68,6 +71,12 @@ class Trainer:
             and the last good checkpoint (checked at log steps: no per-step sync), or ``"skip"``s
             that optimizer step (one host sync per step; counted in ``num_skipped_steps``), or
             is ``"ignore"``d.
+        precision: ``"bf16-mixed"`` or ``"16-mixed"`` adds a ``callbacks.AMP`` (autocast, and a
+            GradScaler for float16); under FSDP it sets the strategy's mixed-precision policy.
+        report: after ``fit``, print (and save in ``log_dir``) where the time went, with
+            recommendations (``callbacks.PerformanceReport``).
+        profiler: ``"pytorch"`` (or a ``callbacks.Profiler``) traces a few training batches
+            with ``torch.profiler``; ``"simple"`` is the performance report.
 
     SIGTERM and SIGUSR1 during ``fit`` save ``last.ckpt`` at the end of the current step and end
     the process (see ``trainer/preemption.py``); ``fit(ckpt_path="last")`` resumes.
@@ -119,6 +128,8 @@ class Trainer:
         use_distributed_sampler: bool = True,
         sync_batchnorm: bool = False,
         reload_dataloaders_every_n_epochs: int = 0,
+        profiler: str | Callback | None = None,
+        report: bool = True,
         **unknown: Any,
     ) -> None:
         reject_unknown_arguments(unknown, Trainer.__init__)  # a close match, or the Cadence way (trainer/shorthands.py)
@@ -152,6 +163,7 @@ class Trainer:
         self.strategy = run.strategy
         self.strategy.validate()
         self.callbacks = add_precision_callback(precision, self.strategy, run.callbacks)  # "16-mixed" -> AMP
+        self.callbacks = callbacks_package.observability_callbacks(self.callbacks, profiler=profiler, report=report)
         self.max_epochs, self.max_steps = run.max_epochs, run.max_steps
         self.min_epochs, self.min_steps = min_epochs, min_steps
         self.fast_dev_run = fast_dev_run
@@ -190,9 +202,9 @@ class Trainer:
         self._data: DataSource | None = None  # where the running stage's loaders come from
         self.log_dir: Path | None = None
         self.module: TrainingModule | None = None  # the user's module while a stage runs
-        self.lightning_module: TrainingModule | None = None  # the module of the last stage (Lightning's name)
         self.model: torch.nn.Module | None = None  # what the strategy wrapped (DDP), or the module
         self.optimizers: list[torch.optim.Optimizer] = []
+        self.train_dataloader: Any = None  # the training loader as fit runs it (sharded, seeded)
         self.lr_scheduler_configs: list[SchedulerConfig] = []
         self.metrics = MetricStore(self.strategy.all_reduce, self.strategy.all_gather_object)
         self.batch_idx = -1  # index of the training batch being run, within its epoch; -1 before the first
@@ -207,6 +219,7 @@ class Trainer:
         self._last_checkpoint: tuple[str, int] | None = None  # (path, global step) last written or loaded
         self._end_of_fit: tuple[TrainingModule, dict] | None = None  # (module, training_state) when fit ended
         self._preemption = Preemption()
+        self.phase_times = PhaseTimes()  # host seconds per phase, for the performance report
 
     # =========================================================================================
     # The public entry points
@@ -237,7 +250,8 @@ class Trainer:
                        optimizer_step when it overrides it), then on_before_zero_grad, zero grad (the module's
                        optimizer_zero_grad), step-interval schedulers (not after a skipped step)
                     -> on_train_batch_end -> every log_every_n_steps: on_log, non-finite loss check
-                    -> at val_check_interval: validation (on_validation_start, on_validation_epoch_start,
+                    -> at val_check_interval: on_log (the last log step's values, so logs stay in step
+                       order), then validation (on_validation_start, on_validation_epoch_start,
                        each batch on_validation_batch_start/end, on_validation_epoch_end, on_validation_end)
                     -> after SIGTERM/SIGUSR1, once the accumulation window ends: write last.ckpt, stop
                 epoch metrics -> on_log; epoch-interval schedulers
@@ -296,6 +310,7 @@ class Trainer:
         predictions = self._evaluate("predict", model, dataloaders, ckpt_path, datamodule, verbose=False)
         return None if return_predictions is False else predictions
 
+    @measured("checkpointing")
     def save_checkpoint(self, path: str | os.PathLike) -> None:
         """Write the whole training state to ``path`` atomically, in the strategy's layout: one file
         that rank zero writes while all ranks wait, or under FSDP a directory of every rank's shards.
@@ -342,11 +357,11 @@ class Trainer:
             directories = [Path(c.dirpath) for c in self.callbacks
                            if isinstance(c, callbacks_package.ModelCheckpoint) and c.dirpath is not None]
             best = self.checkpoint_callback.best_model_path if self.checkpoint_callback is not None else None
-            ckpt_path = checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, self.default_root_dir,
-                                                        self.is_global_zero, best=best)
+            versions = versions_root(self.loggers, self.default_root_dir)
+            ckpt_path = checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, versions, self.is_global_zero,
+                                                        best=best)
         if self.log_dir is None:  # a resumed run keeps the version directory its checkpoint is in
-            resumed = checkpoint_io.resumed_log_dir(ckpt_path, self.default_root_dir) if stage == "fit" else None
-            self.log_dir = resumed or checkpoint_io.next_log_dir(self.default_root_dir)
+            self.log_dir = choose_log_dir(self.loggers, self.default_root_dir, ckpt_path if stage == "fit" else None)
         self.lightning_module = module  # after the stage too: validate/test/predict(model=None) use it
         if data.datamodule is not None:
             self.datamodule = data.datamodule
@@ -526,6 +541,7 @@ class Trainer:
         offset = self.current_epoch - self.current_epoch % every if every else 0
         train_loader, self.num_training_batches = self._prepare_loader(train_loader, "train", True, offset)
         train_loader, self._train_sampler = resumable(train_loader)  # records each epoch's RNG for resuming
+        self.train_dataloader = train_loader
         prepared = [self._prepare_loader(loader, "validate", False, offset) for loader in data.loaders("val")]
         self.num_val_batches = [count for _, count in prepared]
         if not any(self.num_val_batches):
@@ -570,9 +586,12 @@ class Trainer:
             val_every = validation_interval(self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch,
                                             num_batches)
         batch_idx = -1
+        times, clock = self.phase_times, time.perf_counter  # two host clock reads a batch, no device sync
+        times.start_loop(self._train_batches_seen)
         # The strategy moves the batches (on CUDA it copies the next one while this one computes).
         for batch_idx, batch in strategy.batches_on_device(self._iterate_train(train_loader)):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
+            times.data_wait += clock() - times.ready
             self.batch_idx = batch_idx
             for hook in hooks.batch_start:
                 hook(self, module, batch, batch_idx)
@@ -589,11 +608,13 @@ class Trainer:
             if val_every is not None and validation_due(self.val_check_interval, self.check_val_every_n_epoch, batch_idx,
                                                         val_every, num_batches, self._train_batches_seen):
                 self._run_validation(val_loaders)
+            times.ready = clock()  # the next batch is asked for now
             if self._preemption.stop_now and self._ends_window(batch_idx, num_batches):  # a plain bool read
                 self._save_for_preemption()
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
             if (self.should_stop and self._may_stop()) or (self.max_steps != -1 and self.global_step >= self.max_steps):
                 break
+        times.end_loop(self._train_batches_seen)
         if batch_idx == -1 and self._resume_position is None:
             raise RuntimeError(
                 "The training DataLoader yielded no batches. Check that the dataset is not empty and "
@@ -710,6 +731,7 @@ class Trainer:
         self.global_step += 1  # counts the steps taken, applied or skipped by AMP (as in Lightning)
         return applied
 
+    @measured("logging")
     def _log_step(self) -> None:
         """Every log_every_n_steps batches: start this step's copy to the host; publish the last."""
         received = self.metrics.receive()  # copied one log step ago: reading it does not wait
@@ -757,6 +779,7 @@ class Trainer:
     # =========================================================================================
     # Validation, test, predict
     # =========================================================================================
+    @measured("validation")
     def _run_sanity_check(self, val_loaders: list[Any]) -> None:
         self.sanity_checking = True
         try:
@@ -770,7 +793,11 @@ class Trainer:
         finally:
             self.sanity_checking = False
 
+    @measured("validation")
     def _run_validation(self, val_loaders: list[Any]) -> None:
+        received = self.metrics.receive()  # the last log step's values first: the logs stay in step order
+        if received is not None:
+            self._publish(received[1], received[2], received[0])
         # Validating leaves every RNG as it found it: the weights do not depend on when (or
         # whether) validation runs, and a checkpoint written just before it resumes exactly.
         with preserved_rng():
@@ -821,10 +848,13 @@ class Trainer:
                         hook(self, module, outputs, batch, batch_idx, *hook_index)
                     for hook in hooks.module_batch_end:
                         hook(outputs, batch, batch_idx, *hook_index)
+                    self.metrics.keep_evaluation_step_values(batch_idx)  # the batch's on_step values, read at the end
         self.metrics.evaluation.dataloader_suffix = ""
         for hook in hooks.epoch_end:
             hook(self, module)
         hooks.module_epoch_end()
+        for step, step_values, step_specs in self.metrics.read_evaluation_step_values(stage, not self.sanity_checking):
+            self._publish(step_values, step_specs, step)
         values, specs = self.metrics.read_epoch_values(self.metrics.evaluation)
         if not self.sanity_checking:
             self._publish(values, specs, self.global_step)
@@ -892,6 +922,16 @@ class Trainer:
     def progress_bar_callback(self) -> Callback | None:
         """The first ``ProgressBar`` among the callbacks (Lightning's name), or None."""
         return next((c for c in self.callbacks if isinstance(c, callbacks_package.ProgressBar)), None)
+
+    @property
+    def loggers(self) -> list[Callback]:
+        """The loggers among the callbacks (``callbacks.Logger``), in order (Lightning's name)."""
+        return [callback for callback in self.callbacks if isinstance(callback, callbacks_package.Logger)]
+
+    @property
+    def logger(self) -> Callback | None:
+        """The first logger, or None (Lightning's name)."""
+        return next(iter(self.loggers), None)
 
     @property
     def checkpoint_callback(self) -> Callback | None:

@@ -1,0 +1,280 @@
+"""The loggers: every logged value reaches both files, read back with TensorBoard's own reader and
+the csv module; Lightning's directories, names and logger surface; resuming into a run's files.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks import CSVLogger, LearningRateMonitor, Logger, ModelCheckpoint, TensorBoardLogger
+from trainer import Trainer, TrainingModule
+
+EPOCHS, BATCHES, VAL_BATCHES, LOG_EVERY = 2, 6, 3, 2
+
+
+class Logged(TrainingModule):
+    """Logs per step, per epoch and both, and records on the host (test code may sync) every
+    value it logged: ``(name, global step after the batch, value)``."""
+
+    def __init__(self, lr: float = 0.05, hidden: int = 8, note: str = "tiny") -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = nn.Linear(4, 2)
+        self.history: list[tuple[str, int, float]] = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.mse_loss(self.layer(x), y)
+        self.log("train/loss", loss)
+        self.log("train/offset", torch.tensor(batch_idx + 0.25), on_step=True, on_epoch=True)
+        self.history += [("train/loss", self.global_step + 1, loss.item()), ("train/offset", self.global_step + 1, batch_idx + 0.25)]
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class Validated(Logged):
+    """Also logs in validation, per step and per epoch, and a histogram through logger.experiment."""
+
+    def validation_step(self, batch, batch_idx):
+        if self.trainer.sanity_checking:
+            return
+        x, y = batch
+        loss = F.mse_loss(self.layer(x), y)
+        self.log("val/loss", loss, on_step=True, on_epoch=True)
+        self.log("val/batch", float(batch_idx))
+        self.history += [("val/loss", self.global_step, loss.item()), ("val/batch", self.global_step, float(batch_idx))]
+
+    def on_train_epoch_end(self):
+        for logger in self.loggers:  # as Lightning's GAN example does; a CSV file takes no histogram
+            logger.experiment.add_histogram("weights", self.layer.weight, self.current_epoch)
+        assert self.logger.experiment is self.loggers[0].experiment  # TensorBoard's SummaryWriter
+
+
+def loader(batches: int) -> DataLoader:
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(batches * 4, 4, generator=generator)
+    return DataLoader(TensorDataset(x, x[:, :2] * 2), batch_size=4)
+
+
+def expected_values(history: list[tuple[str, int, float]]) -> dict[str, dict[int, float]]:
+    """What the files must hold, derived from the module's own record: training step values at
+    log steps, epoch means as ``_epoch``, validation step values as ``_step`` on the validation
+    batch axis, validation epoch means at the step validation ran."""
+    expected: dict[str, dict[int, float]] = {}
+    train = [(name, step, value) for name, step, value in history if name.startswith("train/")]
+    for name, step, value in train:
+        if step % LOG_EVERY == 0:
+            expected.setdefault("train/loss" if name == "train/loss" else "train/offset_step", {})[step] = value
+    for epoch in range(EPOCHS):
+        offsets = [value for name, step, value in train if name == "train/offset" and (step - 1) // BATCHES == epoch]
+        expected.setdefault("train/offset_epoch", {})[(epoch + 1) * BATCHES] = sum(offsets) / len(offsets)
+    validation = [(name, step, value) for name, step, value in history if name.startswith("val/")]
+    for index, (name, step, value) in enumerate(v for v in validation if v[0] == "val/loss"):
+        expected.setdefault("val/loss_step", {})[index] = value
+    for name in ("val/loss", "val/batch"):
+        for step in sorted({step for n, step, _ in validation if n == name}):
+            values = [value for n, s, value in validation if n == name and s == step]
+            expected.setdefault(name if name == "val/batch" else "val/loss_epoch", {})[step] = sum(values) / len(values)
+    return expected
+
+
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("logged")
+    module = Validated()
+    trainer = Trainer(strategy="cpu", max_epochs=EPOCHS, log_every_n_steps=LOG_EVERY, default_root_dir=root,
+                      enable_progress_bar=False, report=False)
+    trainer.fit(module, loader(BATCHES), loader(VAL_BATCHES))
+    events = EventAccumulator(str(trainer.log_dir), size_guidance={"scalars": 0, "histograms": 0})
+    events.Reload()
+    with open(trainer.log_dir / "metrics.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    return trainer, module, events, rows
+
+
+def test_every_logged_value_reaches_tensorboard_at_its_step(logged_run):
+    trainer, module, events, _ = logged_run
+    expected = expected_values(module.history)
+    written = {tag: {event.step: event.value for event in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+    for tag, values in expected.items():
+        assert written[tag] == pytest.approx(values, rel=1e-6), tag
+    assert set(written) == set(expected) | {"epoch"}  # nothing else, and no value twice (dict == list)
+    assert all(len(events.Scalars(tag)) == len(values) for tag, values in expected.items())
+
+
+def test_every_logged_value_reaches_the_wide_csv_with_its_epoch(logged_run):
+    trainer, module, _, rows = logged_run
+    expected = expected_values(module.history)
+    assert list(rows[0])[:2] == ["epoch", "step"]
+    assert list(rows[0])[2:] == ["train/loss", "train/offset_step", "val/loss_step", "val/loss_epoch",
+                                 "val/batch", "train/offset_epoch"]  # in the order they first appeared
+    written: dict[str, dict[int, float]] = {}
+    for row in rows:
+        for name, value in row.items():
+            if name not in ("epoch", "step") and value != "":
+                assert int(row["step"]) not in written.get(name, {}), f"{name} written twice at step {row['step']}"
+                written.setdefault(name, {})[int(row["step"])] = float(value)
+    assert set(written) == set(expected)
+    for name, values in expected.items():
+        assert written[name] == pytest.approx(values, rel=1e-6), name
+    train_epochs = {int(row["step"]): int(row["epoch"]) for row in rows if row["train/loss"]}
+    assert train_epochs == {step: (step - 1) // BATCHES for step in expected["train/loss"]}
+
+
+def test_metrics_csv_rows_are_in_step_order_when_validation_runs_between_log_steps(make_trainer):
+    trainer = make_trainer(max_epochs=1, logger=CSVLogger(), log_every_n_steps=2, val_check_interval=3)
+    trainer.fit(Validated(), loader(BATCHES), loader(VAL_BATCHES))
+    with open(trainer.log_dir / "metrics.csv", newline="") as file:
+        rows = [(int(row["step"]), bool(row["val/batch"])) for row in csv.DictReader(file) if not row["val/loss_step"]]
+    # log steps 2, 4, 6; validation after batches 3 and 6, each after the values logged before it
+    assert rows == [(2, False), (3, True), (4, False), (6, False), (6, True), (6, False)]
+
+
+def test_hyperparameters_reach_hparams_yaml_and_tensorboard_with_the_final_metrics(logged_run):
+    trainer, _, events, _ = logged_run
+    assert yaml.safe_load((trainer.log_dir / "hparams.yaml").read_text()) == {"lr": 0.05, "hidden": 8, "note": "tiny"}
+    content = events.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
+    assert {key: value.number_value or value.string_value for key, value in start.hparams.items()} == {
+        "lr": 0.05, "hidden": 8, "note": "tiny"}
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    assert {info.name.tag for info in experiment.metric_infos} == set(trainer.callback_metrics)
+    assert "val/loss_epoch" in trainer.callback_metrics
+
+
+def test_logger_experiment_is_the_summary_writer_of_the_run(logged_run):
+    trainer, module, events, _ = logged_run
+    assert [type(logger) for logger in trainer.loggers] == [TensorBoardLogger, CSVLogger]
+    assert trainer.logger is trainer.loggers[0]
+    assert [event.step for event in events.Histograms("weights")] == [0, 1]  # from on_train_epoch_end
+    # After the run the module still answers through its last Trainer, as in Lightning.
+    assert module.logger is trainer.logger and module.loggers == trainer.loggers
+    assert TrainingModule().logger is None and TrainingModule().loggers == []  # never attached
+
+
+def test_a_csv_logger_follows_lightnings_directory_scheme_and_sets_the_runs_log_dir(make_trainer, tmp_path):
+    logger = CSVLogger(save_dir=tmp_path / "logs", name="mnist", version=3)
+    trainer = make_trainer(max_epochs=1, logger=logger, enable_checkpointing=True, log_every_n_steps=1)
+    trainer.fit(Logged(), loader(2))
+    run = tmp_path / "logs" / "mnist" / "version_3"
+    assert trainer.log_dir == run and logger.log_dir == str(run) and logger.save_dir == str(tmp_path / "logs")
+    assert (logger.name, logger.version, logger.root_dir) == ("mnist", 3, str(tmp_path / "logs" / "mnist"))
+    assert sorted(path.name for path in run.iterdir()) == ["checkpoints", "hparams.yaml", "metrics.csv"]
+    assert [CSVLogger(tmp_path / "logs", name="mnist").version, CSVLogger(tmp_path / "logs", name="").log_dir] == [
+        4, str(tmp_path / "logs" / "version_0")]
+
+
+def test_loggers_left_to_their_defaults_share_the_next_version(make_trainer, tmp_path):
+    (tmp_path / "cadence_logs" / "version_4").mkdir(parents=True)
+    csv_logger, tensorboard = CSVLogger(), TensorBoardLogger(version="named")
+    trainer = make_trainer(max_epochs=1, logger=[csv_logger, tensorboard, CSVLogger(name="other")])
+    trainer.fit(Logged(), loader(2))
+    assert trainer.log_dir == tmp_path / "cadence_logs" / "version_5" and csv_logger.version == 5
+    assert tensorboard.log_dir == str(tmp_path / "cadence_logs" / "named")
+    assert (tmp_path / "other" / "version_0" / "metrics.csv").is_file()
+
+
+def test_a_run_resumed_from_its_checkpoint_replaces_what_was_logged_after_it(tmp_path):
+    def run(max_epochs: int, ckpt_path=None) -> Trainer:
+        trainer = Trainer(strategy="cpu", max_epochs=max_epochs, log_every_n_steps=LOG_EVERY, default_root_dir=tmp_path,
+                          enable_progress_bar=False, report=False, callbacks=[ModelCheckpoint(save_top_k=-1)])
+        trainer.fit(Logged(), loader(BATCHES), ckpt_path=ckpt_path)
+        return trainer
+
+    first = run(max_epochs=2)  # then "killed" after epoch 2: resume from epoch 1's checkpoint
+    resumed = run(max_epochs=2, ckpt_path=first.log_dir / "checkpoints" / f"epoch=0-step={BATCHES}.ckpt")
+    assert resumed.log_dir == first.log_dir
+    with open(resumed.log_dir / "metrics.csv", newline="") as file:
+        steps = [int(row["step"]) for row in csv.DictReader(file) if row["train/loss"]]
+    assert steps == list(range(LOG_EVERY, EPOCHS * BATCHES + 1, LOG_EVERY))  # each once, in order
+    events = EventAccumulator(str(resumed.log_dir))
+    events.Reload()
+    assert [event.step for event in events.Scalars("train/loss")] == steps  # purged after the checkpoint's step
+
+
+def test_log_metrics_and_log_hyperparams_work_without_a_trainer(tmp_path):
+    logger = CSVLogger(tmp_path, name="plain")
+    logger.log_hyperparams({"width": 3})
+    logger.log_metrics({"loss": torch.tensor(0.5)}, step=1)
+    logger.log_metrics({"loss": 0.25, "acc": 0.75}, step=2)
+    logger.finalize("success")
+    run = Path(logger.log_dir)
+    assert (run / "metrics.csv").read_text().splitlines() == ["epoch,step,loss,acc", ",1,0.5,", ",2,0.25,0.75"]
+    assert yaml.safe_load((run / "hparams.yaml").read_text()) == {"width": 3}
+
+
+def test_a_users_own_lightning_style_logger_receives_the_metrics(make_trainer):
+    class Remember(Logger):
+        def __init__(self):
+            self.rows, self.params = [], None
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append((step, dict(metrics)))
+
+        def log_hyperparams(self, params, *args, **kwargs):
+            self.params = params
+
+    logger = Remember()
+    trainer = make_trainer(max_epochs=1, logger=logger, log_every_n_steps=2)
+    trainer.fit(Logged(), loader(4))
+    assert trainer.logger is logger and logger.params == {"lr": 0.05, "hidden": 8, "note": "tiny"}
+    assert [step for step, _ in logger.rows] == [2, 4, 4] and logger.rows[0][1]["epoch"] == 0
+
+
+def test_the_learning_rate_monitor_logs_each_group_in_the_row_of_its_step(make_trainer, tmp_path):
+    class TwoGroups(Logged):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD([{"params": [self.layer.weight]}, {"params": [self.layer.bias], "lr": 0.5}],
+                                        lr=0.1, momentum=0.9)
+            return {"optimizer": optimizer,
+                    "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.5), "interval": "step"}}
+
+    trainer = make_trainer(max_epochs=1, logger=CSVLogger(), log_every_n_steps=2,
+                           callbacks=[LearningRateMonitor(log_momentum=True)])
+    trainer.fit(TwoGroups(), loader(4))
+    with open(trainer.log_dir / "metrics.csv", newline="") as file:
+        rows = [row for row in csv.DictReader(file) if row["train/loss"]]
+    # after the step of batch k the scheduler has halved the rate k + 1 times
+    assert [(row["step"], float(row["lr-SGD/pg1"]), float(row["lr-SGD/pg2"])) for row in rows] == [
+        ("2", 0.1 / 4, 0.5 / 4), ("4", 0.1 / 16, 0.5 / 16)]
+    assert all(float(row["lr-SGD/pg1-momentum"]) == 0.9 for row in rows)
+
+
+def test_a_logger_that_cannot_write_says_so(tmp_path):
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    logger = CSVLogger(blocked, name="")  # its directory would be a_file/version_0
+    logger.log_metrics({"loss": 1.0}, step=1)
+    with pytest.warns(UserWarning, match=r"CSVLogger could not write to .*a_file/version_0: .*Not a directory"):
+        logger.finalize()
+    with pytest.raises(RuntimeError, match=r"CSVLogger could not write to .*a_file/version_0: "):
+        logger.log_metrics({"loss": 0.5}, step=2)
+
+
+def test_bad_logger_arguments_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match=r"CSVLogger\(version=-1\): use an int >= 0"):
+        CSVLogger(version=-1)
+    with pytest.raises(ValueError, match=r"TensorBoardLogger got \['log_graph'\] \(log_graph: Lightning options"):
+        TensorBoardLogger("logs", log_graph=True)
+    with pytest.raises(ValueError, match=r'LearningRateMonitor\(logging_interval=\'batch\'\): use "step", "epoch"'):
+        LearningRateMonitor(logging_interval="batch")
+    with pytest.raises(RuntimeError, match=r"CSVLogger\(\) without save_dir logs under the Trainer's default_root_dir"):
+        CSVLogger().log_dir
+
+
+def test_a_learning_rate_monitor_without_a_logger_says_so(make_trainer):
+    with pytest.raises(ValueError, match=r"LearningRateMonitor writes to the loggers, and this Trainer has none"):
+        make_trainer(max_epochs=1, callbacks=[LearningRateMonitor()]).fit(Logged(), loader(2))

@@ -1,0 +1,45 @@
+"""Which directory a run writes into (logs, checkpoints, traces): ``trainer.log_dir``.
+
+As in Lightning, it is the first logger's ``<save_dir>/<name>/version_<N>``; the loggers left
+to their defaults share it. Without loggers it is ``<default_root_dir>/cadence_logs/version_<N>``.
+A run resumed from a checkpoint in ``<...>/version_<N>/checkpoints/`` keeps that version, so
+rerunning one command continues one run; any other checkpoint starts a new version.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from callbacks import AsyncLogger, Callback
+
+
+def choose_log_dir(loggers: list[Callback], default_root_dir: Path, resumed_from: Path | None) -> Path:
+    """Fix the loggers' directories and return the run's. ``resumed_from``: the checkpoint fit resumes."""
+    root = versions_root(loggers, default_root_dir)
+    resumed = version_of(resumed_from, root)
+    file_loggers = [logger for logger in loggers if isinstance(logger, AsyncLogger)]
+    if not file_loggers:
+        return root / (resumed or f"version_{AsyncLogger.next_version(root)}")
+    first, *others = file_loggers
+    log_dir = first.resolve(default_root_dir, int(resumed[8:]) if resumed else None)
+    for logger in others:  # the same version when they share the root (the defaults do)
+        shared = Path(logger.save_dir or default_root_dir) / logger.name == root
+        logger.resolve(default_root_dir, first.version if shared else None)
+    return log_dir
+
+
+def versions_root(loggers: list[Callback], default_root_dir: Path) -> Path:
+    """Where the run's ``version_<N>`` directories are: the first file logger's ``<save_dir>/<name>``."""
+    first = next((logger for logger in loggers if isinstance(logger, AsyncLogger)), None)
+    if first is None:
+        return default_root_dir / "cadence_logs"
+    return Path(first.save_dir or default_root_dir) / first.name
+
+def version_of(checkpoint: Path | None, root: Path) -> str | None:
+    """``"version_<N>"`` when ``checkpoint`` lies in ``<root>/version_<N>/checkpoints/``, else None."""
+    if checkpoint is None or checkpoint.parent.name != "checkpoints" or not root.exists():
+        return None
+    version = checkpoint.resolve().parent.parent
+    if version.name.startswith("version_") and version.name[8:].isdigit() and version.parent == root.resolve():
+        return version.name
+    return None

@@ -58,14 +58,14 @@ class NoOptimizer(TrainingModule):
 
 
 class Data:
-    """Loader hooks as a DataModule has them; records the stages it was set up for."""
+    """Loader hooks as a DataModule has them; notes each stage it is set up for."""
 
     def __init__(self, batch_size: int = 4, samples: int = 16):
         calls.append("data")
-        self.batch_size, self.samples, self.stages = batch_size, samples, []
+        self.batch_size, self.samples = batch_size, samples
 
     def setup(self, stage):
-        self.stages.append(stage)
+        calls.append(f"setup {stage}")
         self.data = TensorDataset(torch.randn(self.samples, 4, generator=torch.Generator().manual_seed(0)))
 
     def train_dataloader(self):
@@ -217,6 +217,8 @@ def test_test_validate_and_predict_load_the_best_or_last_checkpoint_of_the_model
     capsys.readouterr()
     assert main(["test", "--config", str(path), "--ckpt_path", "best"]) == 0
     out, err = capsys.readouterr()
+    # Each command sets up the data for its own stage, as Trainer.fit(datamodule=...) does.
+    assert [call for call in parts.calls if call.startswith("setup")] == ["setup fit", "setup test"]
     tiny = parts.Tiny(width=2)
     tiny.load_state_dict(weights(best))
     data = parts.Data()
@@ -230,8 +232,8 @@ def test_test_validate_and_predict_load_the_best_or_last_checkpoint_of_the_model
     assert main(["predict", "--config", str(path), "--ckpt_path", str(best)]) == 0
     predictions = torch.load(tmp_path / "cadence_logs" / "version_3" / "predictions.pt", weights_only=True)["predictions"]
     assert len(predictions) == 4 and torch.allclose(predictions[0], tiny.layer(next(iter(data.predict_dataloader()))[0]))
-    # Each stage set up the data for itself, as Trainer.fit(datamodule=...) does.
     assert yaml.safe_load((tmp_path / "cadence_logs" / "version_3" / "config.yaml").read_text())["ckpt_path"] == str(best)
+    assert [call for call in parts.calls if call.startswith("setup")][-2:] == ["setup validate", "setup predict"]
 
 
 @pytest.mark.parametrize(
@@ -239,7 +241,8 @@ def test_test_validate_and_predict_load_the_best_or_last_checkpoint_of_the_model
     [
         (["fit", "--ckpt_path=best"], r'ckpt_path: "best" is for validate, test and predict; fit resumes from "last" or a path'),
         (["test", "--ckpt_path=last"], r"ckpt_path: last found no last.ckpt of a cli_parts.Tiny run in .*cadence_logs/version_\*/checkpoints"),
-        (["test", "--data.class_path=cli_parts.loaders", "--ckpt_path=x"],
+        (["validate", "--ckpt_path=nope.ckpt"], r"cadence validate: Checkpoint nope.ckpt does not exist"),
+        (["test", "--data.class_path=cli_parts.loaders"],
          r"data \(loaders\) returns loaders for fit only; for test, name a class with test_dataloader\(\)"),
     ],
 )
@@ -305,6 +308,21 @@ def test_a_class_path_typo_lists_only_the_modules_own_classes_and_functions(part
     message = str(raised.value)
     assert "did you mean ModelCheckpoint? It also has: AsyncLogger, CSVLogger, Callback, EarlyStopping" in message
     assert not any(name in message for name in ("Any", "annotations", "base", "model_checkpoint", "typing"))
+
+
+@pytest.mark.parametrize(
+    "class_path, match",
+    [
+        ("lightning.pytorch.callbacks.EarlyStopping", r"is PyTorch Lightning's; Cadence's is callbacks.EarlyStopping"),
+        ("lightning.pytorch.cli.ReduceLROnPlateau",
+         r"is PyTorch Lightning's; use torch.optim.lr_scheduler.ReduceLROnPlateau, with monitor: in its init_args"),
+        ("pytorch_lightning.callbacks.RichProgressBar", r"is PyTorch Lightning's; Cadence has no class of that name"),
+    ],
+)
+def test_a_lightning_class_path_names_the_cadence_class_to_use(parts, tmp_path, class_path, match):
+    path = write(tmp_path, "run.yaml", RUN.replace("class_path: ModelCheckpoint", f"class_path: {class_path}"))
+    with pytest.raises(SystemExit, match=rf"run.yaml:14: trainer.callbacks\[0\].class_path: {class_path} {match}"):
+        main(["fit", "--config", str(path)])
 
 
 def test_a_key_typo_on_the_command_line_is_reported_as_such(parts, tmp_path):

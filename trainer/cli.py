@@ -110,9 +110,12 @@ def report(stage: str, trainer: Any, output: Any, save_config: Any) -> None:
 
         path = save_atomic({"predictions": output}, trainer.log_dir / "predictions.pt")
         print(f"Predictions ({len(output)} batches; torch.load(path)['predictions']): {path}", file=sys.stderr)
-    else:
-        for name, value in sorted(output[0].items()) if output else ():
+    elif output and output[0]:
+        for name, value in sorted(output[0].items()):
             print(f"{name}\t{value:.6g}")
+    else:
+        step = "validation_step" if stage == "validate" else "test_step"
+        print(f"No metrics: the module's {step} logged none (self.log).", file=sys.stderr)
 
 
 def parse_overrides(tokens: list[str], command: str = "fit") -> list[tuple[str, str]]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from callbacks import Callback, ModelCheckpoint
+from trainer.checkpoint import check_exists
 from trainer.config_files import ConfigError
 
 if TYPE_CHECKING:
@@ -134,8 +135,10 @@ def checkpoint_for(ckpt_path: str | None, stage: str, trainer: Trainer, model_cl
     checkpoint recorded by the ModelCheckpoint in that ``last.ckpt``. ``fit`` with no ``last.ckpt``
     starts from scratch (with a warning), so one command both starts and resumes a run.
     """
+    if ckpt_path is None:
+        return None
     if ckpt_path not in ("last", "best"):
-        return ckpt_path  # a path (checked by the Trainer before anything starts) or None
+        return str(check_exists(ckpt_path))  # here, so that a wrong path is one line, not a traceback
     if ckpt_path == "best" and stage == "fit":
         raise ConfigError('ckpt_path: "best" is for validate, test and predict; fit resumes from "last" or a path.',
                           "ckpt_path")

@@ -109,6 +109,8 @@ def _import(key: str, class_path: Any) -> tuple[str, Callable[..., Any]]:
     if "." not in class_path:
         return _import_short_name(key, class_path)
     module_name, _, attribute = class_path.rpartition(".")
+    if module_name.partition(".")[0] in ("lightning", "pytorch_lightning"):
+        raise ConfigError(f"{key}: {class_path} is PyTorch Lightning's; {_cadence_equivalent(attribute)}", key)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does: modules next to the config import
     try:
@@ -136,6 +138,15 @@ def _import_short_name(key: str, name: str) -> tuple[str, Callable[..., Any]]:
     everything = [candidate for module_name in SHORT_NAME_MODULES for candidate in public_names(importlib.import_module(module_name))]
     raise ConfigError(f"{key}: {name!r} is not a class of {', '.join(SHORT_NAME_MODULES)}"
                       f"{did_you_mean(name, everything)}; give a dotted path such as 'package.module.{name}'.", key)
+
+
+def _cadence_equivalent(name: str) -> str:
+    for module_name in (*SHORT_NAME_MODULES[:2], "trainer"):
+        if name in public_names(importlib.import_module(module_name)):
+            return f"Cadence's is {module_name}.{name} (class_path: {module_name}.{name})."
+    if name == "ReduceLROnPlateau":
+        return "use torch.optim.lr_scheduler.ReduceLROnPlateau, with monitor: in its init_args."
+    return "Cadence has no class of that name; use a Cadence or PyTorch class, or your own."
 
 
 def public_names(module: types.ModuleType) -> list[str]:

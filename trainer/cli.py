@@ -91,15 +91,13 @@ def run_stage_command(args: argparse.Namespace) -> int:
         raise SystemExit(f"cadence {stage}: {error}") from None
     output = getattr(trainer, stage)(model, **loaders, ckpt_path=ckpt_path)  # an error here keeps its traceback
     if trainer.is_global_zero:
-        report(stage, trainer, output, save_config)
+        report(stage, trainer, output)
     return 0
 
 
-def report(stage: str, trainer: Any, output: Any, save_config: Any) -> None:
+def report(stage: str, trainer: Any, output: Any) -> None:
     """What a stage leaves behind: where its files are, its metrics, and the predictions file."""
     print(f"Logs: {trainer.log_dir}", file=sys.stderr)
-    if save_config.path is not None:
-        print(f"Configuration: {save_config.path}", file=sys.stderr)
     if stage == "fit":
         for callback in trainer.callbacks:
             best = getattr(callback, "best_model_path", "")

@@ -47,24 +47,27 @@ class SaveConfig(Callback):
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
         if not trainer.is_global_zero:
             return
+        self.path = self._save(Path(trainer.log_dir))
+        # Said here, by the process that wrote it (after a DDP spawn, not the one that launched it).
+        print(f"Configuration: {self.path}", file=sys.stderr, flush=True)
+
+    def _save(self, directory: Path) -> Path:
         from trainer.config import to_yaml
 
-        directory = Path(trainer.log_dir)
         first = directory / "config.yaml"
         if not first.exists():
-            self.path = _write(first, self._header(first) + to_yaml(self.config))
-            return
+            return _write(first, self._header(first) + to_yaml(self.config))
         earlier = [first, *sorted(directory.glob("config.resumed*.yaml"), key=_resumed_number)]
         for path in earlier:
             if not _differences(_read(path), self.config, self._ignored()):
-                self.path = path  # the same configuration: nothing new to write
-                return
+                return path  # the same configuration: nothing new to write
         path = directory / ("config.resumed.yaml" if len(earlier) == 1 else f"config.resumed.{len(earlier)}.yaml")
-        self.path = _write(path, self._header(path) + to_yaml(self.config))
+        _write(path, self._header(path) + to_yaml(self.config))
         changes = _differences(_read(first), self.config, self._ignored())
         print(f"cadence {self.command}: this run continues {directory}, whose config.yaml differs: "
               f"{'; '.join(changes[:5])}{' ...' if len(changes) > 5 else ''}. Saved this configuration as {path.name}.",
               file=sys.stderr, flush=True)
+        return path
 
     def _ignored(self) -> tuple[str, ...]:
         return (*RESUME_KEYS, "seed_everything", "trainer.seed") if self.seed_drawn else RESUME_KEYS

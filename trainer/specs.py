@@ -303,8 +303,14 @@ def building(spec: Spec, build: Callable[[], Any]) -> Any:
         raise
     except (ValueError, TypeError, RuntimeError) as error:
         yours = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith(_NOT_YOURS)]
-        where = f" (at {yours[-1].filename}:{yours[-1].lineno}, in {yours[-1].name})" if yours else ""
+        where = f" (at {_shown_path(yours[-1].filename)}:{yours[-1].lineno}, in {yours[-1].name})" if yours else ""
         raise BuildError(f"{spec.key} ({name_of(spec.target)}): {error}{where}") from error
+
+
+def _shown_path(filename: str) -> str:
+    """``filename`` relative to the working directory when it is under it."""
+    relative = os.path.relpath(filename)
+    return filename if relative.startswith("..") else relative
 
 
 _NOT_PLAIN = object()  # what plain() returns for a value YAML cannot hold (a default left out of the file)

@@ -87,7 +87,7 @@ class StdlibText:
         num_workers: DataLoader worker processes.
     """
 
-    def __init__(self, max_chars: int = 2_000_000, context: int = 128, batch_size: int = 32,
+    def __init__(self, max_chars: int = 2_000_000, context: int = 64, batch_size: int = 32,
                  val_fraction: float = 0.05, num_workers: int = 0) -> None:
         tokens = encode(stdlib_source(max_chars))
         split = int(len(tokens) * (1 - val_fraction))
@@ -152,8 +152,8 @@ class CharLM(TrainingModule):
         sample_chars: characters sampled per prompt.
     """
 
-    def __init__(self, context: int = 128, width: int = 128, depth: int = 4, heads: int = 4, dropout: float = 0.0,
-                 lr: float = 2e-3, weight_decay: float = 0.1, warmup_steps: int = 30,
+    def __init__(self, context: int = 64, width: int = 96, depth: int = 2, heads: int = 4, dropout: float = 0.0,
+                 lr: float = 3e-3, weight_decay: float = 0.1, warmup_steps: int = 20,
                  sample_prompts: list[str] | None = None, sample_chars: int = 240) -> None:
         super().__init__()
         if width % heads:
@@ -217,8 +217,8 @@ class CharLM(TrainingModule):
             print(f"\nValidation perplexity {float(metrics['val/ppl']):.2f} (loss {float(metrics['val/loss']):.3f} "
                   f"nats per character) after {self.trainer.global_step} steps.")
         print("Samples (temperature 0.8):")
-        for prompt in self.hparams.sample_prompts or ["def ", "class ", "    if "]:
-            print("---\n" + self.sample(prompt, self.hparams.sample_chars))
+        for index, prompt in enumerate(self.hparams.sample_prompts or ["def ", "class ", "    if "]):
+            print("---\n" + self.sample(prompt, self.hparams.sample_chars, seed=index))
 
     @torch.no_grad()
     def sample(self, prompt: str, num_chars: int, temperature: float = 0.8, seed: int = 0) -> str:

@@ -301,6 +301,30 @@ def test_a_mistake_in_a_file_is_reported_with_the_file_and_line(parts, tmp_path,
     assert parts.calls == []
 
 
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("trainer:\n  max_epochs: [1\n", r"^cadence fit: .*run.yaml:3:1: not valid YAML: expected ',' or '\]', but got "
+                                           r"'<stream end>' \(while parsing a flow sequence from line 2\)\.$"),
+        ("trainer:\n  max_epochs: 1\n\tseed: 3\n", r"^cadence fit: .*run.yaml:3:1: not valid YAML: found character '\\t' "
+                                                     r"that cannot start any token .*; indent with spaces, not tabs\.$"),
+    ],
+    ids=["unclosed-list", "tab"],
+)
+def test_a_yaml_syntax_error_is_one_line_with_the_file_line_and_column(tmp_path, text, match):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(SystemExit, match=match):
+        main(["fit", "--config", str(path)])
+
+
+def test_an_override_that_is_not_yaml_is_one_line(parts, tmp_path):
+    path = write(tmp_path, "run.yaml", RUN)
+    with pytest.raises(SystemExit, match=r"^cadence fit: Override --trainer.max_epochs=\[1: not valid YAML: expected ',' "
+                                         r"or '\]', but got '<stream end>' \(while parsing a flow sequence\)\.$"):
+        main(["fit", "--config", str(path), "--trainer.max_epochs=[1"])
+
+
 def test_a_class_path_typo_lists_only_the_modules_own_classes_and_functions(parts, tmp_path):
     path = write(tmp_path, "run.yaml", RUN.replace("class_path: ModelCheckpoint", "class_path: callbacks.ModelCheckpont"))
     with pytest.raises(SystemExit) as raised:

@@ -167,7 +167,7 @@ def test_a_data_function_must_return_one_or_two_loaders(parts, tmp_path):
 @pytest.mark.parametrize(
     "text, match",
     [
-        ("model: [unclosed", "is not valid YAML"),
+        ("model: [unclosed", r"run.yaml:1:17: not valid YAML: expected .* but got .<stream end>. \(while parsing a flow sequence\)"),
         ("- a list", r"must be a mapping of sections \(model, data, trainer, ...\); it holds a list"),
         ("trainer: {max_epochs: 1}", "The config has no 'model' section"),
         ("model: run_parts.Tiny", r"model must be a mapping with 'class_path'"),

@@ -60,7 +60,7 @@ def read_config(paths: list[str | os.PathLike], overrides: list[tuple[str, str]]
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError as error:
-            raise ConfigError(f"Override --{dotted}={text}: the value is not valid YAML ({error}).") from None
+            raise ConfigError(f"Override --{dotted}={text}: {yaml_problem(error)}") from None
         set_dotted(config, origins, dotted, value, sections)
     return config, origins
 
@@ -132,6 +132,23 @@ def _child(node: Any, step: str | int, key: str, dotted: str, create: Any) -> An
 
 
 # --- reading one file -------------------------------------------------------------------------
+def yaml_position(error: Exception) -> str:
+    """``":3:15"``: the line and column where the YAML parser stopped (1-based), when it says."""
+    mark = getattr(error, "problem_mark", None)
+    return f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+
+
+def yaml_problem(error: Exception) -> str:
+    """A YAML parser's error on one line (its own spans several, with a copy of the text)."""
+    problem, context = getattr(error, "problem", None), getattr(error, "context", None)
+    if not problem:
+        return f"not valid YAML ({' '.join(str(error).split())})."
+    mark, end = getattr(error, "context_mark", None), getattr(error, "problem_mark", None)
+    started = f" from line {mark.line + 1}" if mark is not None and end is not None and mark.line != end.line else ""
+    hint = "; indent with spaces, not tabs" if "\\t" in problem else ""
+    return f"not valid YAML: {problem}{f' ({context}{started})' if context else ''}{hint}."
+
+
 def _read_file(path: Path) -> tuple[dict[str, Any], Origins]:
     import yaml
 
@@ -142,7 +159,7 @@ def _read_file(path: Path) -> tuple[dict[str, Any], Origins]:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         config = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise ConfigError(f"Config file {path} is not valid YAML: {error}") from None
+        raise ConfigError(f"{path}{yaml_position(error)}: {yaml_problem(error)}") from None
     if config is None:
         return {}, Origins()
     if not isinstance(config, dict):

@@ -194,7 +194,10 @@ def test_the_saved_config_yaml_runs_the_same_run_again(parts, tmp_path):
 def test_a_resumed_run_keeps_its_config_yaml_and_saves_a_changed_one_beside_it(parts, tmp_path, capsys):
     path = write(tmp_path, "run.yaml", RUN.replace("seed_everything: true", "seed_everything: 3"))
     version = tmp_path / "cadence_logs" / "version_0"
-    assert main(["fit", "--config", str(path)]) == 0
+    assert main(["fit", "--config", str(path), "--ckpt_path=last"]) == 0  # nothing to resume: one command starts it
+    assert capsys.readouterr().err.startswith(
+        f"cadence fit: ckpt_path: last found no last.ckpt from a run of cli_parts.Tiny in "
+        f"{tmp_path / 'cadence_logs'}/version_*/checkpoints; training starts from scratch.\n")
     first = (version / "config.yaml").read_text()
     assert main(["fit", "--config", str(path), "--ckpt_path=last"]) == 0  # the same run: nothing new
     assert main(["fit", "--config", str(path), "--ckpt_path=last", "--trainer.max_epochs=2"]) == 0
@@ -229,10 +232,13 @@ def test_test_validate_and_predict_load_the_best_or_last_checkpoint_of_the_model
     assert "Logs: " + str(tmp_path / "cadence_logs" / "version_1") in err
     assert main(["validate", "--config", str(path), "--ckpt_path=last"]) == 0
     assert capsys.readouterr().out.startswith("val/loss\t")
+    assert main(["validate", "--config", str(path)]) == 0
+    assert capsys.readouterr().err.startswith("cadence validate: no ckpt_path: the model has the weights Tiny() gives it. "
+                                              "Pass --ckpt_path best, last or a file for trained ones.\n")
     assert main(["predict", "--config", str(path), "--ckpt_path", str(best)]) == 0
-    predictions = torch.load(tmp_path / "cadence_logs" / "version_3" / "predictions.pt", weights_only=True)["predictions"]
+    predictions = torch.load(tmp_path / "cadence_logs" / "version_4" / "predictions.pt", weights_only=True)["predictions"]
     assert len(predictions) == 4 and torch.allclose(predictions[0], tiny.layer(next(iter(data.predict_dataloader()))[0]))
-    assert yaml.safe_load((tmp_path / "cadence_logs" / "version_3" / "config.yaml").read_text())["ckpt_path"] == str(best)
+    assert yaml.safe_load((tmp_path / "cadence_logs" / "version_4" / "config.yaml").read_text())["ckpt_path"] == str(best)
     assert [call for call in parts.calls if call.startswith("setup")][-2:] == ["setup validate", "setup predict"]
 
 
@@ -240,7 +246,7 @@ def test_test_validate_and_predict_load_the_best_or_last_checkpoint_of_the_model
     "argv, match",
     [
         (["fit", "--ckpt_path=best"], r'ckpt_path: "best" is for validate, test and predict; fit resumes from "last" or a path'),
-        (["test", "--ckpt_path=last"], r"ckpt_path: last found no last.ckpt of a cli_parts.Tiny run in .*cadence_logs/version_\*/checkpoints"),
+        (["test", "--ckpt_path=last"], r"ckpt_path: last found no last.ckpt from a run of cli_parts.Tiny in .*cadence_logs/version_\*/checkpoints"),
         (["validate", "--ckpt_path=nope.ckpt"], r"cadence validate: Checkpoint nope.ckpt does not exist"),
         (["test", "--data.class_path=cli_parts.loaders"],
          r"data \(loaders\) returns loaders for fit only; for test, name a class with test_dataloader\(\)"),
@@ -299,6 +305,12 @@ def test_a_mistake_in_a_file_is_reported_with_the_file_and_line(parts, tmp_path,
     with pytest.raises(SystemExit, match=match):
         main(["fit", "--config", str(path)])
     assert parts.calls == []
+
+
+def test_a_stage_without_any_configuration_says_to_pass_a_file():
+    with pytest.raises(SystemExit, match=r"^cadence test: no configuration given\. Pass a YAML file: cadence test --config "
+                                         r"run\.yaml \(examples/digits\.yaml is one\)"):
+        main(["test"])
 
 
 @pytest.mark.parametrize(

@@ -70,9 +70,12 @@ def run_stage_command(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `cadence --help` and `cadence diagnose` stay fast.
     from trainer.config import BuildError, load_run, stage_arguments, to_yaml
     from trainer.config_files import ConfigError
-    from trainer.runs import SaveConfig, checkpoint_for
+    from trainer.runs import SaveConfig, checkpoint_for, note
 
     stage = args.stage
+    if not args.config and not args.overrides:
+        raise SystemExit(f"cadence {stage}: no configuration given. Pass a YAML file: cadence {stage} --config run.yaml "
+                         "(examples/digits.yaml is one), or --print_config with it to see every key.")
     overrides = parse_overrides(args.overrides, stage)
     if args.ckpt_path is not None:
         overrides.append(("ckpt_path", args.ckpt_path))
@@ -89,6 +92,9 @@ def run_stage_command(args: argparse.Namespace) -> int:
         loaders = stage_arguments(stage, model, data, run.data)
     except (ConfigError, BuildError, FileNotFoundError) as error:  # the message, not a traceback
         raise SystemExit(f"cadence {stage}: {error}") from None
+    if ckpt_path is None and stage != "fit":
+        note(stage, f"no ckpt_path: the model has the weights {run.model.class_path.rsplit('.', 1)[-1]}() gives it. "
+                    "Pass --ckpt_path best, last or a file for trained ones.")
     output = getattr(trainer, stage)(model, **loaders, ckpt_path=ckpt_path)  # an error here keeps its traceback
     if trainer.is_global_zero:
         report(stage, trainer, output)

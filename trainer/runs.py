@@ -15,7 +15,6 @@ import datetime
 import os
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -129,6 +128,13 @@ def _differences(old: Any, new: Any, ignored: tuple[str, ...], key: str = "") ->
 # =============================================================================================
 # Which checkpoint --ckpt_path last / best means
 # =============================================================================================
+def note(command: str, text: str) -> None:
+    """Print ``cadence <command>: <text>`` on standard error, once. Before launch every torchrun
+    process runs the whole command; the one whose ``RANK`` is 0 (or unset: no torchrun) says it."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"cadence {command}: {text}", file=sys.stderr, flush=True)
+
+
 def checkpoint_for(ckpt_path: str | None, stage: str, trainer: Trainer, model_class_path: str) -> str | None:
     """The checkpoint file a command-line run of ``stage`` loads.
 
@@ -136,7 +142,7 @@ def checkpoint_for(ckpt_path: str | None, stage: str, trainer: Trainer, model_cl
     else under ``<default_root_dir>/cadence_logs/version_*/checkpoints/`` among the runs of the same
     model class (by their ``config.yaml``; runs started from Python count too). ``best``: the best
     checkpoint recorded by the ModelCheckpoint in that ``last.ckpt``. ``fit`` with no ``last.ckpt``
-    starts from scratch (with a warning), so one command both starts and resumes a run.
+    starts from scratch (saying so), so one command both starts and resumes a run.
     """
     if ckpt_path is None:
         return None
@@ -148,10 +154,10 @@ def checkpoint_for(ckpt_path: str | None, stage: str, trainer: Trainer, model_cl
     last, where = _newest_last(trainer, model_class_path)
     if last is None:
         if stage == "fit":
-            warnings.warn(f"ckpt_path: last found no last.ckpt of a {model_class_path} run in {where}; training "
-                          "starts from scratch.", stacklevel=2)
+            note("fit", f"ckpt_path: last found no last.ckpt from a run of {model_class_path} in {where}; training "
+                        "starts from scratch.")
             return None
-        raise ConfigError(f"ckpt_path: {ckpt_path} found no last.ckpt of a {model_class_path} run in {where}. "
+        raise ConfigError(f"ckpt_path: {ckpt_path} found no last.ckpt from a run of {model_class_path} in {where}. "
                           "Train one first (cadence fit with the same config), or pass a checkpoint path.", "ckpt_path")
     if ckpt_path == "last":
         return str(last)

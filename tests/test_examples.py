@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 import re
 import shlex
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import torch
 import yaml
 
 import callbacks
+from processes import free_port, run_together, torchrun
 from trainer.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,35 +103,71 @@ def test_the_digits_script_and_yaml_train_identical_weights_and_test_them(in_tmp
     assert float(tested["test/acc"]) == pytest.approx(accuracy, abs=1e-4)  # the same weights on the same test set
 
 
-def test_the_digits_example_trains_in_two_ddp_processes(in_tmp, capfd):
-    assert cadence(DIGITS_DDP, "--trainer.max_epochs=1", "--trainer.logger=false") == 0
-    err = capfd.readouterr().err
-    assert "DDP: 2 processes on 1 machine(s), spawned, backend gloo" in err
-    config = yaml.safe_load((in_tmp / "cadence_logs" / "version_0" / "config.yaml").read_text())  # by rank zero
+#: Appended to the multi-process cadence runs: one epoch, no logger.
+ONE_EPOCH = ["--trainer.max_epochs=1", "--trainer.limit_val_batches=1", *QUIET, "--trainer.logger=false"]
+#: ... and for torchrun, three batches of it.
+BRIEF_RUN = [*ONE_EPOCH, "--trainer.limit_train_batches=3"]
+
+
+@pytest.fixture(scope="module")
+def multi_process_runs(tmp_path_factory):
+    """The four multi-process README commands, started at once (they share the cores, where one
+    after the other each would mostly wait for its processes to start): the script and the config
+    under DDP, torchrun on one machine, and torchrun on two "machines" of the loopback.
+
+    Returns each run's directory and output (both "machines" of the loopback: node0 and node1)."""
+    root = tmp_path_factory.mktemp("multi_process")
+    script = shlex.split(DIGITS_SCRIPT_DDP)
+    config = shlex.split(DIGITS_DDP)
+    one_machine = shlex.split(TORCHRUN_ONE_MACHINE.replace("--nproc-per-node=4", "--nproc-per-node=2"))
+    two_machines = shlex.split(TORCHRUN_TWO_MACHINES.replace("--nproc-per-node=8", "--nproc-per-node=1").replace(
+        "node0:29400", f"127.0.0.1:{free_port()}"))
+    assert (script[0], config[0], one_machine[0], two_machines[0]) == ("python", "cadence", "torchrun", "torchrun")
+    runs = {
+        "script": [sys.executable, *script[1:], "--max-epochs", "1", "--root-dir", str(root / "script")],
+        "config": [sys.executable, "-m", "trainer", *config[1:], *ONE_EPOCH, f"--trainer.default_root_dir={root / 'config'}"],
+        "one_machine": torchrun(*one_machine[1:], *BRIEF_RUN, f"--trainer.default_root_dir={root / 'one_machine'}"),
+        "node0": torchrun(*two_machines[1:], *BRIEF_RUN, f"--trainer.default_root_dir={root / 'two_machines'}"),
+    }
+    runs["node1"] = runs["node0"]
+    # Seven processes train on two cores: one thread each (DDP's spawn and torchrun with more than
+    # one process per machine set that themselves). torchrun on one machine rendezvouses on port
+    # 29500 unless told otherwise: another, free one.
+    env = [{"OMP_NUM_THREADS": "1", **({"PET_MASTER_PORT": str(free_port())} if name == "one_machine" else {})}
+           for name in runs]
+    results = run_together(list(runs.values()), cwd=ROOT, env=env)
+    for name, (status, output) in zip(runs, results):
+        assert status == 0, f"{name} failed:\n{output}"
+    directories = {"script": "script", "config": "config", "one_machine": "one_machine", "node0": "two_machines",
+                   "node1": "two_machines"}
+    return {name: (root / directories[name], output) for name, (_, output) in zip(runs, results)}
+
+
+def test_the_digits_script_and_config_train_the_same_weights_in_two_ddp_processes(multi_process_runs):
+    _, script_output = multi_process_runs["script"]
+    assert script_output.count("DDP: 2 processes on 1 machine(s), spawned, backend gloo") == 2  # fit, then test
+    assert float(re.search(r"Test accuracy: ([\d.]+)", script_output).group(1)) > 0.5  # one epoch
+    directory, config_output = multi_process_runs["config"]
+    assert "DDP: 2 processes on 1 machine(s), spawned, backend gloo" in config_output
+    version = directory / "cadence_logs" / "version_0"
+    assert f"Configuration: {version / 'config.yaml'}" in config_output  # said by rank zero, which wrote it
+    config = yaml.safe_load((version / "config.yaml").read_text())
     assert config["trainer"]["strategy"] == "ddp" and config["trainer"]["devices"] == 2
-    assert re.search(r"Best checkpoint \(ModelCheckpoint\): .*/0-0\.\d+\.ckpt", err)
+    script_best = Path(re.search(r"Best checkpoint: (.*)", script_output).group(1))
+    config_best = Path(re.search(r"Best checkpoint \(ModelCheckpoint\): (.*/0-0\.\d+\.ckpt)", config_output).group(1))
+    assert config_best.name == script_best.name
+    script_weights, config_weights = state_dict(script_best), state_dict(config_best)
+    assert all(torch.equal(script_weights[key], config_weights[key]) for key in script_weights)  # still in step
 
 
-def test_the_torchrun_command_for_two_machines_runs_the_digits_config_on_the_loopback(tmp_path):
-    command = TORCHRUN_TWO_MACHINES.replace("--nproc-per-node=8", "--nproc-per-node=1").replace(
-        "node0:29400", f"127.0.0.1:{free_port()}")
-    words = shlex.split(command)
-    assert words[0] == "torchrun"
-    launch = [sys.executable, "-m", "torch.distributed.run", *words[1:], "--trainer.max_epochs=1",
-              "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=1", *QUIET,
-              f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false"]
-    nodes = [subprocess.Popen(launch, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]
-    try:
-        outputs = [node.communicate(timeout=150)[0] for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
-    assert "".join(outputs).count("DDP: 2 processes on 2 machine(s), joined from torchrun") == 1  # rank zero says it
-    version = tmp_path / "cadence_logs" / "version_0"
+@pytest.mark.parametrize("run, machines", [("one_machine", 1), ("node0", 2)])
+def test_the_torchrun_commands_run_the_digits_config_on_the_loopback(multi_process_runs, run, machines):
+    directory, output = multi_process_runs[run]
+    nodes_output = output + (multi_process_runs["node1"][1] if run == "node0" else "")
+    assert nodes_output.count(f"DDP: 2 processes on {machines} machine(s), joined from torchrun") == 1  # rank zero
+    version = directory / "cadence_logs" / "version_0"
     assert yaml.safe_load((version / "config.yaml").read_text())["trainer"]["strategy"] == "auto"
-    assert [p.name for p in (version / "checkpoints").glob("*.ckpt")] and not (tmp_path / "cadence_logs" / "version_1").exists()
+    assert (version / "checkpoints" / "last.ckpt").is_file() and not (directory / "cadence_logs" / "version_1").exists()
 
 
 def test_the_character_language_model_reports_perplexity_and_samples_text(in_tmp, capsys):
@@ -149,12 +184,16 @@ def test_the_character_language_model_reports_perplexity_and_samples_text(in_tmp
     assert [len(sample.rstrip("\n")) for sample in samples] == [len(prompt) + 30 for prompt in prompts]
 
 
-@pytest.mark.skipif(not hasattr(callbacks, "AMP"), reason="needs callbacks.AMP, Compile and GradientCheckpointing (speed)")
+SPEED_CALLBACKS = ("GradientCheckpointing", "Compile", "AMP")
+
+
+@pytest.mark.skipif(not all(hasattr(callbacks, name) for name in SPEED_CALLBACKS),
+                    reason="needs the speed callbacks: callbacks.GradientCheckpointing, Compile and AMP")
 def test_the_speed_config_adds_checkpointing_compile_and_amp_to_the_language_model(in_tmp, capsys):
     assert cadence(CHARLM_SPEED, "--print_config") == 0
     config = yaml.safe_load(capsys.readouterr().out)
     assert [c["class_path"] for c in config["trainer"]["callbacks"]] == [
-        "callbacks.GradientCheckpointing", "callbacks.Compile", "callbacks.AMP"]
+        f"callbacks.{name}" for name in SPEED_CALLBACKS]
     assert config["trainer"]["strategy"] == "cuda" and config["model"]["init_args"]["depth"] == 2
 
 
@@ -173,9 +212,3 @@ def test_the_readme_training_module_example_runs_as_written(in_tmp, capsys):
     exec(compile(code.replace("max_epochs=20", "max_epochs=1"), "README.md", "exec"), {"__name__": "__main__"})
     tested = eval(capsys.readouterr().out.strip().splitlines()[-1])
     assert list(tested[0]) == ["test/acc"] and tested[0]["test/acc"] > 0.5
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]

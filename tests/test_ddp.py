@@ -16,8 +16,6 @@ import json
 import multiprocessing
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from callbacks import CSVLogger, Profiler
 from strategies import DDP
+from processes import free_port, run_together, torchrun
 from trainer import DataModule, Trainer, TrainingModule
 
 WORLD_SIZE = 2
@@ -479,30 +478,14 @@ if __name__ == "__main__":
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_the_same_script_joins_a_two_node_torchrun_group(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TORCHRUN_SCRIPT)
-    endpoint = f"127.0.0.1:{free_port()}"
-    nodes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=cadence-test", str(script), str(tmp_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        for _ in range(2)
-    ]
-    try:
-        outputs = [node.communicate(timeout=150)[0] for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
+    node = torchrun("--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+                    "--rdzv-id=cadence-test", str(script), str(tmp_path))
+    nodes = run_together([node, node], timeout=150)
+    outputs = [output for _, output in nodes]
+    assert [status for status, _ in nodes] == [0, 0], "\n".join(outputs)
     records = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
     assert [record["world_size"] for record in records] == [2, 2]
     assert records[0]["weight"] == records[1]["weight"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainer.cli import main
-from trainer.config import check_config, load_config
+from trainer.config import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,12 +92,13 @@ def test_cadence_fit_trains_the_run_the_yaml_describes(parts, tmp_path, capsys):
     assert (checkpoints / "last.ckpt").is_file()
     err = capsys.readouterr().err
     assert f"Logs: {tmp_path / 'cadence_logs' / 'version_0'}" in err and "Best checkpoint (ModelCheckpoint):" in err
+    assert f"Configuration: {tmp_path / 'cadence_logs' / 'version_0' / 'config.yaml'}" in err
 
 
 def test_overrides_on_the_command_line_replace_keys_of_the_file(parts, tmp_path):
     path = write_config(tmp_path, GOOD)
-    run = check_config(load_config(path, [("trainer.max_epochs", "1"), ("model.init_args.lr", "1.0e-3"),
-                                          ("data.init_args.with_val", "false")]))
+    run = load_run([path], [("trainer.max_epochs", "1"), ("model.init_args.lr", "1.0e-3"),
+                            ("data.init_args.with_val", "false")])
     assert run.trainer.kwargs["max_epochs"] == 1 and run.model.kwargs["lr"] == 0.001
     assert run.data.kwargs == {"batch_size": 4, "with_val": False}
 
@@ -121,24 +122,24 @@ def test_python_dash_m_trainer_is_the_cadence_command():
     "edit, match",
     [
         (("trainer:", "trainer:\n      max_epoch: 3"),
-         r"trainer: Trainer\(max_epoch=3\): no such argument; did you mean max_epochs\?"),
+         r"trainer has unknown key 'max_epoch' \(did you mean 'max_epochs'\?\); Trainer accepts: max_epochs, max_steps"),
         (("width: 2", "wdth: 2"),
-         r"model.init_args has unknown key\(s\) \['wdth'\]; Tiny accepts: width, lr, tags"),
+         r"model.init_args has unknown key 'wdth' \(did you mean 'width'\?\); Tiny accepts: width, lr, tags"),
         (("{width: 2, lr: 0.05}", "{lr: 0.05}"), r"model.init_args is missing \['width'\], which Tiny requires"),
         (("lr: 0.05", "lr: 1e-3"),
          r"model.init_args.lr: got '1e-3' \(str\); Tiny takes float. YAML read '1e-3' as text"),
         (("max_epochs: 2", "max_epochs: ten"), r"trainer.max_epochs: got 'ten' \(str\); Trainer takes int \| None"),
         (("width: 2", "width: 2, tags: [a, 3]"), r"model.init_args.tags: got \['a', 3\]"),
-        (("run_parts.Tiny", "run_parts.Tinny"), r"model.class_path: run_parts has no 'Tinny'; it has .*Tiny"),
+        (("run_parts.Tiny", "run_parts.Tinny"), r"model.class_path: run_parts has no 'Tinny'; did you mean Tiny\? It also has: loaders, three_loaders\."),
         (("run_parts.Tiny", "no_such_package.Model"), r"model.class_path: cannot import 'no_such_package'"),
         (("run_parts.Tiny", "run_parts.loaders"), r"model.class_path names loaders, which is not a trainer.module.TrainingModule subclass"),
         (("callbacks.ModelCheckpoint", "callbacks.ModelCheckpoints"),
          r"trainer.callbacks\[0\].class_path: callbacks has no 'ModelCheckpoints'"),
         (("mode: min", "mode: min, every: 2"),
-         r"trainer.callbacks\[0\].init_args has unknown key\(s\) \['every'\]; ModelCheckpoint accepts: dirpath"),
+         r"trainer.callbacks\[0\].init_args has unknown key 'every'; ModelCheckpoint accepts: dirpath"),
         (("class_path: run_parts.loaders", "class_path: run_parts.loaders\n      args: {}"),
-         r"data has unknown key\(s\) \['args'\]; it takes class_path and init_args"),
-        (("model:", "modle: 1\n    model:"), r"Unknown top-level key\(s\) \['modle'\]"),
+         r"run.yaml:7: data has unknown key 'args' \(did you mean 'init_args'\?\); it takes class_path and init_args"),
+        (("model:", "modle: 1\n    model:"), r"Unknown top-level key 'modle' \(did you mean 'model'\?\)"),
         (("class_path: callbacks.ModelCheckpoint\n          init_args: {monitor: val/loss, mode: min}",
           "class_path: run_parts.Tiny\n          init_args: {width: 2}"),
          r"trainer.callbacks: got \[Tiny\(...\)\] \(list\); Trainer takes list\[Callback\] \| Callback \| None"),
@@ -159,15 +160,15 @@ def test_a_bad_config_is_refused_before_anything_is_built(parts, tmp_path, edit,
 
 def test_a_data_function_must_return_one_or_two_loaders(parts, tmp_path):
     path = write_config(tmp_path, GOOD.replace("run_parts.loaders", "run_parts.three_loaders").replace("{batch_size: 4}", "{}"))
-    with pytest.raises(ValueError, match=r"data \(three_loaders\) returned 3 items; return train_loader or \(train_loader, val_loader\)"):
+    with pytest.raises(SystemExit, match=r"data \(three_loaders\) returned 3 items; return train_loader or \(train_loader, val_loader\)"):
         main(["fit", "--config", str(path)])
 
 
 @pytest.mark.parametrize(
     "text, match",
     [
-        ("model: [unclosed", "is not valid YAML"),
-        ("- a list", "must be a mapping with keys model, data, trainer, ckpt_path"),
+        ("model: [unclosed", r"run.yaml:1:17: not valid YAML: expected .* but got .<stream end>. \(while parsing a flow sequence\)"),
+        ("- a list", r"must be a mapping of sections \(model, data, trainer, ...\); it holds a list"),
         ("trainer: {max_epochs: 1}", "The config has no 'model' section"),
         ("model: run_parts.Tiny", r"model must be a mapping with 'class_path'"),
     ],
@@ -187,7 +188,7 @@ def test_a_missing_config_file_is_named(tmp_path):
     [
         (["--trainer.max_epochs"], "needs a value"),
         (["max_epochs=3"], "unexpected argument 'max_epochs=3'"),
-        (["--epochs=3"], "Override --epochs=3|Override --epochs: it must start with one of model, data, trainer"),
+        (["--epochs=3"], "Override --epochs: it must start with one of seed_everything, trainer, model, data"),
     ],
 )
 def test_a_malformed_override_says_how_overrides_look(parts, tmp_path, argv, match):

@@ -1,13 +1,19 @@
 """The ``cadence`` command line (also ``python -m trainer``).
 
 Each subcommand is one small ``add_*_command`` function that adds its parser and sets ``run`` to
-the function that carries it out::
+the function that carries it out; ``build_parser`` lists them::
 
     cadence fit --config examples/digits.yaml
     cadence fit --config examples/digits.yaml --trainer.max_epochs=5 --model.init_args.lr=1.0e-3
+    cadence test --config examples/digits.yaml --ckpt_path best
+    cadence fit --config examples/charlm.yaml --print_config
     cadence diagnose comm --devices 2
     cadence convert-checkpoint cadence_logs/version_0/checkpoints/last.ckpt model.ckpt
     cadence env --json
+
+``fit``, ``validate``, ``test`` and ``predict`` read one or more YAML files (trainer/config.py),
+merged in order, then the ``--section.key=value`` overrides; each saves the run's resolved
+configuration as ``config.yaml`` in its log directory (trainer/runs.py).
 """
 
 from __future__ import annotations
@@ -15,6 +21,13 @@ from __future__ import annotations
 import argparse
 import sys
 from typing import Any
+
+STAGE_HELP = {
+    "fit": "train a model described by YAML files",
+    "validate": "run validation_step over the validation data",
+    "test": "run test_step over the test data",
+    "predict": "run predict_step over the predict data; saves the outputs as predictions.pt",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,51 +43,102 @@ def main(argv: list[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cadence", description="Cadence: train PyTorch models with one readable loop.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_fit_command(commands)
+    for stage in STAGE_HELP:
+        add_stage_command(commands, stage)
     add_diagnose_command(commands)
     add_convert_checkpoint_command(commands)
     add_env_command(commands)
     return parser
 
 
-# --- cadence fit ----------------------------------------------------------------------------------
-def add_fit_command(commands: Any) -> None:
-    fit = commands.add_parser(
-        "fit", help="train a model described by a YAML file",
-        description="Train the model, data and Trainer named in a YAML file (see trainer/config.py). "
-                    "Any key can be overridden: --trainer.max_epochs=5 --model.init_args.lr=1.0e-3.",
+# --- cadence fit | validate | test | predict ------------------------------------------------------
+def add_stage_command(commands: Any, stage: str) -> None:
+    command = commands.add_parser(
+        stage, help=STAGE_HELP[stage], allow_abbrev=False,
+        description=f"{STAGE_HELP[stage][0].upper()}{STAGE_HELP[stage][1:]}. The files hold seed_everything, "
+                    "trainer, model, data, optimizer, lr_scheduler and ckpt_path (see trainer/config.py); any "
+                    "key can be overridden after them: --trainer.max_epochs=5 --model.init_args.lr=1.0e-3 "
+                    "--trainer.callbacks[0].init_args.patience=3, or appended to a list: --trainer.callbacks+=...",
     )
-    fit.add_argument("--config", required=True, help="the YAML file: model, data, trainer, ckpt_path")
-    fit.set_defaults(run=run_fit, takes_overrides=True)
+    command.add_argument("--config", action="append", default=[], metavar="FILE",
+                         help="a YAML file; give several to merge them in order (later keys win, lists are replaced)")
+    command.add_argument("--print_config", action="store_true",
+                         help="print the resolved configuration as YAML and exit without building anything")
+    command.add_argument("--ckpt_path", default=None,
+                         help='resume from a checkpoint: a path or "last" (of the newest run of this model)' if stage == "fit"
+                         else 'the checkpoint to load: a path, "last" or "best" (of the newest run of this model)')
+    command.set_defaults(run=run_stage_command, stage=stage, takes_overrides=True)
 
 
-def run_fit(args: argparse.Namespace) -> int:
-    from trainer.config import check_config, load_config  # lazily: `cadence --help` stays fast
+def run_stage_command(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: `cadence --help` and `cadence diagnose` stay fast.
+    from trainer.config import BuildError, load_run, stage_arguments, to_yaml
+    from trainer.config_files import ConfigError
+    from trainer.runs import SaveConfig, checkpoint_for, note
 
+    stage = args.stage
+    if not args.config and not args.overrides:
+        raise SystemExit(f"cadence {stage}: no configuration given. Pass a YAML file: cadence {stage} --config run.yaml "
+                         "(examples/digits.yaml is one), or --print_config with it to see every key.")
+    overrides = parse_overrides(args.overrides, stage)
+    if args.ckpt_path is not None:
+        overrides.append(("ckpt_path", args.ckpt_path))
     try:
-        run = check_config(load_config(args.config, parse_overrides(args.overrides)))
-    except (ValueError, FileNotFoundError) as error:  # a bad file: the message, not a traceback
-        raise SystemExit(f"cadence fit: {error}") from None
-    trainer = run.fit()  # an error while training keeps its traceback
-    print(f"Logs: {trainer.log_dir}", file=sys.stderr)
-    for callback in trainer.callbacks:
-        best = getattr(callback, "best_model_path", "")
-        if best:
-            print(f"Best checkpoint ({type(callback).__name__}): {best}", file=sys.stderr)
+        run = load_run(args.config, overrides)
+        if args.print_config:
+            print(to_yaml(run.resolved()), end="")
+            return 0
+        run = run.with_seed()
+        save_config = SaveConfig({}, stage, run.seed_drawn)
+        model, data, trainer = run.build(extra_callbacks=[save_config])
+        ckpt_path = checkpoint_for(run.ckpt_path, stage, trainer, run.model.class_path)
+        save_config.config = run.resolved() | {"ckpt_path": ckpt_path}
+        loaders = stage_arguments(stage, model, data, run.data)
+    except (ConfigError, BuildError, FileNotFoundError) as error:  # the message, not a traceback
+        raise SystemExit(f"cadence {stage}: {error}") from None
+    if ckpt_path is None and stage != "fit":
+        note(stage, f"no ckpt_path: the model has the weights {run.model.class_path.rsplit('.', 1)[-1]}() gives it. "
+                    "Pass --ckpt_path best, last or a file for trained ones.")
+    quiet = {"verbose": False} if stage in ("validate", "test") else {}  # report() prints the metrics, one per line
+    output = getattr(trainer, stage)(model, **loaders, ckpt_path=ckpt_path, **quiet)  # an error keeps its traceback
+    if trainer.is_global_zero:
+        report(stage, trainer, output)
     return 0
 
 
-def parse_overrides(tokens: list[str]) -> list[tuple[str, str]]:
+def report(stage: str, trainer: Any, output: Any) -> None:
+    """What a stage leaves behind: where its files are, its metrics, and the predictions file."""
+    print(f"Logs: {trainer.log_dir}", file=sys.stderr)
+    if stage == "fit":
+        for callback in trainer.callbacks:
+            best = getattr(callback, "best_model_path", "")
+            if best:
+                print(f"Best checkpoint ({type(callback).__name__}): {best}", file=sys.stderr)
+    elif stage == "predict":
+        from trainer.checkpoint import save_atomic
+
+        path = save_atomic({"predictions": output}, trainer.log_dir / "predictions.pt")
+        print(f"Predictions ({len(output)} batches; torch.load(path)['predictions']): {path}", file=sys.stderr)
+    elif output and any(output):
+        for values in output:  # one dict per loader; several loaders' names end in /dataloader_idx_N
+            for name, value in sorted(values.items()):
+                print(f"{name}\t{value:.6g}")
+    else:
+        step = "validation_step" if stage == "validate" else "test_step"
+        print(f"No metrics: the module's {step} logged none (self.log).", file=sys.stderr)
+
+
+def parse_overrides(tokens: list[str], command: str = "fit") -> list[tuple[str, str]]:
     """``["--trainer.max_epochs=5", "--model.init_args.lr", "0.01"]`` -> ``[("trainer.max_epochs", "5"), ...]``."""
     overrides, index = [], 0
     while index < len(tokens):
         token = tokens[index]
         if not token.startswith("--") or len(token) == 2:
-            raise SystemExit(f"cadence fit: unexpected argument {token!r}; overrides look like --trainer.max_epochs=5.")
+            raise SystemExit(f"cadence {command}: unexpected argument {token!r}; overrides look like --trainer.max_epochs=5.")
         key, equals, value = token[2:].partition("=")
         if not equals:
             if index + 1 >= len(tokens):
-                raise SystemExit(f"cadence fit: {token} needs a value, e.g. {token}=5.")
+                raise SystemExit(f"cadence {command}: {token} needs a value, e.g. {token}=5.")
             index += 1
             value = tokens[index]
         overrides.append((key, value))

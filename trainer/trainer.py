@@ -29,6 +29,7 @@ from callbacks import Callback
 from strategies import Strategy
 from strategies.transfer import move_to_device
 from trainer import checkpoint as checkpoint_io
+from trainer import properties
 from trainer.arguments import check_trainer_arguments, loss_of
 from trainer.data import default_max_epochs, loader_length, prepare_loader, set_sampler_epoch
 from trainer.data_source import STAGE_KIND, DataSource, collect_data, prepare_data
@@ -906,37 +907,14 @@ class Trainer:
         return prepare_loader(loader, stage, shuffle=shuffle, strategy=self.strategy, seed=seed, limit=self.limits[stage],
                               sequential=bool(self.overfit_batches), shard=self.use_distributed_sampler)
 
-    @property
-    def is_global_zero(self) -> bool:
-        return self.strategy.is_global_zero
-
-    @property
-    def global_rank(self) -> int:
-        return self.strategy.global_rank
-
-    @property
-    def world_size(self) -> int:
-        return self.strategy.world_size
-
-    @property
-    def progress_bar_callback(self) -> Callback | None:
-        """The first ``ProgressBar`` among the callbacks (Lightning's name), or None."""
-        return next((c for c in self.callbacks if isinstance(c, callbacks_package.ProgressBar)), None)
-
-    @property
-    def loggers(self) -> list[Callback]:
-        """The loggers among the callbacks (``callbacks.Logger``), in order (Lightning's name)."""
-        return [callback for callback in self.callbacks if isinstance(callback, callbacks_package.Logger)]
-
-    @property
-    def logger(self) -> Callback | None:
-        """The first logger, or None (Lightning's name)."""
-        return next(iter(self.loggers), None)
-
-    @property
-    def checkpoint_callback(self) -> Callback | None:
-        """The first ``ModelCheckpoint`` among the callbacks (Lightning's name), or None."""
-        return next((c for c in self.callbacks if isinstance(c, callbacks_package.ModelCheckpoint)), None)
+    # Lightning's read-only names, looked up in the strategy and the callbacks (trainer/properties.py).
+    is_global_zero = property(properties.is_global_zero)
+    global_rank = property(properties.global_rank)
+    world_size = property(properties.world_size)
+    progress_bar_callback = property(properties.progress_bar_callback)
+    loggers = property(properties.loggers)
+    logger = property(properties.logger)
+    checkpoint_callback = property(properties.checkpoint_callback)
 
 
 #: One context serves every evaluation batch and manual-optimization step without a forward

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import functools
 import itertools
 import math
 import os
@@ -39,12 +38,13 @@ from trainer.module import TrainingModule
 from trainer.guards import check_losses, window_is_finite
 from trainer.log_dir import choose_log_dir, versions_root
 from trainer.hooks import (
-    evaluation_hooks, single_owner, step_hooks, step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks,
+    evaluation_hooks, step_hooks, step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks,
 )
-from trainer.optim import SchedulerConfig, clip_gradients, optimizers_for_module, parse_optimizers, step_schedulers
+from trainer.optim import SchedulerConfig, clip_gradients, step_schedulers
 from trainer.precision import add_precision_callback
 from trainer.preemption import Preemption
 from trainer.resume import resumable, resume_iterator
+from trainer.setup import setup_model
 from trainer.seed import preserved_rng, seed_everything, set_cublas_workspace_config, use_deterministic_algorithms
 from trainer.shorthands import reject_unknown_arguments
 from trainer.shorthands import translate as translate_shorthands
@@ -404,7 +404,7 @@ class Trainer:
                 callback.setup(self, module, stage)
             module.setup(stage)
             self._hooks = step_hooks(self.callbacks, module)
-            self.model = self._setup_model(module, stage)
+            self.model = setup_model(self, module, stage)  # the one setup order (trainer/setup.py)
             if stage == "fit":
                 with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
                     output = self._run_fit(module, data, ckpt_path)
@@ -433,65 +433,7 @@ class Trainer:
             self.metrics.stop()
             self.module = self.model = self._data = None
 
-    def _setup_model(self, module: TrainingModule, stage: str) -> torch.nn.Module:
-        """The one setup order of every strategy (each step sees what the previous one built):
-
-            module.configure_model      the user's late-built layers (under FSDP: on the meta device)
-            strategy.setup_module       move once (or keep on meta, to materialize shard by shard)
-            callbacks' configure_model  activation checkpointing, then compile, in the order given
-            strategy.wrap_module        DDP wraps; FSDP shards the blocks, then the root
-            configure_optimizers        so the optimizer holds the parameters it will step (FSDP's shards)
-
-        The checkpoint, if any, is restored after this, by the stage.
-        """
-        module.configure_model()
-        module = self.strategy.setup_module(module)
-        for callback in self.callbacks:
-            configured = callback.configure_model(module)
-            if configured is not module:
-                raise RuntimeError(
-                    f"{type(callback).__name__}.configure_model returned a new object; modify the "
-                    "module in place (module.compile(), wrapping submodules) so its state_dict keeps its keys."
-                )
-        model = self.strategy.wrap_module(module, stage)
-        if stage == "fit":
-            self._setup_optimization(module)
-        return model
-
-    def _setup_optimization(self, module: TrainingModule) -> None:
-        """configure_optimizers, read once; the seams' owners; what clipping walks."""
-        self.optimizers, self.lr_scheduler_configs = parse_optimizers(module.configure_optimizers())
-        self._automatic_optimization = module.automatic_optimization  # read once: the hot loop reads it every step
-        if self._automatic_optimization:
-            if len(self.optimizers) > 1:
-                raise ValueError(
-                    f"configure_optimizers returned {len(self.optimizers)} optimizers. Several optimizers "
-                    "need manual optimization: set self.automatic_optimization = False in __init__ and "
-                    "step them in training_step (self.optimizers(), self.manual_backward(loss))."
-                )
-        else:
-            if self.accumulate_grad_batches != 1 or self.gradient_clip_val is not None:
-                raise ValueError(
-                    "accumulate_grad_batches and gradient_clip_val apply to automatic optimization only; "
-                    "with self.automatic_optimization = False, accumulate and clip in training_step."
-                )
-            if self.on_nonfinite_loss == "skip":
-                raise ValueError(
-                    "Trainer(on_nonfinite_loss='skip') skips optimizer steps the Trainer takes; with "
-                    "self.automatic_optimization = False, check the loss in training_step instead."
-                )
-            # global_step counts optimizer steps, as in Lightning; the hooks go away at teardown.
-            self._step_hook_handles = [optimizer.register_step_post_hook(self._count_manual_step) for optimizer in self.optimizers]
-            if self._hooks.before_step:  # on_before_optimizer_step when training_step calls opt.step()
-                self._step_hook_handles += [optimizer.register_step_pre_hook(self._before_manual_step)
-                                            for optimizer in self.optimizers]
-        owner = single_owner([c for c in self.callbacks if c.owns_backward], "owns_backward")
-        # Bound once: the step calls it without asking who owns backward.
-        self._backward = functools.partial(owner.backward, self, module) if owner is not None else self.strategy.backward
-        self._step_owner = single_owner([c for c in self.callbacks if c.owns_optimizer_step], "owns_optimizer_step")
-        self._clip_parameters = [p for group in self.optimizers[0].param_groups for p in group["params"]]
-        self._module_optimizers = optimizers_for_module(self.optimizers, self)  # self.optimizers() in manual mode
-
+    # Manual optimization's optimizer hooks (registered by trainer/setup.py): per step, so here.
     def _count_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.global_step += 1
 

@@ -17,7 +17,6 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,6 @@ from strategies.transfer import move_to_device
 from trainer import checkpoint as checkpoint_io
 from trainer import properties
 from trainer.arguments import check_trainer_arguments, loss_of
-from trainer.data import default_max_epochs, loader_length, prepare_loader, set_sampler_epoch
 from trainer.data_source import STAGE_KIND, DataSource, collect_data, prepare_data
 from trainer.datamodule import DataModule
 from trainer.metrics import MetricStore, format_results, split_by_dataloader
@@ -43,11 +41,11 @@ from trainer.hooks import (
 from trainer.optim import SchedulerConfig, clip_gradients, step_schedulers
 from trainer.precision import add_precision_callback
 from trainer.preemption import Preemption
-from trainer.resume import resumable, resume_iterator
 from trainer.setup import setup_model
 from trainer.seed import preserved_rng, seed_everything, set_cublas_workspace_config, use_deterministic_algorithms
 from trainer.shorthands import reject_unknown_arguments
 from trainer.shorthands import translate as translate_shorthands
+from trainer.stage_loaders import evaluation_loaders, load_fit_data, reload_due, train_batches
 from trainer.schedule import validation_due, validation_interval
 from trainer.state import (
     checkpoint_state, end_of_fit_checkpoint, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore,
@@ -58,8 +56,6 @@ from trainer.utilities import rank_zero_only
 
 STAGES = ("fit", "validate", "test", "predict")
 CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
-#: The attribute holding each evaluation stage's batches per loader (Lightning's names).
-NUM_BATCHES = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}
 
 
 class Trainer:
@@ -412,7 +408,8 @@ class Trainer:
                 checkpoint = read_checkpoint(ckpt_path, data.datamodule)
                 if ckpt_path is not None:
                     restore(self, ckpt_path, model_only=True, state=checkpoint)
-                output = self._run_evaluation(stage, data.loaders(STAGE_KIND[stage]))
+                loaders, counts = evaluation_loaders(self, stage, data.loaders(STAGE_KIND[stage]))
+                output = self._evaluation_loop(stage, loaders, counts)
             handoff = handoff_state(self, module, stage, data.datamodule) if self.strategy.launches_subprocesses else None
             return output, handoff
         except BaseException as error:
@@ -445,7 +442,7 @@ class Trainer:
     # =========================================================================================
     def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
         checkpoint = read_checkpoint(ckpt_path, data.datamodule)
-        train_loader, val_loaders = self._load_fit_data(data)
+        train_loader, val_loaders = load_fit_data(self, data)
         self.should_stop, self._resume_position, self._unchecked_losses = False, None, []
         self._said_min_not_met = False
         self._end_of_fit = None
@@ -462,8 +459,8 @@ class Trainer:
         self.strategy.check_placement(module)  # once, before the first step
         loaded_at = self.current_epoch
         while not self._finished():
-            if self._reload_due(data, loaded_at):
-                train_loader, val_loaders = self._load_fit_data(data)
+            if reload_due(self, data, loaded_at):
+                train_loader, val_loaders = load_fit_data(self, data)
                 loaded_at = self.current_epoch
             self._run_train_epoch(train_loader, val_loaders)
         # What save_checkpoint writes after fit returns: this moment's state, as a checkpoint
@@ -475,27 +472,6 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_fit_end(self, module)
         module.on_fit_end()
-
-    def _load_fit_data(self, data: DataSource) -> tuple[Any, list[Any] | None]:
-        """The training loader and the validation loaders (None: no validation), prepared."""
-        [train_loader] = data.loaders("train")
-        self.max_epochs = default_max_epochs(self.max_epochs, self.max_steps, train_loader, warn=self.is_global_zero)
-        every = self.reload_dataloaders_every_n_epochs  # a reloaded loader gets a seed of its own, not epoch 0's
-        offset = self.current_epoch - self.current_epoch % every if every else 0
-        train_loader, self.num_training_batches = self._prepare_loader(train_loader, "train", True, offset)
-        train_loader, self._train_sampler = resumable(train_loader)  # records each epoch's RNG for resuming
-        self.train_dataloader = train_loader
-        prepared = [self._prepare_loader(loader, "validate", False, offset) for loader in data.loaders("val")]
-        self.num_val_batches = [count for _, count in prepared]
-        if not any(self.num_val_batches):
-            return train_loader, None  # limit_val_batches=0: no validation at all, hooks included (as in Lightning)
-        return train_loader, [loader for loader, _ in prepared]
-
-    def _reload_due(self, data: DataSource, loaded_at: int) -> bool:
-        """reload_dataloaders_every_n_epochs: at epochs 0, n, 2n, ... the hooks make new loaders."""
-        every = self.reload_dataloaders_every_n_epochs
-        return (bool(every) and self.current_epoch % every == 0 and self.current_epoch != loaded_at
-                and (data.from_hook("train") or data.from_hook("val")))
 
     def _finished(self) -> bool:
         return (
@@ -532,7 +508,7 @@ class Trainer:
         times, clock = self.phase_times, time.perf_counter  # two host clock reads a batch, no device sync
         times.start_loop(self._train_batches_seen)
         # The strategy moves the batches (on CUDA it copies the next one while this one computes).
-        for batch_idx, batch in strategy.batches_on_device(self._iterate_train(train_loader)):
+        for batch_idx, batch in strategy.batches_on_device(train_batches(self, train_loader)):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
             times.data_wait += clock() - times.ready
             self.batch_idx = batch_idx
@@ -565,26 +541,6 @@ class Trainer:
             )
         self._resume_position = None
         self._end_train_epoch()
-
-    def _iterate_train(self, loader: Any) -> Iterator[tuple[int, Any]]:
-        """``enumerate(loader)`` under limit_train_batches, resuming mid-epoch at the index level."""
-        set_sampler_epoch(loader, self.current_epoch)
-        skip = 0
-        if self._resume_position is not None and self._resume_position[0] == self.current_epoch:
-            skip = self._resume_position[1]
-        limit = self.num_training_batches
-        if skip >= limit:  # the checkpoint was written after the epoch's last batch
-            return iter(())
-        # Resuming mid-epoch redraws the epoch's order from the RNG state it began with and skips
-        # the batches already trained as indices; nothing is fetched twice (trainer/resume.py).
-        iterator = resume_iterator(loader, self._train_sampler, skip, self._resume_rng) if skip else iter(loader)
-        batches = enumerate(iterator, start=skip)  # hot loop: C iterators only, no generator frame
-        if limit < (loader_length(loader) or math.inf):
-            # islice stops after the last batch without fetching another. Otherwise the loader runs
-            # out on its own, as in `for batch in loader`: a shuffling RandomSampler draws from its
-            # generator when it runs out, so stopping one next() early changes every later epoch's order.
-            return itertools.islice(batches, limit - skip)
-        return batches
 
     def _training_step(self, module: TrainingModule, batch: Any, batch_idx: int, num_batches: int | float) -> Any:
         """Forward and backward for one batch; at the end of each accumulation window the optimizer
@@ -748,14 +704,6 @@ class Trainer:
         self.model.train()
         self.metrics.start_training()
 
-    def _run_evaluation(self, stage: str, loaders: list[Any]) -> Any:
-        if not loaders:
-            raise ValueError(f"Trainer.{stage} got an empty list of loaders; pass at least one DataLoader.")
-        prepared = [self._prepare_loader(loader, stage, False) for loader in loaders]
-        counts = [count for _, count in prepared]
-        setattr(self, NUM_BATCHES[stage], counts)
-        return self._evaluation_loop(stage, [loader for loader, _ in prepared], counts)
-
     def _evaluation_loop(self, stage: str, loaders: list[Any], limits: list[int | float]) -> Any:
         """One pass of validation, test or predict over each loader in turn, under
         ``torch.inference_mode`` (``torch.no_grad`` with ``Trainer(inference_mode=False)``)."""
@@ -842,14 +790,8 @@ class Trainer:
                   "with fit(..., ckpt_path=\"last\") to resume.", file=sys.stderr, flush=True)
 
     # =========================================================================================
-    # Small helpers
+    # Lightning's read-only names, looked up in the strategy and the callbacks (trainer/properties.py)
     # =========================================================================================
-    def _prepare_loader(self, loader: Any, stage: str, shuffle: bool, seed_offset: int = 0) -> tuple[Any, int | float]:
-        seed = None if self.seed is None else self.seed + seed_offset
-        return prepare_loader(loader, stage, shuffle=shuffle, strategy=self.strategy, seed=seed, limit=self.limits[stage],
-                              sequential=bool(self.overfit_batches), shard=self.use_distributed_sampler)
-
-    # Lightning's read-only names, looked up in the strategy and the callbacks (trainer/properties.py).
     is_global_zero = property(properties.is_global_zero)
     global_rank = property(properties.global_rank)
     world_size = property(properties.world_size)

@@ -23,6 +23,7 @@ import torch
 from strategies.checkpoint_files import read_file
 from strategies.sharded_checkpoint import STATE_FILE, is_sharded_checkpoint
 from trainer import checkpoint as checkpoint_io
+from trainer.optim import ends_accumulation_window
 from trainer.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def training_state(trainer: Trainer) -> dict[str, Any]:
     schedulers, loop counters, every rank's RNG states, callback states. Gathers the RNG states of
     every rank: call it on every rank."""
     epoch, batches_done = loop_position(trainer)
-    if (trainer.stage == "fit" and batches_done and not trainer._ends_window(trainer.batch_idx, trainer.num_training_batches)
+    if (trainer.stage == "fit" and batches_done and not ends_accumulation_window(trainer, trainer.batch_idx, trainer.num_training_batches)
             and trainer.is_global_zero):
         warnings.warn(
             f"save_checkpoint after batch {trainer.batch_idx}, inside an accumulation window of "

@@ -38,9 +38,10 @@ from trainer.log_dir import choose_log_dir, versions_root
 from trainer.hooks import (
     evaluation_hooks, step_hooks, step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks,
 )
-from trainer.optim import SchedulerConfig, clip_gradients, step_schedulers
+from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_window, step_schedulers
 from trainer.precision import add_precision_callback
-from trainer.preemption import Preemption
+from trainer.preemption import Preemption, save_for_preemption
+from trainer.publish import publish, publish_received, publish_train_epoch
 from trainer.setup import setup_model
 from trainer.seed import preserved_rng, seed_everything, set_cublas_workspace_config, use_deterministic_algorithms
 from trainer.shorthands import reject_unknown_arguments
@@ -528,8 +529,8 @@ class Trainer:
                                                         val_every, num_batches, self._train_batches_seen):
                 self._run_validation(val_loaders)
             times.ready = clock()  # the next batch is asked for now
-            if self._preemption.stop_now and self._ends_window(batch_idx, num_batches):  # a plain bool read
-                self._save_for_preemption()
+            if self._preemption.stop_now and ends_accumulation_window(self, batch_idx, num_batches):  # a plain bool read
+                save_for_preemption(self)
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
             if (self.should_stop and self._may_stop()) or (self.max_steps != -1 and self.global_step >= self.max_steps):
                 break
@@ -637,22 +638,14 @@ class Trainer:
         self.metrics.send_step_values(self.global_step)
         if received is not None:
             step, values, specs = received
-            self._publish(values, specs, step)
+            publish(self, values, specs, step)
         check_losses(self)
         self._preemption.agree(self.strategy)  # with several processes: stop on every rank, or none
 
     def _end_train_epoch(self) -> None:
         check_losses(self)
         self._in_epoch_end = True
-        received = self.metrics.receive()
-        if received is not None:
-            self._publish(received[1], received[2], received[0])
-        self.metrics.send_step_values(self.global_step)  # the epoch's last step values, read now
-        received = self.metrics.receive()
-        values, specs = self.metrics.read_epoch_values(self.metrics.train)
-        values.update(received[1])
-        specs.update(received[2])
-        self._publish(values, specs, self.global_step)
+        publish_train_epoch(self)  # the last log step's values, this step's (read now), the epoch's
         if self._automatic_optimization:  # as in Lightning, manual optimization steps its own
             step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics)
         for callback in self.callbacks:
@@ -660,20 +653,6 @@ class Trainer:
         self.module.on_train_epoch_end()
         self.current_epoch += 1
         self._in_epoch_end, self.batch_idx = False, -1
-
-    def _publish(self, values: dict[str, float], specs: dict[str, Any], step: int) -> None:
-        """Host values reach callback_metrics, the progress bar and the loggers (on_log)."""
-        if not values:
-            return
-        for key, value in values.items():
-            self.callback_metrics[key] = torch.tensor(value)
-            if specs[key].prog_bar:
-                self.progress_bar_metrics[key] = value
-        logged = {key: value for key, value in values.items() if specs[key].logger}  # self.log(logger=False): not these
-        self.logged_metrics.update(logged)
-        if not self.sanity_checking:
-            for callback in self.callbacks:
-                callback.on_log(self, self.module, logged, step)
 
     # =========================================================================================
     # Validation, test, predict
@@ -694,9 +673,7 @@ class Trainer:
 
     @measured("validation")
     def _run_validation(self, val_loaders: list[Any]) -> None:
-        received = self.metrics.receive()  # the last log step's values first: the logs stay in step order
-        if received is not None:
-            self._publish(received[1], received[2], received[0])
+        publish_received(self)  # the last log step's values first: the logs stay in step order
         # Validating leaves every RNG as it found it: the weights do not depend on when (or
         # whether) validation runs, and a checkpoint written just before it resumes exactly.
         with preserved_rng():
@@ -745,10 +722,10 @@ class Trainer:
             hook(self, module)
         hooks.module_epoch_end()
         for step, step_values, step_specs in self.metrics.read_evaluation_step_values(stage, not self.sanity_checking):
-            self._publish(step_values, step_specs, step)
+            publish(self, step_values, step_specs, step)
         values, specs = self.metrics.read_epoch_values(self.metrics.evaluation)
         if not self.sanity_checking:
-            self._publish(values, specs, self.global_step)
+            publish(self, values, specs, self.global_step)
         for hook in hooks.end:
             hook(self, module)
         hooks.module_end()
@@ -759,35 +736,6 @@ class Trainer:
                 gathered = self.strategy.all_gather_object(move_to_device(shard, torch.device("cpu"), non_blocking=False))
                 predictions[index] = [prediction for rank in gathered for prediction in rank]
         return predictions if several else predictions[0]
-
-    # =========================================================================================
-    # Preemption
-    # =========================================================================================
-    def _ends_window(self, batch_idx: int, num_batches: int | float) -> bool:
-        """True after the batch that ends an accumulation window (every batch in manual optimization):
-        a checkpoint there holds no half-accumulated gradients."""
-        if not self._automatic_optimization:
-            return True
-        return (batch_idx + 1) % self.accumulate_grad_batches == 0 or batch_idx + 1 == num_batches
-
-    def _save_for_preemption(self) -> None:
-        """A preemption signal arrived: publish what was logged, write last.ckpt, stop the loop."""
-        received = self.metrics.receive()  # the copy sent at the last log step
-        if received is not None:
-            self._publish(received[1], received[2], received[0])
-        self.metrics.send_step_values(self.global_step)  # and what was logged since
-        step, values, specs = self.metrics.receive()
-        self._publish(values, specs, step)
-        if self.checkpoint_callback is not None:
-            path = self.checkpoint_callback.write_last(self)
-        else:
-            path = Path(self.log_dir) / "checkpoints" / "last.ckpt"
-            self.save_checkpoint(path)
-        self.should_stop = True
-        if self.is_global_zero:
-            print(f"Cadence: {self._preemption.reason}; stopped after global step {self.global_step} "
-                  f"(epoch {self.current_epoch}, batch {self.batch_idx}) and saved {path}. Run the same command "
-                  "with fit(..., ckpt_path=\"last\") to resume.", file=sys.stderr, flush=True)
 
     # =========================================================================================
     # Lightning's read-only names, looked up in the strategy and the callbacks (trainer/properties.py)

@@ -29,31 +29,28 @@ from strategies.transfer import move_to_device
 from trainer import checkpoint as checkpoint_io
 from trainer import properties
 from trainer.arguments import check_trainer_arguments, loss_of
-from trainer.data_source import STAGE_KIND, DataSource, collect_data, prepare_data
+from trainer.data_source import STAGE_KIND, DataSource, collect_data
 from trainer.datamodule import DataModule
+from trainer.guards import check_losses, window_is_finite
+from trainer.hooks import evaluation_hooks, step_hooks
 from trainer.metrics import MetricStore, format_results, split_by_dataloader
 from trainer.module import TrainingModule
-from trainer.guards import check_losses, window_is_finite
-from trainer.log_dir import choose_log_dir, versions_root
-from trainer.hooks import (
-    evaluation_hooks, step_hooks, step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks,
-)
 from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_window, step_schedulers
 from trainer.precision import add_precision_callback
 from trainer.preemption import Preemption, save_for_preemption
 from trainer.publish import publish, publish_received, publish_train_epoch
+from trainer.schedule import validation_due, validation_interval
+from trainer.seed import preserved_rng, seed_everything, set_cublas_workspace_config
 from trainer.setup import setup_model
-from trainer.seed import preserved_rng, seed_everything, set_cublas_workspace_config, use_deterministic_algorithms
 from trainer.shorthands import reject_unknown_arguments
 from trainer.shorthands import translate as translate_shorthands
+from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import evaluation_loaders, load_fit_data, reload_due, train_batches
-from trainer.schedule import validation_due, validation_interval
 from trainer.state import (
     checkpoint_state, end_of_fit_checkpoint, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore,
     training_state,
 )
 from trainer.timing import PhaseTimes, measured
-from trainer.utilities import rank_zero_only
 
 STAGES = ("fit", "validate", "test", "predict")
 CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
@@ -345,24 +342,7 @@ class Trainer:
         return output
 
     def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> Any:
-        self.callbacks = callbacks_package.with_module_callbacks(self.callbacks, module.configure_callbacks(),
-                                                                 type(module).__name__)
-        if rank_zero_only.rank == 0:
-            warn_uncalled_hooks([module, *self.callbacks])
-        # The module keeps answering module.trainer and module.global_step after the stage.
-        module._trainer = self
-        if ckpt_path is not None:  # before anything starts, so a wrong path costs nothing
-            directories = [Path(c.dirpath) for c in self.callbacks
-                           if isinstance(c, callbacks_package.ModelCheckpoint) and c.dirpath is not None]
-            best = self.checkpoint_callback.best_model_path if self.checkpoint_callback is not None else None
-            versions = versions_root(self.loggers, self.default_root_dir)
-            ckpt_path = checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, versions, self.is_global_zero,
-                                                        best=best)
-        if self.log_dir is None:  # a resumed run keeps the version directory its checkpoint is in
-            self.log_dir = choose_log_dir(self.loggers, self.default_root_dir, ckpt_path if stage == "fit" else None)
-        self.lightning_module = module  # after the stage too: validate/test/predict(model=None) use it
-        if data.datamodule is not None:
-            self.datamodule = data.datamodule
+        ckpt_path = prepare_launch(self, stage, module, data, ckpt_path)  # callbacks, ckpt_path, log_dir
         output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path)
         if handoff is not None:  # the work ran in other processes: bring its results here
             receive_handoff(self, module, handoff, data.datamodule)
@@ -371,35 +351,9 @@ class Trainer:
 
     def _run_stage(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> tuple[Any, Any]:
         """Everything one process does for one stage; returns (output, handoff for the caller)."""
-        self.stage = stage
-        if stage != "fit":
-            self.progress_bar_metrics = {}
-        self.strategy.setup_environment()
-        rank_zero_only.rank = self.global_rank
-        self.log_dir = self.strategy.broadcast_object(self.log_dir)  # torchrun ranks each chose one; use rank zero's
-        self.module, self._data = module, data
-        module._trainer = self
-        if data.datamodule is not None:
-            data.datamodule.trainer = self
-        self.metrics.start_stage()
-        if stage == "fit" and not takes_batch_idx(module.training_step):
-            # training_step(self, batch) without batch_idx, as Lightning allows: the strategy (and
-            # DDP's forward) call module.training_step(batch, batch_idx), so this stage's module
-            # answers with an adapter; it is removed at teardown.
-            module.training_step = step_without_batch_idx(module.training_step)
+        enter_stage(self, stage, module, data)  # this process's rank, rank zero's log_dir (trainer/stage.py)
         try:
-            if self.seed is not None:
-                seed_everything(self.seed)
-            if self.deterministic:
-                use_deterministic_algorithms()
-            if self.strategy.is_global_zero:
-                print(self.strategy.describe(), file=sys.stderr)
-            prepare_data(data, self.strategy)  # local rank zero; the other processes wait
-            if data.datamodule is not None:
-                data.datamodule.setup(stage)
-            for callback in self.callbacks:
-                callback.setup(self, module, stage)
-            module.setup(stage)
+            setup_stage(self, stage, module, data)  # seed, prepare_data, the setup hooks
             self._hooks = step_hooks(self.callbacks, module)
             self.model = setup_model(self, module, stage)  # the one setup order (trainer/setup.py)
             if stage == "fit":
@@ -418,18 +372,7 @@ class Trainer:
                 callback.on_exception(self, module, error)
             raise
         finally:
-            if data.datamodule is not None:
-                data.datamodule.teardown(stage)
-            for callback in self.callbacks:
-                callback.teardown(self, module, stage)
-            module.teardown(stage)
-            self.strategy.teardown()
-            for handle in self._step_hook_handles:
-                handle.remove()
-            self._step_hook_handles = []
-            vars(module).pop("training_step", None)  # the adapter above, if any
-            self.metrics.stop()
-            self.module = self.model = self._data = None
+            teardown_stage(self, stage, module, data)  # the teardown hooks, the strategy's
 
     # Manual optimization's optimizer hooks (registered by trainer/setup.py): per step, so here.
     def _count_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

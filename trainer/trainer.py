@@ -15,7 +15,6 @@ import datetime
 import itertools
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,6 @@ import callbacks as callbacks_package
 from callbacks import Callback
 from strategies import Strategy
 from strategies.transfer import move_to_device
-from trainer import checkpoint as checkpoint_io
 from trainer import properties
 from trainer.arguments import check_trainer_arguments, loss_of
 from trainer.data_source import STAGE_KIND, DataSource, collect_data
@@ -39,7 +37,7 @@ from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_win
 from trainer.precision import add_precision_callback
 from trainer.preemption import Preemption, save_for_preemption
 from trainer.publish import publish, publish_received, publish_train_epoch
-from trainer.schedule import validation_due, validation_interval
+from trainer.schedule import may_stop, validation_due, validation_interval
 from trainer.seed import preserved_rng, seed_everything, set_cublas_workspace_config
 from trainer.setup import setup_model
 from trainer.shorthands import reject_unknown_arguments
@@ -47,8 +45,7 @@ from trainer.shorthands import translate as translate_shorthands
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import evaluation_loaders, load_fit_data, reload_due, train_batches
 from trainer.state import (
-    checkpoint_state, end_of_fit_checkpoint, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore,
-    training_state,
+    fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
 )
 from trainer.timing import PhaseTimes, measured
 
@@ -317,16 +314,7 @@ class Trainer:
         optimizers, schedulers, counters and every rank's RNG states as the last step left them,
         so ``fit(model, ckpt_path=path)`` with a larger ``max_epochs`` continues exactly.
         """
-        if self.module is None:  # no stage runs: the state the last fit ended with
-            state = end_of_fit_checkpoint(self)
-            if self.strategy.is_global_zero:  # the processes of a run have left their group: no barrier
-                checkpoint_io.save_atomic(state, path)
-            self._last_checkpoint = (str(path), state["loops"]["global_step"])
-            return
-        check_losses(self)  # never write weights that a non-finite loss produced
-        state = checkpoint_state(self, self.module, training_state(self))
-        self.strategy.save_checkpoint(state, path)  # every rank returns, or raises, together
-        self._last_checkpoint = (str(path), self.global_step)
+        write_checkpoint(self, path)  # trainer/state.py
 
     # =========================================================================================
     # Launch and per-process setup
@@ -419,22 +407,10 @@ class Trainer:
 
     def _finished(self) -> bool:
         return (
-            (self.should_stop and self._may_stop())
+            (self.should_stop and may_stop(self))
             or (self.max_steps != -1 and self.global_step >= self.max_steps)
             or (self.max_epochs not in (None, -1) and self.current_epoch >= self.max_epochs)
         )
-
-    def _may_stop(self) -> bool:
-        """should_stop is set: stop, unless min_epochs/min_steps are not met yet (as in Lightning,
-        early stopping then waits; a preemption signal does not)."""
-        met = (self.min_epochs or 0) <= self.current_epoch and (self.min_steps or 0) <= self.global_step
-        if met or self._preemption.stop_now:
-            return True
-        if not self._said_min_not_met and self.is_global_zero:
-            self._said_min_not_met = True
-            print(f"Cadence: should_stop was set, but min_epochs={self.min_epochs} / min_steps={self.min_steps} are not "
-                  "met yet; training continues until they are.", file=sys.stderr)
-        return False
 
     def _run_train_epoch(self, train_loader: Any, val_loaders: list[Any] | None) -> None:
         module, strategy, hooks = self.module, self.strategy, self._hooks
@@ -475,7 +451,7 @@ class Trainer:
             if self._preemption.stop_now and ends_accumulation_window(self, batch_idx, num_batches):  # a plain bool read
                 save_for_preemption(self)
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
-            if (self.should_stop and self._may_stop()) or (self.max_steps != -1 and self.global_step >= self.max_steps):
+            if (self.should_stop and may_stop(self)) or (self.max_steps != -1 and self.global_step >= self.max_steps):
                 break
         times.end_loop(self._train_batches_seen)
         if batch_idx == -1 and self._resume_position is None:

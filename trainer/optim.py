@@ -118,6 +118,14 @@ def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, m
 CLIP_ALGORITHMS = ("norm", "value")
 
 
+def ends_accumulation_window(trainer: Any, batch_idx: int, num_batches: int | float) -> bool:
+    """True after the batch that ends an accumulation window (every batch in manual optimization):
+    a checkpoint there holds no half-accumulated gradients."""
+    if not trainer._automatic_optimization:
+        return True
+    return (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 == num_batches
+
+
 def clip_gradients(parameters: list[torch.nn.Parameter], value: float, algorithm: str) -> None:
     """Clip the gradients of ``parameters`` by their total 2-norm or elementwise by ``value``."""
     if algorithm == "norm":

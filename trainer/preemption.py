@@ -22,9 +22,16 @@ import contextlib
 import functools
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer.publish import flush_step_values, publish
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
 
 #: The signals that ask for a graceful stop (SIGUSR1 does not exist on Windows).
 PREEMPTION_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name))
@@ -94,6 +101,23 @@ class Preemption:
             return
         self.signal_number, self.stop_now = None, False
         raise SystemExit(128 + number)
+
+
+def save_for_preemption(trainer: Trainer) -> None:
+    """A preemption signal arrived and the accumulation window has ended: publish what was logged,
+    write last.ckpt (through the ModelCheckpoint, if any), stop the loop."""
+    step, values, specs = flush_step_values(trainer)  # the last log step's copy, and what was logged since
+    publish(trainer, values, specs, step)
+    if trainer.checkpoint_callback is not None:
+        path = trainer.checkpoint_callback.write_last(trainer)
+    else:
+        path = Path(trainer.log_dir) / "checkpoints" / "last.ckpt"
+        trainer.save_checkpoint(path)
+    trainer.should_stop = True
+    if trainer.is_global_zero:
+        print(f"Cadence: {trainer._preemption.reason}; stopped after global step {trainer.global_step} "
+              f"(epoch {trainer.current_epoch}, batch {trainer.batch_idx}) and saved {path}. Run the same command "
+              "with fit(..., ckpt_path=\"last\") to resume.", file=sys.stderr, flush=True)
 
 
 def workers_ignore_preemption(worker_init_fn: Any) -> Any:

@@ -1,8 +1,14 @@
-"""When the training loop validates: ``val_check_interval`` and ``check_val_every_n_epoch``, as in Lightning."""
+"""When the training loop validates (``val_check_interval`` and ``check_val_every_n_epoch``) and
+when ``should_stop`` may end it (``min_epochs`` and ``min_steps``), as in Lightning."""
 
 from __future__ import annotations
 
 import math
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
 
 
 def validation_interval(val_check_interval: int | float, check_val_every_n_epoch: int | None, epoch: int,
@@ -34,3 +40,16 @@ def validation_due(val_check_interval: int | float, check_val_every_n_epoch: int
         return (batch_idx + 1) % every == 0 or batch_idx + 1 == num_batches
     count = batches_seen if check_val_every_n_epoch is None else batch_idx + 1
     return count % every == 0
+
+
+def may_stop(trainer: Trainer) -> bool:
+    """should_stop is set: stop, unless min_epochs/min_steps are not met yet (as in Lightning,
+    early stopping then waits; a preemption signal does not). Says so once, on rank zero."""
+    met = (trainer.min_epochs or 0) <= trainer.current_epoch and (trainer.min_steps or 0) <= trainer.global_step
+    if met or trainer._preemption.stop_now:
+        return True
+    if not trainer._said_min_not_met and trainer.is_global_zero:
+        trainer._said_min_not_met = True
+        print(f"Cadence: should_stop was set, but min_epochs={trainer.min_epochs} / min_steps={trainer.min_steps} are "
+              "not met yet; training continues until they are.", file=sys.stderr)
+    return False

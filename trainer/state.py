@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import platform
 import warnings
 from pathlib import Path
@@ -23,6 +24,8 @@ import torch
 from strategies.checkpoint_files import read_file
 from strategies.sharded_checkpoint import STATE_FILE, is_sharded_checkpoint
 from trainer import checkpoint as checkpoint_io
+from trainer.guards import check_losses
+from trainer.optim import ends_accumulation_window
 from trainer.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
@@ -36,7 +39,7 @@ def training_state(trainer: Trainer) -> dict[str, Any]:
     schedulers, loop counters, every rank's RNG states, callback states. Gathers the RNG states of
     every rank: call it on every rank."""
     epoch, batches_done = loop_position(trainer)
-    if (trainer.stage == "fit" and batches_done and not trainer._ends_window(trainer.batch_idx, trainer.num_training_batches)
+    if (trainer.stage == "fit" and batches_done and not ends_accumulation_window(trainer, trainer.batch_idx, trainer.num_training_batches)
             and trainer.is_global_zero):
         warnings.warn(
             f"save_checkpoint after batch {trainer.batch_idx}, inside an accumulation window of "
@@ -131,6 +134,21 @@ def end_of_fit_checkpoint(trainer: Trainer) -> dict[str, Any]:
         )
     module, training = trainer._end_of_fit
     return checkpoint_state(trainer, module, training)
+
+
+def write_checkpoint(trainer: Trainer, path: str | os.PathLike) -> None:
+    """``Trainer.save_checkpoint``: during a stage, the running state in the strategy's layout
+    (every rank takes part); when no stage runs, the state the last fit ended with (rank zero)."""
+    if trainer.module is None:  # no stage runs: the state the last fit ended with
+        state = end_of_fit_checkpoint(trainer)
+        if trainer.strategy.is_global_zero:  # the processes of a run have left their group: no barrier
+            checkpoint_io.save_atomic(state, path)
+        trainer._last_checkpoint = (str(path), state["loops"]["global_step"])
+        return
+    check_losses(trainer)  # never write weights that a non-finite loss produced
+    state = checkpoint_state(trainer, trainer.module, training_state(trainer))
+    trainer.strategy.save_checkpoint(state, path)  # every rank returns, or raises, together
+    trainer._last_checkpoint = (str(path), trainer.global_step)
 
 
 def loop_position(trainer: Trainer) -> tuple[int, int]:

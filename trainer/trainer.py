@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import functools
 import itertools
 import math
 import os
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,37 +25,32 @@ import callbacks as callbacks_package
 from callbacks import Callback
 from strategies import Strategy
 from strategies.transfer import move_to_device
-from trainer import checkpoint as checkpoint_io
+from trainer import properties
 from trainer.arguments import check_trainer_arguments, loss_of
-from trainer.data import default_max_epochs, loader_length, prepare_loader, set_sampler_epoch
-from trainer.data_source import STAGE_KIND, DataSource, collect_data, prepare_data
+from trainer.data_source import STAGE_KIND, DataSource, collect_data
 from trainer.datamodule import DataModule
+from trainer.guards import check_losses, window_is_finite
+from trainer.hooks import evaluation_hooks, step_hooks
 from trainer.metrics import MetricStore, format_results, split_by_dataloader
 from trainer.module import TrainingModule
-from trainer.guards import check_losses, window_is_finite
-from trainer.log_dir import choose_log_dir, versions_root
-from trainer.hooks import (
-    evaluation_hooks, single_owner, step_hooks, step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks,
-)
-from trainer.optim import SchedulerConfig, clip_gradients, optimizers_for_module, parse_optimizers, step_schedulers
+from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_window, step_schedulers
 from trainer.precision import add_precision_callback
-from trainer.preemption import Preemption
-from trainer.resume import resumable, resume_iterator
-from trainer.seed import preserved_rng, seed_everything, set_cublas_workspace_config, use_deterministic_algorithms
+from trainer.preemption import Preemption, save_for_preemption
+from trainer.publish import publish, publish_received, publish_train_epoch
+from trainer.schedule import may_stop, validation_due, validation_interval
+from trainer.seed import preserved_rng, seed_everything, set_cublas_workspace_config
+from trainer.setup import setup_model
 from trainer.shorthands import reject_unknown_arguments
 from trainer.shorthands import translate as translate_shorthands
-from trainer.schedule import validation_due, validation_interval
+from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
+from trainer.stage_loaders import evaluation_loaders, load_fit_data, reload_due, train_batches
 from trainer.state import (
-    checkpoint_state, end_of_fit_checkpoint, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore,
-    training_state,
+    fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
 )
 from trainer.timing import PhaseTimes, measured
-from trainer.utilities import rank_zero_only
 
 STAGES = ("fit", "validate", "test", "predict")
 CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
-#: The attribute holding each evaluation stage's batches per loader (Lightning's names).
-NUM_BATCHES = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}
 
 
 class Trainer:
@@ -322,16 +314,7 @@ class Trainer:
         optimizers, schedulers, counters and every rank's RNG states as the last step left them,
         so ``fit(model, ckpt_path=path)`` with a larger ``max_epochs`` continues exactly.
         """
-        if self.module is None:  # no stage runs: the state the last fit ended with
-            state = end_of_fit_checkpoint(self)
-            if self.strategy.is_global_zero:  # the processes of a run have left their group: no barrier
-                checkpoint_io.save_atomic(state, path)
-            self._last_checkpoint = (str(path), state["loops"]["global_step"])
-            return
-        check_losses(self)  # never write weights that a non-finite loss produced
-        state = checkpoint_state(self, self.module, training_state(self))
-        self.strategy.save_checkpoint(state, path)  # every rank returns, or raises, together
-        self._last_checkpoint = (str(path), self.global_step)
+        write_checkpoint(self, path)  # trainer/state.py
 
     # =========================================================================================
     # Launch and per-process setup
@@ -347,24 +330,7 @@ class Trainer:
         return output
 
     def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> Any:
-        self.callbacks = callbacks_package.with_module_callbacks(self.callbacks, module.configure_callbacks(),
-                                                                 type(module).__name__)
-        if rank_zero_only.rank == 0:
-            warn_uncalled_hooks([module, *self.callbacks])
-        # The module keeps answering module.trainer and module.global_step after the stage.
-        module._trainer = self
-        if ckpt_path is not None:  # before anything starts, so a wrong path costs nothing
-            directories = [Path(c.dirpath) for c in self.callbacks
-                           if isinstance(c, callbacks_package.ModelCheckpoint) and c.dirpath is not None]
-            best = self.checkpoint_callback.best_model_path if self.checkpoint_callback is not None else None
-            versions = versions_root(self.loggers, self.default_root_dir)
-            ckpt_path = checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, versions, self.is_global_zero,
-                                                        best=best)
-        if self.log_dir is None:  # a resumed run keeps the version directory its checkpoint is in
-            self.log_dir = choose_log_dir(self.loggers, self.default_root_dir, ckpt_path if stage == "fit" else None)
-        self.lightning_module = module  # after the stage too: validate/test/predict(model=None) use it
-        if data.datamodule is not None:
-            self.datamodule = data.datamodule
+        ckpt_path = prepare_launch(self, stage, module, data, ckpt_path)  # callbacks, ckpt_path, log_dir
         output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path)
         if handoff is not None:  # the work ran in other processes: bring its results here
             receive_handoff(self, module, handoff, data.datamodule)
@@ -373,37 +339,11 @@ class Trainer:
 
     def _run_stage(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> tuple[Any, Any]:
         """Everything one process does for one stage; returns (output, handoff for the caller)."""
-        self.stage = stage
-        if stage != "fit":
-            self.progress_bar_metrics = {}
-        self.strategy.setup_environment()
-        rank_zero_only.rank = self.global_rank
-        self.log_dir = self.strategy.broadcast_object(self.log_dir)  # torchrun ranks each chose one; use rank zero's
-        self.module, self._data = module, data
-        module._trainer = self
-        if data.datamodule is not None:
-            data.datamodule.trainer = self
-        self.metrics.start_stage()
-        if stage == "fit" and not takes_batch_idx(module.training_step):
-            # training_step(self, batch) without batch_idx, as Lightning allows: the strategy (and
-            # DDP's forward) call module.training_step(batch, batch_idx), so this stage's module
-            # answers with an adapter; it is removed at teardown.
-            module.training_step = step_without_batch_idx(module.training_step)
+        enter_stage(self, stage, module, data)  # this process's rank, rank zero's log_dir (trainer/stage.py)
         try:
-            if self.seed is not None:
-                seed_everything(self.seed)
-            if self.deterministic:
-                use_deterministic_algorithms()
-            if self.strategy.is_global_zero:
-                print(self.strategy.describe(), file=sys.stderr)
-            prepare_data(data, self.strategy)  # local rank zero; the other processes wait
-            if data.datamodule is not None:
-                data.datamodule.setup(stage)
-            for callback in self.callbacks:
-                callback.setup(self, module, stage)
-            module.setup(stage)
+            setup_stage(self, stage, module, data)  # seed, prepare_data, the setup hooks
             self._hooks = step_hooks(self.callbacks, module)
-            self.model = self._setup_model(module, stage)
+            self.model = setup_model(self, module, stage)  # the one setup order (trainer/setup.py)
             if stage == "fit":
                 with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
                     output = self._run_fit(module, data, ckpt_path)
@@ -411,7 +351,8 @@ class Trainer:
                 checkpoint = read_checkpoint(ckpt_path, data.datamodule)
                 if ckpt_path is not None:
                     restore(self, ckpt_path, model_only=True, state=checkpoint)
-                output = self._run_evaluation(stage, data.loaders(STAGE_KIND[stage]))
+                loaders, counts = evaluation_loaders(self, stage, data.loaders(STAGE_KIND[stage]))
+                output = self._evaluation_loop(stage, loaders, counts)
             handoff = handoff_state(self, module, stage, data.datamodule) if self.strategy.launches_subprocesses else None
             return output, handoff
         except BaseException as error:
@@ -419,78 +360,9 @@ class Trainer:
                 callback.on_exception(self, module, error)
             raise
         finally:
-            if data.datamodule is not None:
-                data.datamodule.teardown(stage)
-            for callback in self.callbacks:
-                callback.teardown(self, module, stage)
-            module.teardown(stage)
-            self.strategy.teardown()
-            for handle in self._step_hook_handles:
-                handle.remove()
-            self._step_hook_handles = []
-            vars(module).pop("training_step", None)  # the adapter above, if any
-            self.metrics.stop()
-            self.module = self.model = self._data = None
+            teardown_stage(self, stage, module, data)  # the teardown hooks, the strategy's
 
-    def _setup_model(self, module: TrainingModule, stage: str) -> torch.nn.Module:
-        """The one setup order of every strategy (each step sees what the previous one built):
-
-            module.configure_model      the user's late-built layers (under FSDP: on the meta device)
-            strategy.setup_module       move once (or keep on meta, to materialize shard by shard)
-            callbacks' configure_model  activation checkpointing, then compile, in the order given
-            strategy.wrap_module        DDP wraps; FSDP shards the blocks, then the root
-            configure_optimizers        so the optimizer holds the parameters it will step (FSDP's shards)
-
-        The checkpoint, if any, is restored after this, by the stage.
-        """
-        module.configure_model()
-        module = self.strategy.setup_module(module)
-        for callback in self.callbacks:
-            configured = callback.configure_model(module)
-            if configured is not module:
-                raise RuntimeError(
-                    f"{type(callback).__name__}.configure_model returned a new object; modify the "
-                    "module in place (module.compile(), wrapping submodules) so its state_dict keeps its keys."
-                )
-        model = self.strategy.wrap_module(module, stage)
-        if stage == "fit":
-            self._setup_optimization(module)
-        return model
-
-    def _setup_optimization(self, module: TrainingModule) -> None:
-        """configure_optimizers, read once; the seams' owners; what clipping walks."""
-        self.optimizers, self.lr_scheduler_configs = parse_optimizers(module.configure_optimizers())
-        self._automatic_optimization = module.automatic_optimization  # read once: the hot loop reads it every step
-        if self._automatic_optimization:
-            if len(self.optimizers) > 1:
-                raise ValueError(
-                    f"configure_optimizers returned {len(self.optimizers)} optimizers. Several optimizers "
-                    "need manual optimization: set self.automatic_optimization = False in __init__ and "
-                    "step them in training_step (self.optimizers(), self.manual_backward(loss))."
-                )
-        else:
-            if self.accumulate_grad_batches != 1 or self.gradient_clip_val is not None:
-                raise ValueError(
-                    "accumulate_grad_batches and gradient_clip_val apply to automatic optimization only; "
-                    "with self.automatic_optimization = False, accumulate and clip in training_step."
-                )
-            if self.on_nonfinite_loss == "skip":
-                raise ValueError(
-                    "Trainer(on_nonfinite_loss='skip') skips optimizer steps the Trainer takes; with "
-                    "self.automatic_optimization = False, check the loss in training_step instead."
-                )
-            # global_step counts optimizer steps, as in Lightning; the hooks go away at teardown.
-            self._step_hook_handles = [optimizer.register_step_post_hook(self._count_manual_step) for optimizer in self.optimizers]
-            if self._hooks.before_step:  # on_before_optimizer_step when training_step calls opt.step()
-                self._step_hook_handles += [optimizer.register_step_pre_hook(self._before_manual_step)
-                                            for optimizer in self.optimizers]
-        owner = single_owner([c for c in self.callbacks if c.owns_backward], "owns_backward")
-        # Bound once: the step calls it without asking who owns backward.
-        self._backward = functools.partial(owner.backward, self, module) if owner is not None else self.strategy.backward
-        self._step_owner = single_owner([c for c in self.callbacks if c.owns_optimizer_step], "owns_optimizer_step")
-        self._clip_parameters = [p for group in self.optimizers[0].param_groups for p in group["params"]]
-        self._module_optimizers = optimizers_for_module(self.optimizers, self)  # self.optimizers() in manual mode
-
+    # Manual optimization's optimizer hooks (registered by trainer/setup.py): per step, so here.
     def _count_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.global_step += 1
 
@@ -502,7 +374,7 @@ class Trainer:
     # =========================================================================================
     def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
         checkpoint = read_checkpoint(ckpt_path, data.datamodule)
-        train_loader, val_loaders = self._load_fit_data(data)
+        train_loader, val_loaders = load_fit_data(self, data)
         self.should_stop, self._resume_position, self._unchecked_losses = False, None, []
         self._said_min_not_met = False
         self._end_of_fit = None
@@ -519,8 +391,8 @@ class Trainer:
         self.strategy.check_placement(module)  # once, before the first step
         loaded_at = self.current_epoch
         while not self._finished():
-            if self._reload_due(data, loaded_at):
-                train_loader, val_loaders = self._load_fit_data(data)
+            if reload_due(self, data, loaded_at):
+                train_loader, val_loaders = load_fit_data(self, data)
                 loaded_at = self.current_epoch
             self._run_train_epoch(train_loader, val_loaders)
         # What save_checkpoint writes after fit returns: this moment's state, as a checkpoint
@@ -533,45 +405,12 @@ class Trainer:
             callback.on_fit_end(self, module)
         module.on_fit_end()
 
-    def _load_fit_data(self, data: DataSource) -> tuple[Any, list[Any] | None]:
-        """The training loader and the validation loaders (None: no validation), prepared."""
-        [train_loader] = data.loaders("train")
-        self.max_epochs = default_max_epochs(self.max_epochs, self.max_steps, train_loader, warn=self.is_global_zero)
-        every = self.reload_dataloaders_every_n_epochs  # a reloaded loader gets a seed of its own, not epoch 0's
-        offset = self.current_epoch - self.current_epoch % every if every else 0
-        train_loader, self.num_training_batches = self._prepare_loader(train_loader, "train", True, offset)
-        train_loader, self._train_sampler = resumable(train_loader)  # records each epoch's RNG for resuming
-        self.train_dataloader = train_loader
-        prepared = [self._prepare_loader(loader, "validate", False, offset) for loader in data.loaders("val")]
-        self.num_val_batches = [count for _, count in prepared]
-        if not any(self.num_val_batches):
-            return train_loader, None  # limit_val_batches=0: no validation at all, hooks included (as in Lightning)
-        return train_loader, [loader for loader, _ in prepared]
-
-    def _reload_due(self, data: DataSource, loaded_at: int) -> bool:
-        """reload_dataloaders_every_n_epochs: at epochs 0, n, 2n, ... the hooks make new loaders."""
-        every = self.reload_dataloaders_every_n_epochs
-        return (bool(every) and self.current_epoch % every == 0 and self.current_epoch != loaded_at
-                and (data.from_hook("train") or data.from_hook("val")))
-
     def _finished(self) -> bool:
         return (
-            (self.should_stop and self._may_stop())
+            (self.should_stop and may_stop(self))
             or (self.max_steps != -1 and self.global_step >= self.max_steps)
             or (self.max_epochs not in (None, -1) and self.current_epoch >= self.max_epochs)
         )
-
-    def _may_stop(self) -> bool:
-        """should_stop is set: stop, unless min_epochs/min_steps are not met yet (as in Lightning,
-        early stopping then waits; a preemption signal does not)."""
-        met = (self.min_epochs or 0) <= self.current_epoch and (self.min_steps or 0) <= self.global_step
-        if met or self._preemption.stop_now:
-            return True
-        if not self._said_min_not_met and self.is_global_zero:
-            self._said_min_not_met = True
-            print(f"Cadence: should_stop was set, but min_epochs={self.min_epochs} / min_steps={self.min_steps} are not "
-                  "met yet; training continues until they are.", file=sys.stderr)
-        return False
 
     def _run_train_epoch(self, train_loader: Any, val_loaders: list[Any] | None) -> None:
         module, strategy, hooks = self.module, self.strategy, self._hooks
@@ -589,7 +428,7 @@ class Trainer:
         times, clock = self.phase_times, time.perf_counter  # two host clock reads a batch, no device sync
         times.start_loop(self._train_batches_seen)
         # The strategy moves the batches (on CUDA it copies the next one while this one computes).
-        for batch_idx, batch in strategy.batches_on_device(self._iterate_train(train_loader)):
+        for batch_idx, batch in strategy.batches_on_device(train_batches(self, train_loader)):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
             times.data_wait += clock() - times.ready
             self.batch_idx = batch_idx
@@ -609,10 +448,10 @@ class Trainer:
                                                         val_every, num_batches, self._train_batches_seen):
                 self._run_validation(val_loaders)
             times.ready = clock()  # the next batch is asked for now
-            if self._preemption.stop_now and self._ends_window(batch_idx, num_batches):  # a plain bool read
-                self._save_for_preemption()
+            if self._preemption.stop_now and ends_accumulation_window(self, batch_idx, num_batches):  # a plain bool read
+                save_for_preemption(self)
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
-            if (self.should_stop and self._may_stop()) or (self.max_steps != -1 and self.global_step >= self.max_steps):
+            if (self.should_stop and may_stop(self)) or (self.max_steps != -1 and self.global_step >= self.max_steps):
                 break
         times.end_loop(self._train_batches_seen)
         if batch_idx == -1 and self._resume_position is None:
@@ -622,26 +461,6 @@ class Trainer:
             )
         self._resume_position = None
         self._end_train_epoch()
-
-    def _iterate_train(self, loader: Any) -> Iterator[tuple[int, Any]]:
-        """``enumerate(loader)`` under limit_train_batches, resuming mid-epoch at the index level."""
-        set_sampler_epoch(loader, self.current_epoch)
-        skip = 0
-        if self._resume_position is not None and self._resume_position[0] == self.current_epoch:
-            skip = self._resume_position[1]
-        limit = self.num_training_batches
-        if skip >= limit:  # the checkpoint was written after the epoch's last batch
-            return iter(())
-        # Resuming mid-epoch redraws the epoch's order from the RNG state it began with and skips
-        # the batches already trained as indices; nothing is fetched twice (trainer/resume.py).
-        iterator = resume_iterator(loader, self._train_sampler, skip, self._resume_rng) if skip else iter(loader)
-        batches = enumerate(iterator, start=skip)  # hot loop: C iterators only, no generator frame
-        if limit < (loader_length(loader) or math.inf):
-            # islice stops after the last batch without fetching another. Otherwise the loader runs
-            # out on its own, as in `for batch in loader`: a shuffling RandomSampler draws from its
-            # generator when it runs out, so stopping one next() early changes every later epoch's order.
-            return itertools.islice(batches, limit - skip)
-        return batches
 
     def _training_step(self, module: TrainingModule, batch: Any, batch_idx: int, num_batches: int | float) -> Any:
         """Forward and backward for one batch; at the end of each accumulation window the optimizer
@@ -738,22 +557,14 @@ class Trainer:
         self.metrics.send_step_values(self.global_step)
         if received is not None:
             step, values, specs = received
-            self._publish(values, specs, step)
+            publish(self, values, specs, step)
         check_losses(self)
         self._preemption.agree(self.strategy)  # with several processes: stop on every rank, or none
 
     def _end_train_epoch(self) -> None:
         check_losses(self)
         self._in_epoch_end = True
-        received = self.metrics.receive()
-        if received is not None:
-            self._publish(received[1], received[2], received[0])
-        self.metrics.send_step_values(self.global_step)  # the epoch's last step values, read now
-        received = self.metrics.receive()
-        values, specs = self.metrics.read_epoch_values(self.metrics.train)
-        values.update(received[1])
-        specs.update(received[2])
-        self._publish(values, specs, self.global_step)
+        publish_train_epoch(self)  # the last log step's values, this step's (read now), the epoch's
         if self._automatic_optimization:  # as in Lightning, manual optimization steps its own
             step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics)
         for callback in self.callbacks:
@@ -761,20 +572,6 @@ class Trainer:
         self.module.on_train_epoch_end()
         self.current_epoch += 1
         self._in_epoch_end, self.batch_idx = False, -1
-
-    def _publish(self, values: dict[str, float], specs: dict[str, Any], step: int) -> None:
-        """Host values reach callback_metrics, the progress bar and the loggers (on_log)."""
-        if not values:
-            return
-        for key, value in values.items():
-            self.callback_metrics[key] = torch.tensor(value)
-            if specs[key].prog_bar:
-                self.progress_bar_metrics[key] = value
-        logged = {key: value for key, value in values.items() if specs[key].logger}  # self.log(logger=False): not these
-        self.logged_metrics.update(logged)
-        if not self.sanity_checking:
-            for callback in self.callbacks:
-                callback.on_log(self, self.module, logged, step)
 
     # =========================================================================================
     # Validation, test, predict
@@ -795,23 +592,13 @@ class Trainer:
 
     @measured("validation")
     def _run_validation(self, val_loaders: list[Any]) -> None:
-        received = self.metrics.receive()  # the last log step's values first: the logs stay in step order
-        if received is not None:
-            self._publish(received[1], received[2], received[0])
+        publish_received(self)  # the last log step's values first: the logs stay in step order
         # Validating leaves every RNG as it found it: the weights do not depend on when (or
         # whether) validation runs, and a checkpoint written just before it resumes exactly.
         with preserved_rng():
             self._evaluation_loop("validate", val_loaders, self.num_val_batches)
         self.model.train()
         self.metrics.start_training()
-
-    def _run_evaluation(self, stage: str, loaders: list[Any]) -> Any:
-        if not loaders:
-            raise ValueError(f"Trainer.{stage} got an empty list of loaders; pass at least one DataLoader.")
-        prepared = [self._prepare_loader(loader, stage, False) for loader in loaders]
-        counts = [count for _, count in prepared]
-        setattr(self, NUM_BATCHES[stage], counts)
-        return self._evaluation_loop(stage, [loader for loader, _ in prepared], counts)
 
     def _evaluation_loop(self, stage: str, loaders: list[Any], limits: list[int | float]) -> Any:
         """One pass of validation, test or predict over each loader in turn, under
@@ -854,10 +641,10 @@ class Trainer:
             hook(self, module)
         hooks.module_epoch_end()
         for step, step_values, step_specs in self.metrics.read_evaluation_step_values(stage, not self.sanity_checking):
-            self._publish(step_values, step_specs, step)
+            publish(self, step_values, step_specs, step)
         values, specs = self.metrics.read_epoch_values(self.metrics.evaluation)
         if not self.sanity_checking:
-            self._publish(values, specs, self.global_step)
+            publish(self, values, specs, self.global_step)
         for hook in hooks.end:
             hook(self, module)
         hooks.module_end()
@@ -870,73 +657,15 @@ class Trainer:
         return predictions if several else predictions[0]
 
     # =========================================================================================
-    # Preemption
+    # Lightning's read-only names, looked up in the strategy and the callbacks (trainer/properties.py)
     # =========================================================================================
-    def _ends_window(self, batch_idx: int, num_batches: int | float) -> bool:
-        """True after the batch that ends an accumulation window (every batch in manual optimization):
-        a checkpoint there holds no half-accumulated gradients."""
-        if not self._automatic_optimization:
-            return True
-        return (batch_idx + 1) % self.accumulate_grad_batches == 0 or batch_idx + 1 == num_batches
-
-    def _save_for_preemption(self) -> None:
-        """A preemption signal arrived: publish what was logged, write last.ckpt, stop the loop."""
-        received = self.metrics.receive()  # the copy sent at the last log step
-        if received is not None:
-            self._publish(received[1], received[2], received[0])
-        self.metrics.send_step_values(self.global_step)  # and what was logged since
-        step, values, specs = self.metrics.receive()
-        self._publish(values, specs, step)
-        if self.checkpoint_callback is not None:
-            path = self.checkpoint_callback.write_last(self)
-        else:
-            path = Path(self.log_dir) / "checkpoints" / "last.ckpt"
-            self.save_checkpoint(path)
-        self.should_stop = True
-        if self.is_global_zero:
-            print(f"Cadence: {self._preemption.reason}; stopped after global step {self.global_step} "
-                  f"(epoch {self.current_epoch}, batch {self.batch_idx}) and saved {path}. Run the same command "
-                  "with fit(..., ckpt_path=\"last\") to resume.", file=sys.stderr, flush=True)
-
-    # =========================================================================================
-    # Small helpers
-    # =========================================================================================
-    def _prepare_loader(self, loader: Any, stage: str, shuffle: bool, seed_offset: int = 0) -> tuple[Any, int | float]:
-        seed = None if self.seed is None else self.seed + seed_offset
-        return prepare_loader(loader, stage, shuffle=shuffle, strategy=self.strategy, seed=seed, limit=self.limits[stage],
-                              sequential=bool(self.overfit_batches), shard=self.use_distributed_sampler)
-
-    @property
-    def is_global_zero(self) -> bool:
-        return self.strategy.is_global_zero
-
-    @property
-    def global_rank(self) -> int:
-        return self.strategy.global_rank
-
-    @property
-    def world_size(self) -> int:
-        return self.strategy.world_size
-
-    @property
-    def progress_bar_callback(self) -> Callback | None:
-        """The first ``ProgressBar`` among the callbacks (Lightning's name), or None."""
-        return next((c for c in self.callbacks if isinstance(c, callbacks_package.ProgressBar)), None)
-
-    @property
-    def loggers(self) -> list[Callback]:
-        """The loggers among the callbacks (``callbacks.Logger``), in order (Lightning's name)."""
-        return [callback for callback in self.callbacks if isinstance(callback, callbacks_package.Logger)]
-
-    @property
-    def logger(self) -> Callback | None:
-        """The first logger, or None (Lightning's name)."""
-        return next(iter(self.loggers), None)
-
-    @property
-    def checkpoint_callback(self) -> Callback | None:
-        """The first ``ModelCheckpoint`` among the callbacks (Lightning's name), or None."""
-        return next((c for c in self.callbacks if isinstance(c, callbacks_package.ModelCheckpoint)), None)
+    is_global_zero = property(properties.is_global_zero)
+    global_rank = property(properties.global_rank)
+    world_size = property(properties.world_size)
+    progress_bar_callback = property(properties.progress_bar_callback)
+    loggers = property(properties.loggers)
+    logger = property(properties.logger)
+    checkpoint_callback = property(properties.checkpoint_callback)
 
 
 #: One context serves every evaluation batch and manual-optimization step without a forward

@@ -1,0 +1,91 @@
+"""The loaders as a stage runs them: prepared for the strategy (sharded, seeded, limited), counted,
+reloaded every ``reload_dataloaders_every_n_epochs``, and an epoch's training batches, resumed
+mid-epoch.
+
+Where the loaders come from is ``trainer/data_source.py``; what preparing one does is
+``trainer/data.py``; resuming at the index level is ``trainer/resume.py``. These functions put
+them together for the Trainer and set its public counts (``num_training_batches``,
+``num_val_batches``, ...), once per stage or epoch: nothing here runs per batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from trainer.data import default_max_epochs, loader_length, prepare_loader, set_sampler_epoch
+from trainer.resume import resumable, resume_iterator
+
+if TYPE_CHECKING:
+    from trainer.data_source import DataSource
+    from trainer.trainer import Trainer
+
+#: The attribute holding each evaluation stage's batches per loader (Lightning's names).
+NUM_BATCHES = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}
+
+
+def prepare_stage_loader(trainer: Trainer, loader: Any, stage: str, shuffle: bool,
+                         seed_offset: int = 0) -> tuple[Any, int | float]:
+    """``loader`` prepared under the Trainer's settings, and its number of batches under the limit."""
+    seed = None if trainer.seed is None else trainer.seed + seed_offset
+    return prepare_loader(loader, stage, shuffle=shuffle, strategy=trainer.strategy, seed=seed,
+                          limit=trainer.limits[stage], sequential=bool(trainer.overfit_batches),
+                          shard=trainer.use_distributed_sampler)
+
+
+def load_fit_data(trainer: Trainer, data: DataSource) -> tuple[Any, list[Any] | None]:
+    """The training loader and the validation loaders (None: no validation), prepared."""
+    [train_loader] = data.loaders("train")
+    trainer.max_epochs = default_max_epochs(trainer.max_epochs, trainer.max_steps, train_loader,
+                                            warn=trainer.is_global_zero)
+    every = trainer.reload_dataloaders_every_n_epochs  # a reloaded loader gets a seed of its own, not epoch 0's
+    offset = trainer.current_epoch - trainer.current_epoch % every if every else 0
+    train_loader, trainer.num_training_batches = prepare_stage_loader(trainer, train_loader, "train", True, offset)
+    train_loader, trainer._train_sampler = resumable(train_loader)  # records each epoch's RNG for resuming
+    trainer.train_dataloader = train_loader
+    prepared = [prepare_stage_loader(trainer, loader, "validate", False, offset) for loader in data.loaders("val")]
+    trainer.num_val_batches = [count for _, count in prepared]
+    if not any(trainer.num_val_batches):
+        return train_loader, None  # limit_val_batches=0: no validation at all, hooks included (as in Lightning)
+    return train_loader, [loader for loader, _ in prepared]
+
+
+def reload_due(trainer: Trainer, data: DataSource, loaded_at: int) -> bool:
+    """reload_dataloaders_every_n_epochs: at epochs 0, n, 2n, ... the hooks make new loaders."""
+    every = trainer.reload_dataloaders_every_n_epochs
+    return (bool(every) and trainer.current_epoch % every == 0 and trainer.current_epoch != loaded_at
+            and (data.from_hook("train") or data.from_hook("val")))
+
+
+def evaluation_loaders(trainer: Trainer, stage: str, loaders: list[Any]) -> tuple[list[Any], list[int | float]]:
+    """Validate, test or predict's loaders, prepared, and their numbers of batches (also set as
+    ``trainer.num_val_batches``, ``num_test_batches`` or ``num_predict_batches``)."""
+    if not loaders:
+        raise ValueError(f"Trainer.{stage} got an empty list of loaders; pass at least one DataLoader.")
+    prepared = [prepare_stage_loader(trainer, loader, stage, False) for loader in loaders]
+    counts = [count for _, count in prepared]
+    setattr(trainer, NUM_BATCHES[stage], counts)
+    return [loader for loader, _ in prepared], counts
+
+
+def train_batches(trainer: Trainer, loader: Any) -> Iterator[tuple[int, Any]]:
+    """``enumerate(loader)`` under limit_train_batches, resuming mid-epoch at the index level."""
+    set_sampler_epoch(loader, trainer.current_epoch)
+    skip = 0
+    if trainer._resume_position is not None and trainer._resume_position[0] == trainer.current_epoch:
+        skip = trainer._resume_position[1]
+    limit = trainer.num_training_batches
+    if skip >= limit:  # the checkpoint was written after the epoch's last batch
+        return iter(())
+    # Resuming mid-epoch redraws the epoch's order from the RNG state it began with and skips
+    # the batches already trained as indices; nothing is fetched twice (trainer/resume.py).
+    iterator = resume_iterator(loader, trainer._train_sampler, skip, trainer._resume_rng) if skip else iter(loader)
+    batches = enumerate(iterator, start=skip)  # hot loop: C iterators only, no generator frame
+    if limit < (loader_length(loader) or math.inf):
+        # islice stops after the last batch without fetching another. Otherwise the loader runs
+        # out on its own, as in `for batch in loader`: a shuffling RandomSampler draws from its
+        # generator when it runs out, so stopping one next() early changes every later epoch's order.
+        return itertools.islice(batches, limit - skip)
+    return batches

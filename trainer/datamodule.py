@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader, Dataset
 
+from trainer.data_hooks import DataHooks
 from trainer.module import HParams, TrainingModule
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class DataModule:
+class DataModule(DataHooks):
     """Where a run's data comes from: download it, build the datasets, hand out the loaders.
 
     Override ``setup`` and the ``*_dataloader`` hooks the stages you run need; everything else
@@ -52,9 +53,6 @@ class DataModule:
         trainer.fit(model, datamodule=MNISTData())   # or trainer.fit(model, MNISTData())
     """
 
-    #: Call prepare_data once per machine (True) or once in all (False: shared storage).
-    prepare_data_per_node: bool = True
-
     def __init__(self) -> None:
         self.trainer: Trainer | None = None  # the Trainer that last ran with it
         self.hparams = HParams()
@@ -62,29 +60,10 @@ class DataModule:
     # The same function as TrainingModule's: it reads the arguments of the caller's __init__.
     save_hyperparameters = TrainingModule.save_hyperparameters
 
-    # --- the hooks, in the order the Trainer calls them --------------------------------------
-    def prepare_data(self) -> None:
-        """Download or write data to disk. Runs in one process per machine: state set here is not
-        seen by the others (build datasets in ``setup``)."""
-
+    # --- the hooks, in the order the Trainer calls them: prepare_data (DataHooks), setup, the
+    # *_dataloader hooks (DataHooks), teardown -------------------------------------------------
     def setup(self, stage: str) -> None:
         """Build the datasets for ``stage`` (``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``)."""
-
-    def train_dataloader(self) -> Any:
-        """The training loader (``fit``)."""
-        return None
-
-    def val_dataloader(self) -> Any:
-        """The validation loader, or a list (or dict) of them (``fit``, ``validate``)."""
-        return None
-
-    def test_dataloader(self) -> Any:
-        """The test loader, or a list (or dict) of them (``test``)."""
-        return None
-
-    def predict_dataloader(self) -> Any:
-        """The prediction loader, or a list (or dict) of them (``predict``)."""
-        return None
 
     def teardown(self, stage: str) -> None:
         """Release what ``setup`` built, at the end of ``stage`` (also after an error)."""

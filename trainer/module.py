@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from trainer.data_hooks import DataHooks
 from trainer.loading import load_module
 from trainer.optim import clip_optimizer_gradients
 
@@ -36,7 +37,7 @@ class HParams(dict):
         self[name] = value
 
 
-class TrainingModule(nn.Module):
+class TrainingModule(DataHooks, nn.Module):
     """A model plus the steps that train, validate, test and predict with it.
 
     Override ``training_step`` and ``configure_optimizers``; everything else is optional.
@@ -382,25 +383,6 @@ class TrainingModule(nn.Module):
             "a list of optimizers, (optimizers, schedulers), or "
             '{"optimizer": ..., "lr_scheduler": ...}.'
         )
-
-    # --- optional data hooks ---------------------------------------------------------------
-    #: Call prepare_data once per machine (True) or once in all (False: shared storage).
-    prepare_data_per_node: bool = True
-
-    def prepare_data(self) -> None:
-        """Download or write data, once per machine before any process sets up (see DataModule)."""
-
-    def train_dataloader(self) -> Any:
-        return None
-
-    def val_dataloader(self) -> Any:
-        return None
-
-    def test_dataloader(self) -> Any:
-        return None
-
-    def predict_dataloader(self) -> Any:
-        return None
 
     # --- lifecycle hooks, each a no-op; see Trainer.fit for the order ------------------------
     def configure_model(self) -> None:

@@ -181,6 +181,17 @@ def test_checkpoints_are_directories_of_each_ranks_shards_pruned_and_linked_by_m
     assert (steps / "last.ckpt" / "state.pt").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
+def test_the_command_lines_last_and_best_find_sharded_checkpoint_directories(launched):
+    from trainer.runs import checkpoint_for
+
+    steps = launched.out / "steps"
+    same_as_the_run = ModelCheckpoint(dirpath=steps, every_n_train_steps=3, every_n_epochs=None, save_top_k=1,
+                                      monitor=None, mode="max")  # run_fsdp's "steps" callback: its state key
+    trainer = Trainer(strategy="cpu", logger=False, enable_progress_bar=False, callbacks=[same_as_the_run])
+    assert Path(checkpoint_for("last", "test", trainer, "run_fsdp.Blocks")) == steps / "last.ckpt"
+    assert Path(checkpoint_for("best", "test", trainer, "run_fsdp.Blocks")).resolve() == (steps / "epoch=1-step=6.ckpt").resolve()
+
+
 def test_a_sharded_checkpoint_resumes_mid_epoch_to_the_same_weights(records):
     assert records["resume"]["global_step"] == 8
     assert_weights_close(records["resume"]["final"], records["accumulate_clip"]["final"], atol=0)

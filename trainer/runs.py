@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from callbacks import Callback, ModelCheckpoint
+from strategies.sharded_checkpoint import STATE_FILE, is_sharded_checkpoint
 from trainer.checkpoint import check_exists
 from trainer.config_files import ConfigError
 
@@ -172,7 +173,7 @@ def _newest_last(trainer: Trainer, model_class_path: str) -> tuple[Path | None, 
         root = Path(trainer.default_root_dir) / "cadence_logs"
         candidates, where = sorted(root.glob("version_*/checkpoints/last.ckpt")), f"{root}/version_*/checkpoints"
         candidates = [c for c in candidates if _model_of(c.parent.parent) in (None, model_class_path)]
-    candidates = [c for c in candidates if c.is_file()]
+    candidates = [c for c in candidates if c.is_file() or is_sharded_checkpoint(c)]  # FSDP's: a directory
     return (max(candidates, key=os.path.getmtime) if candidates else None), where
 
 
@@ -187,7 +188,8 @@ def _model_of(run_directory: Path) -> str | None:
 def _best_recorded_in(last: Path, trainer: Trainer) -> Path:
     import torch
 
-    state = torch.load(last, map_location="cpu", weights_only=True, mmap=True)  # mmap: no tensor is read
+    recorded_in = last / STATE_FILE if last.is_dir() else last  # a sharded checkpoint keeps it beside the shards
+    state = torch.load(recorded_in, map_location="cpu", weights_only=True, mmap=True)  # mmap: no tensor is read
     recorded = {key: value for key, value in state.get("callbacks", {}).items()
                 if key.startswith("ModelCheckpoint") and value.get("best_model_path")}
     ours = trainer.checkpoint_callback.state_key if trainer.checkpoint_callback is not None else None
@@ -197,7 +199,7 @@ def _best_recorded_in(last: Path, trainer: Trainer) -> Path:
         raise ConfigError(f"ckpt_path: best: {last} does not say which checkpoint is best for {ours or 'this run'} "
                           f"(ModelCheckpoints recorded: {found}). Pass a checkpoint path.", "ckpt_path")
     best = Path(chosen["best_model_path"])
-    if not best.is_file():
+    if not (best.is_file() or is_sharded_checkpoint(best)):
         raise ConfigError(f"ckpt_path: best: the best checkpoint recorded in {last}, {best}, no longer exists. "
                           "Pass another checkpoint path, or ckpt_path: last.", "ckpt_path")
     return best

@@ -176,7 +176,7 @@ def _culprit(name: str, obj: Any, error: Exception, depth: int = 3) -> tuple[str
     return name, error
 
 
-def check_picklable(function: Callable[..., Any], args: tuple, count: int) -> None:
+def check_picklable(function: Callable[..., Any], args: tuple, count: int, strategy_name: str = "DDP") -> None:
     """Raise a ValueError naming what cannot be sent to the spawned processes, and the fixes."""
     names = list(inspect.signature(function).parameters)
     named = [(names[i] if i < len(names) else f"argument {i}", arg) for i, arg in enumerate(args)]
@@ -189,10 +189,10 @@ def check_picklable(function: Callable[..., Any], args: tuple, count: int) -> No
             continue
         where, error = _culprit(name, obj, error)
         if isinstance(error, _CannotSend):
-            raise ValueError(f"DDP starts {count} new processes and sends them the work, but `{where}` is {error}. "
+            raise ValueError(f"{strategy_name} starts {count} new processes and sends them the work, but `{where}` is {error}. "
                              f"{error.fix}")
         raise ValueError(
-            f"DDP starts {count} new processes and must pickle the work for them, but `{where}` cannot "
+            f"{strategy_name} starts {count} new processes and must pickle the work for them, but `{where}` cannot "
             f"be pickled ({error}). Define it at module level (not inside a function, and not a "
             "lambda) in a module the processes can import, or launch with torchrun, where each "
             f"process builds its own objects: `torchrun --nproc-per-node={count} your_script.py`."

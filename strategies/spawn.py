@@ -41,11 +41,11 @@ GRACE_PERIOD_S = 3.0
 
 def spawn_workers(strategy: DDP, function: Callable[..., Any], args: tuple) -> Any:
     """Run ``function(*args)`` in ``strategy.num_processes`` new processes; return rank zero's result."""
-    count = strategy.num_processes
+    count, name = strategy.num_processes, type(strategy).__name__
     if strategy.start_method != "fork":
-        check_picklable(function, args, count)
+        check_picklable(function, args, count, name)
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    store = host_store(host, int(os.environ.get("MASTER_PORT", 0)), strategy.timeout)
+    store = host_store(host, int(os.environ.get("MASTER_PORT", 0)), strategy.timeout, name)
     try:
         return _run_workers(strategy, function, args, count, host, store)
     finally:
@@ -59,6 +59,7 @@ def spawn_workers(strategy: DDP, function: Callable[..., Any], args: tuple) -> A
 
 def _run_workers(strategy: DDP, function: Callable[..., Any], args: tuple, count: int, host: str,
                  store: dist.TCPStore) -> Any:
+    name = type(strategy).__name__  # DDP or FSDP, in what the user reads
     with tempfile.TemporaryDirectory(prefix="cadence-ddp-") as directory:
         result_path = str(Path(directory) / "rank0-result.pt")
         context = mp.start_processes(
@@ -72,19 +73,21 @@ def _run_workers(strategy: DDP, function: Callable[..., Any], args: tuple, count
             # Spawned workers set up one stage each: their keys live under the first session's prefix.
             message = failure_message(dist.PrefixStore(forensics.session_prefix(0), store), count,
                                       _native_crash(context, error), strategy.timeout.total_seconds(),
-                                      started=[_started_marker(directory, rank).exists() for rank in range(count)])
+                                      started=[_started_marker(directory, rank).exists() for rank in range(count)],
+                                      name=name)
             del store  # this frame outlives the call in the error's traceback (see spawn_workers)
             raise RuntimeError(message) from None
         finally:
             _stop_leftovers(context)
         unfinished = [rank for rank in range(count) if not _done_marker(directory, rank).exists()]
         if unfinished:  # every rank ended with exit code 0, yet not all of them finished
-            message = _unfinished_message(dist.PrefixStore(forensics.session_prefix(0), store), count, unfinished[0])
+            message = _unfinished_message(dist.PrefixStore(forensics.session_prefix(0), store), count, unfinished[0],
+                                          name)
             del store
             raise RuntimeError(message)
         for rank, exit_code in died_after_work:
             warnings.warn(
-                f"DDP rank {rank} of {count} {_ended_how(exit_code)} while its process was exiting, after it had "
+                f"{name} rank {rank} of {count} {_ended_how(exit_code)} while its process was exiting, after it had "
                 "finished its work; the results are complete. Its output above says where (a crash in native "
                 "code at interpreter exit prints every thread's Python stack).", stacklevel=5,
             )
@@ -93,13 +96,13 @@ def _run_workers(strategy: DDP, function: Callable[..., Any], args: tuple, count
         return torch.load(result_path, map_location="cpu", weights_only=False)
 
 
-def host_store(host: str, port: int, timeout: datetime.timedelta) -> dist.TCPStore:
+def host_store(host: str, port: int, timeout: datetime.timedelta, name: str = "DDP") -> dist.TCPStore:
     """The process group's store, served from this process; port 0 picks a free port."""
     try:
         return dist.TCPStore(host, port, None, True, timeout=timeout, wait_for_workers=False)
     except (RuntimeError, ValueError) as error:
         raise RuntimeError(
-            f"DDP could not open its meeting point on {host}:{port} ({str(error).splitlines()[0]}). "
+            f"{name} could not open its meeting point on {host}:{port} ({str(error).splitlines()[0]}). "
             + ("Unset MASTER_PORT to let Cadence pick a free port, or set it to a free one."
                if port else "Set MASTER_ADDR to an address of this machine (e.g. 127.0.0.1).")
         ) from error
@@ -158,11 +161,11 @@ def _wait_for_workers(context: Any, directory: str) -> list[tuple[int, int]]:
     return died_after_work
 
 
-def _unfinished_message(store: Any, count: int, rank: int) -> str:
+def _unfinished_message(store: Any, count: int, rank: int, name: str = "DDP") -> str:
     first = forensics.first_failure(store, count)
     if first is not None:
-        return f"DDP rank {first[0]} of {count} ended before its work was done. Its error:\n\n{first[1].rstrip()}"
-    return (f"DDP rank {rank} of {count} ended with exit code 0 before its work was done: code in the worker "
+        return f"{name} rank {first[0]} of {count} ended before its work was done. Its error:\n\n{first[1].rstrip()}"
+    return (f"{name} rank {rank} of {count} ended with exit code 0 before its work was done: code in the worker "
             "called sys.exit() or os._exit(). Raise an exception instead, or set trainer.should_stop = True "
             "to end training early.")
 
@@ -230,7 +233,7 @@ def _stop_leftovers(context: Any) -> None:
 
 
 def failure_message(store: Any, count: int, error: Any, timeout_s: float | None = None,
-                    started: list[bool] | None = None) -> str:
+                    started: list[bool] | None = None, name: str = "DDP") -> str:
     """What the caller reads when a worker failed: the cause's traceback, and where ranks were.
 
     Args:
@@ -239,6 +242,7 @@ def failure_message(store: Any, count: int, error: Any, timeout_s: float | None 
         error: what ``ProcessContext.join`` raised (after :func:`_native_crash`).
         timeout_s: ``DDP(timeout=...)``: a rank that NCCL's watchdog aborted is recognised by it.
         started: per rank, whether its worker got past importing the script (None: unknown).
+        name: the strategy's class name (DDP, FSDP), as the messages call the ranks.
     """
     # A rank killed by a signal (a native crash, the OOM killer) breaks the others' collectives:
     # it is the cause, unless some rank raised an error of its own.
@@ -247,15 +251,15 @@ def failure_message(store: Any, count: int, error: Any, timeout_s: float | None 
     record = forensics.read_records(store, count).get(getattr(error, "error_index", -1))
     if first is not None:
         rank, text = first
-        message = f"DDP rank {rank} of {count} failed, so every rank was stopped. Its error:\n\n{text.rstrip()}"
+        message = f"{name} rank {rank} of {count} failed, so every rank was stopped. Its error:\n\n{text.rstrip()}"
     elif died and -error.exit_code == signal.SIGABRT and _timed_out(record, timeout_s):
-        return _timeout_message(store, count, record, timeout_s)
+        return _timeout_message(store, count, record, timeout_s, name)
     elif isinstance(error, mp.ProcessExitedException):
         rank_started = started is None or started[error.error_index]
-        message = (f"DDP rank {error.error_index} of {count} (pid {error.error_pid}) ended without reporting an "
-                   f"error ({error.args[0]}). {_exit_hint(error.exit_code, record is not None, rank_started)}")
+        message = (f"{name} rank {error.error_index} of {count} (pid {error.error_pid}) ended without reporting an "
+                   f"error ({error.args[0]}). {_exit_hint(error.exit_code, record is not None, rank_started, name)}")
     else:
-        message = f"DDP rank {error.error_index} of {count} failed, so every rank was stopped.{error.args[0]}"
+        message = f"{name} rank {error.error_index} of {count} failed, so every rank was stopped.{error.args[0]}"
     if "Where each rank was" in message:  # a failed collective already said it
         return message
     where = forensics.where_ranks_were(store, count)
@@ -269,7 +273,7 @@ def _timed_out(record: dict[str, Any] | None, timeout_s: float | None) -> bool:
             and record["in_phase_s"] >= timeout_s - max(2.0, 0.1 * timeout_s))
 
 
-def _timeout_message(store: Any, count: int, record: dict[str, Any], timeout_s: float) -> str:
+def _timeout_message(store: Any, count: int, record: dict[str, Any], timeout_s: float, name: str = "DDP") -> str:
     records = forensics.read_records(store, count)
     lagging = [other for rank, other in sorted(records.items())
                if rank != record["rank"] and forensics.fell_behind(other, record)]
@@ -278,22 +282,22 @@ def _timeout_message(store: Any, count: int, record: dict[str, Any], timeout_s: 
                            for other in lagging)
     else:
         lagged = "no rank reported being behind it (one may be stuck in native code without reporting)"
-    return (f"DDP rank {record['rank']} of {count} timed out in a collective; {lagged}. Rank {record['rank']} "
-            f"waited in {record['phase']} for over {record['in_phase_s']:g} s, DDP(timeout={timeout_s:g}), and NCCL's "
+    return (f"{name} rank {record['rank']} of {count} timed out in a collective; {lagged}. Rank {record['rank']} "
+            f"waited in {record['phase']} for over {record['in_phase_s']:g} s, {name}(timeout={timeout_s:g}), and NCCL's "
             "watchdog ended its process (SIGABRT).\n\n"
             f"{forensics.where_ranks_were(store, count, me=record)}\n"
-            f"If that work is legitimately slow, raise DDP(timeout=...) (now {timeout_s:g} s); otherwise look for "
+            f"If that work is legitimately slow, raise {name}(timeout=...) (now {timeout_s:g} s); otherwise look for "
             "code that only some ranks run.")
 
 
-def _exit_hint(exit_code: int, reached_group: bool, started: bool = True) -> str:
+def _exit_hint(exit_code: int, reached_group: bool, started: bool = True, name: str = "DDP") -> str:
     """The likely cause of a worker that ended without a Python error."""
     if exit_code == -signal.SIGKILL:
         return "SIGKILL usually means the kernel's out-of-memory killer: use fewer devices, smaller batches or fewer workers."
     if -exit_code in _NATIVE_CRASH_SIGNALS:
         return ("It crashed in native code (a C++ error in torch or an extension, a CUDA/NCCL fault); the native "
                 "message and every thread's Python stack are in its output above. Run with devices=1 to see "
-                "whether it happens without DDP. (With NCCL, a collective that waits longer than DDP(timeout=...) "
+                f"whether it happens without {name}. (With NCCL, a collective that waits longer than {name}(timeout=...) "
                 "also ends its process this way.)")
     if reached_group:
         return ("It had joined the process group, so something in the work ended the process "

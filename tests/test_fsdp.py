@@ -380,6 +380,15 @@ def test_trainer_precision_under_fsdp_sets_the_policy_instead_of_adding_autocast
         Trainer(strategy="fsdp", devices=2, precision="16-mixed")
 
 
+def test_an_unpicklable_model_is_named_with_fsdp_in_the_message_before_any_process_starts(tmp_path):
+    model = Blocks()
+    model.transform = lambda x: x
+    trainer = Trainer(strategy=FSDP(devices=2), max_epochs=1, default_root_dir=tmp_path, logger=False)
+    with pytest.raises(ValueError, match=r"^FSDP starts 2 new processes and must pickle the work for them, but "
+                                         r"`module.transform` cannot be pickled"):
+        trainer.fit(model, DataLoader(Indexed(), batch_size=BATCH_SIZE))
+
+
 def test_a_meta_device_layer_without_reset_parameters_is_named():
     from strategies.fsdp import materialize
 

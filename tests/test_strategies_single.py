@@ -177,3 +177,28 @@ def test_the_base_strategy_is_one_process():
     assert strategy.broadcast_object(5) == 5 and strategy.reduce_any(True) is True
     assert strategy.launch(lambda a, b: a + b, 2, 3) == 5
     assert hasattr(strategies, "resolve_strategy")
+
+
+class _Regressor(TrainingModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def test_step(self, batch, batch_idx):
+        self.training_step(batch, batch_idx)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_the_device_report_is_printed_once_per_trainer_not_for_every_stage(make_trainer, regression_loader, capsys):
+    trainer, module = make_trainer(max_epochs=1, enable_model_summary=False), _Regressor()
+    trainer.fit(module, regression_loader)
+    trainer.test(module, regression_loader, verbose=False)
+    assert capsys.readouterr().err.count("Training on the CPU (chosen") == 1
+    make_trainer(enable_model_summary=False).test(module, regression_loader, verbose=False)  # another Trainer says it
+    assert capsys.readouterr().err.count("Training on the CPU (chosen") == 1

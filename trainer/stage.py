@@ -79,8 +79,11 @@ def setup_stage(trainer: Trainer, stage: str, module: TrainingModule, data: Data
         seed_everything(trainer.seed)
     if trainer.deterministic:
         use_deterministic_algorithms()
-    if trainer.strategy.is_global_zero:
-        print(trainer.strategy.describe(), file=sys.stderr)
+    if trainer.strategy.is_global_zero:  # once per Trainer and process, not again for each stage
+        description = trainer.strategy.describe()
+        if description != trainer._described:
+            print(description, file=sys.stderr)
+            trainer._described = description
     prepare_data(data, trainer.strategy)  # local rank zero; the other processes wait
     if data.datamodule is not None:
         data.datamodule.setup(stage)

@@ -388,3 +388,35 @@ def test_configure_optimizers_runs_after_the_strategy_wrapped_the_model(make_tra
     stepped = trainer.optimizers[0].param_groups[0]["params"]
     assert any(parameter is strategy.replaced for parameter in stepped)
     assert module.layer.weight is strategy.replaced
+
+
+class OneCycle(Model):
+    """Lightning's common pattern: OneCycleLR needs the run's total of optimizer steps up front."""
+
+    def __init__(self, loader):
+        super().__init__(make=None)
+        self.loader, self.loaders_made, self.estimated = loader, 0, None
+
+    def train_dataloader(self):
+        self.loaders_made += 1
+        return self.loader
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        self.estimated = self.trainer.estimated_stepping_batches
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=self.estimated)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+@pytest.mark.parametrize(("options", "estimated"), [
+    ({"max_epochs": 2, "accumulate_grad_batches": 2}, 8),  # 8 batches an epoch, a step every 2, 2 epochs
+    ({"max_epochs": 3, "limit_train_batches": 3}, 9),
+    ({"max_epochs": 10, "max_steps": 5}, 5),
+])
+def test_estimated_stepping_batches_gives_one_cycle_lr_the_runs_total_of_steps(make_trainer, regression_loader,
+                                                                             options, estimated):
+    module, trainer = OneCycle(regression_loader), make_trainer(**options)
+    trainer.fit(module)  # OneCycleLR raises if it is stepped more often than total_steps
+    assert module.estimated == estimated == trainer.global_step
+    assert module.loaders_made == 1  # the loader made for the estimate is the one fit trains on
+    assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == estimated

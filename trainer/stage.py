@@ -106,4 +106,4 @@ def teardown_stage(trainer: Trainer, stage: str, module: TrainingModule, data: D
     trainer._step_hook_handles = []
     vars(module).pop("training_step", None)  # enter_stage's batch_idx adapter, if any
     trainer.metrics.stop()
-    trainer.module = trainer.model = trainer._data = None
+    trainer.module = trainer.model = trainer._data = trainer._early_fit_data = None

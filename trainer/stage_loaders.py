@@ -52,6 +52,25 @@ def load_fit_data(trainer: Trainer, data: DataSource) -> tuple[Any, list[Any] | 
     return train_loader, [loader for loader, _ in prepared]
 
 
+def estimated_stepping_batches(trainer: Trainer) -> int | float:
+    """Lightning's ``trainer.estimated_stepping_batches``: the optimizer steps ``fit`` will take, for
+    schedulers that need the total (``OneCycleLR(total_steps=...)``) in ``configure_optimizers``.
+
+    The batches per epoch (after ``limit_train_batches`` and, under DDP, per rank) over
+    ``accumulate_grad_batches``, times ``max_epochs``, capped by ``max_steps``; ``inf`` when neither
+    bounds the run. Asked during ``fit`` before the loaders are made (``configure_optimizers`` runs
+    first), it makes them now, once: ``fit`` then trains on those (so a DataModule's state from
+    ``ckpt_path`` is not restored into them yet).
+    """
+    if trainer.stage == "fit" and trainer._data is not None and trainer._early_fit_data is None \
+            and math.isinf(trainer.num_training_batches):
+        trainer._early_fit_data = load_fit_data(trainer, trainer._data)
+    batches = trainer.num_training_batches
+    epochs = trainer.max_epochs if trainer.max_epochs not in (None, -1) else math.inf
+    total = math.ceil(batches / trainer.accumulate_grad_batches) * max(epochs, 1) if batches else 0
+    return min(total, trainer.max_steps) if trainer.max_steps != -1 else total
+
+
 def reload_due(trainer: Trainer, data: DataSource, loaded_at: int) -> bool:
     """reload_dataloaders_every_n_epochs: at epochs 0, n, 2n, ... the hooks make new loaders."""
     every = trainer.reload_dataloaders_every_n_epochs

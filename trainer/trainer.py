@@ -43,6 +43,7 @@ from trainer.setup import setup_model
 from trainer.shorthands import reject_unknown_arguments
 from trainer.shorthands import translate as translate_shorthands
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
+from trainer.stage_loaders import estimated_stepping_batches as estimated_steps
 from trainer.stage_loaders import evaluation_loaders, load_fit_data, reload_due, train_batches
 from trainer.state import (
     fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
@@ -211,6 +212,7 @@ class Trainer:
         self._last_checkpoint: tuple[str, int] | None = None  # (path, global step) last written or loaded
         self._end_of_fit: tuple[TrainingModule, dict] | None = None  # (module, training_state) when fit ended
         self._preemption = Preemption()
+        self._early_fit_data: tuple[Any, Any] | None = None  # fit's loaders, made for estimated_stepping_batches
         self._described: str | None = None  # the device report last printed (trainer/stage.py)
         self.phase_times = PhaseTimes()  # host seconds per phase, for the performance report
 
@@ -375,7 +377,9 @@ class Trainer:
     # =========================================================================================
     def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
         checkpoint = read_checkpoint(ckpt_path, data.datamodule)
-        train_loader, val_loaders = load_fit_data(self, data)
+        # Made already if configure_optimizers asked for estimated_stepping_batches.
+        train_loader, val_loaders = self._early_fit_data or load_fit_data(self, data)
+        self._early_fit_data = None
         self.should_stop, self._resume_position, self._unchecked_losses = False, None, []
         self._said_min_not_met = False
         self._end_of_fit = None
@@ -667,6 +671,7 @@ class Trainer:
     loggers = property(properties.loggers)
     logger = property(properties.logger)
     checkpoint_callback = property(properties.checkpoint_callback)
+    estimated_stepping_batches = property(estimated_steps)  # trainer/stage_loaders.py
 
 
 #: One context serves every evaluation batch and manual-optimization step without a forward

@@ -533,4 +533,4 @@ def test_the_same_script_joins_a_two_node_torchrun_group(tmp_path):
     assert records[0]["global_step"] == 8  # 64 samples / (2 ranks * 8) * 2 epochs
     assert records[0]["log_dir"] == records[1]["log_dir"]  # rank zero's, broadcast
     assert records[0]["tested"] == records[1]["tested"] == [{"test/rank": 0.5}]  # a second stage re-joins
-    assert "".join(outputs).count("DDP: 2 processes on 2 machine(s), joined from torchrun") == 2  # fit, test
+    assert "".join(outputs).count("DDP: 2 processes on 2 machine(s), joined from torchrun") == 1  # once per Trainer (fit, then test)

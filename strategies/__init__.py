@@ -28,9 +28,8 @@ __all__ = ["DDP", "FSDP", "MPS", "SingleDevice", "Strategy", "resolve_strategy"]
 
 STRATEGY_NAMES = ('"auto", "cpu", "cuda", "cuda:N", "mps", "ddp" (also "ddp_spawn", "ddp_fork"), "fsdp" '
                   'or a strategies.Strategy')
-#: The names that choose DDP; "ddp_fork" and "ddp_notebook" start the workers with fork, and
-#: "ddp_find_unused_parameters_true" lets a step leave parameters without gradients (a toggled GAN step).
-DDP_NAMES = ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "ddp_find_unused_parameters_true")
+#: The names that choose DDP; "ddp_fork" and "ddp_notebook" start the workers with fork.
+DDP_NAMES = ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")
 
 
 def __getattr__(name: str) -> Any:
@@ -108,7 +107,6 @@ def _ddp(name: str, devices: Any, accelerator: str, num_nodes: int) -> Strategy:
     else:
         from strategies.ddp import DDP
 
-        strategy = DDP(start_method="fork" if name in ("ddp_fork", "ddp_notebook") else "spawn",
-                       find_unused_parameters=name == "ddp_find_unused_parameters_true")  # a GAN's toggled step
+        strategy = DDP(start_method="fork" if name in ("ddp_fork", "ddp_notebook") else "spawn")
     strategy.configure_devices(accelerator, devices, num_nodes)
     return strategy

@@ -130,7 +130,6 @@ class DDP(Strategy):
         self._control_group: Any = None  # gloo group for CPU-side collectives (None: the default group)
         self._owns_group = False
         self._whereabouts: forensics.Whereabouts | None = None
-        self._manual_ddp: DistributedDataParallel | None = None  # set when a manual-optimization module trains
         self._failure_recorded = False
         self._collective_failed = False
 
@@ -394,17 +393,13 @@ class DDP(Strategy):
     def wrap_module(self, module: nn.Module, stage: str) -> nn.Module:
         if stage != "fit":  # evaluation runs each rank's own forward: nothing to all-reduce
             return module
-        wrapped = DistributedDataParallel(
+        return DistributedDataParallel(
             _TrainingStepRunner(module),
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
             find_unused_parameters=self.find_unused_parameters,
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             static_graph=self.static_graph,
         )
-        # Manual optimization runs its backwards inside training_step, so inside DDP's forward,
-        # before DDP readies the all-reduce for the step's output: each one readies it first.
-        self._manual_ddp = None if getattr(module, "automatic_optimization", True) else wrapped
-        return wrapped
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         if isinstance(model, DistributedDataParallel):
@@ -432,8 +427,6 @@ class DDP(Strategy):
     def backward(self, loss: torch.Tensor) -> None:
         where = self._whereabouts
         where.enter("backward (gradient all-reduce)", waiting=True)
-        if self._manual_ddp is not None:
-            _ready_for_backward(self._manual_ddp, loss)
         try:
             loss.backward()
         except Exception as error:
@@ -500,16 +493,3 @@ class DDP(Strategy):
         value = torch.tensor([1 if flag else 0], dtype=torch.int32)
         self._collective("reduce_any", lambda: dist.all_reduce(value, dist.ReduceOp.MAX, group=self._control_group))
         return bool(value.item())
-
-
-def _ready_for_backward(model: DistributedDataParallel, loss: torch.Tensor) -> None:
-    """What DDP's forward does after it returns, for a backward that runs before it returned (a
-    ``manual_backward`` inside ``training_step``): arm the gradient all-reduce for this backward,
-    or, inside ``no_sync``, leave it unarmed."""
-    if not (torch.is_grad_enabled() and model.require_backward_grad_sync):
-        model.require_forward_param_sync = False
-        return
-    model.require_forward_param_sync = True
-    used = [loss] if model.find_unused_parameters and not model.static_graph else []  # the graph that used them
-    model.reducer._rebuild_buckets()
-    model.reducer.prepare_for_backward(used)

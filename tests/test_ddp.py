@@ -443,47 +443,6 @@ def test_an_unpicklable_model_or_loader_is_named_before_any_process_starts(tmp_p
     assert multiprocessing.active_children() == []
 
 
-# --- manual optimization -------------------------------------------------------------------------
-class TwoOptimizers(TrainingModule):
-    """Manual optimization as a GAN does it: two optimizers, each step toggled to its own parameters."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.automatic_optimization = False
-        torch.manual_seed(0)
-        self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 2)
-
-    def training_step(self, batch, batch_idx):
-        _, x, y = batch
-        opt_first, opt_second = self.optimizers()
-        with self.toggled_optimizer(opt_first):  # the second layer's parameters get no gradient
-            loss = F.mse_loss(self.second(torch.tanh(self.first(x))), y)
-            opt_first.zero_grad()
-            self.manual_backward(loss)
-            opt_first.step()
-        with self.toggled_optimizer(opt_second):  # the first layer is not in this graph at all
-            loss = F.mse_loss(self.second(torch.tanh(self.first(x)).detach()), y)
-            opt_second.zero_grad()
-            self.manual_backward(loss)
-            opt_second.step()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.first.parameters(), lr=0.1), torch.optim.SGD(self.second.parameters(), lr=0.1)
-
-
-def test_manual_optimization_with_toggled_optimizers_under_ddp_equals_one_process_on_the_global_batches(tmp_path):
-    quiet = {"max_epochs": 1, "default_root_dir": tmp_path, "logger": False, "enable_checkpointing": False,
-             "enable_progress_bar": False, "report": False, "enable_model_summary": False}
-    alone = TwoOptimizers()
-    Trainer(strategy="cpu", **quiet).fit(alone, DataLoader(IndexedRegression(), batch_size=WORLD_SIZE * BATCH_SIZE))
-    spread = TwoOptimizers()
-    Trainer(strategy="ddp_find_unused_parameters_true", devices=WORLD_SIZE, **quiet).fit(
-        spread, DataLoader(IndexedRegression(), batch_size=BATCH_SIZE))
-    assert spread.global_step == alone.global_step == 2 * SAMPLES // (WORLD_SIZE * BATCH_SIZE)
-    for name, value in alone.state_dict().items():
-        torch.testing.assert_close(spread.state_dict()[name], value, rtol=0, atol=1e-6, msg=name)
-
-
 # --- torchrun ------------------------------------------------------------------------------------
 TORCHRUN_SCRIPT = '''
 import json, sys

@@ -435,14 +435,24 @@ class DDP(Strategy):
 
     def training_step(self, model: nn.Module, batch: Any, batch_idx: int) -> Any:
         self._whereabouts.start_batch(batch_idx)
-        if model.module.module.automatic_optimization:
-            return model(batch, batch_idx)  # through DDP's forward, which readies the gradient all-reduce
-        self._manual_model = model  # manual_backward readies it before each backward (backward below)
         try:
-            return model(batch, batch_idx)
-        finally:
-            self._manual_model = None
-            model.require_backward_grad_sync = True
+            if model.module.module.automatic_optimization:
+                return model(batch, batch_idx)  # through DDP's forward, which readies the gradient all-reduce
+            self._manual_model = model  # manual_backward readies it before each backward (backward below)
+            try:
+                return model(batch, batch_idx)
+            finally:
+                self._manual_model = None
+                model.require_backward_grad_sync = True
+        except RuntimeError as error:
+            if "find_unused_parameters=True" not in str(error) or model.find_unused_parameters:
+                raise
+            # torch's advice names its own constructor, which Cadence calls for the user.
+            raise RuntimeError(
+                f"{error}\nIn Cadence, pass Trainer(strategy=\"ddp_find_unused_parameters_true\") or "
+                "strategies.DDP(find_unused_parameters=True), or set requires_grad=False on parameters that "
+                "never take part in the loss."
+            ) from error
 
     def _end_manual_step(self) -> None:
         if self._manual_model is not None:

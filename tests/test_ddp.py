@@ -542,3 +542,27 @@ def test_manual_optimization_under_ddp_all_reduces_every_manual_backward(tmp_pat
                 optimizer.step()
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(model.state_dict()[name], value, atol=1e-6, rtol=1e-5, msg=name)
+
+
+class WithAnUnusedLayer(TrainingModule):
+    """The SWA pattern of Lightning's CIFAR-10 tutorial: a trained copy (``spare``) the loss never uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer, self.spare = nn.Linear(4, 2), nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        _, x, y = batch
+        return F.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.layer.parameters(), lr=0.1)
+
+
+def test_parameters_the_loss_never_uses_get_the_cadence_way_to_find_unused_parameters(tmp_path):
+    trainer = Trainer(strategy="ddp", devices=WORLD_SIZE, max_epochs=1, default_root_dir=tmp_path, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, report=False, enable_model_summary=False)
+    with pytest.raises(RuntimeError, match=r'did not receive grad(.|\n)*In Cadence, pass Trainer\(strategy='
+                                           r'"ddp_find_unused_parameters_true"\) or strategies.DDP\('
+                                           r'find_unused_parameters=True\)'):
+        trainer.fit(WithAnUnusedLayer(), DataLoader(IndexedRegression(count=32), batch_size=4))

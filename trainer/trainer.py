@@ -31,6 +31,7 @@ from strategies.transfer import move_to_device
 from trainer import checkpoint as checkpoint_io
 from trainer.arguments import check_trainer_arguments, loss_of
 from trainer.data import default_max_epochs, loader_length, prepare_loader, set_sampler_epoch
+from trainer.estimate import estimated_stepping_batches
 from trainer.data_source import STAGE_KIND, DataSource, collect_data, prepare_data
 from trainer.datamodule import DataModule
 from trainer.metrics import MetricStore, format_results, split_by_dataloader
@@ -905,6 +906,11 @@ class Trainer:
         seed = None if self.seed is None else self.seed + seed_offset
         return prepare_loader(loader, stage, shuffle=shuffle, strategy=self.strategy, seed=seed, limit=self.limits[stage],
                               sequential=bool(self.overfit_batches), shard=self.use_distributed_sampler)
+
+    @property
+    def estimated_stepping_batches(self) -> int:
+        """Lightning's total of optimizer steps for schedules in configure_optimizers (``trainer/estimate.py``)."""
+        return estimated_stepping_batches(self)
 
     @property
     def is_global_zero(self) -> bool:

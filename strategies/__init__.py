@@ -30,6 +30,8 @@ STRATEGY_NAMES = ('"auto", "cpu", "cuda", "cuda:N", "mps", "ddp" (also "ddp_spaw
                   'or a strategies.Strategy')
 #: The names that choose DDP; "ddp_fork" and "ddp_notebook" start the workers with fork.
 DDP_NAMES = ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")
+#: Lightning's names for DDP(find_unused_parameters=...); plain "ddp" leaves it to the DDP default.
+FIND_UNUSED_NAMES = {"ddp_find_unused_parameters_true": True, "ddp_find_unused_parameters_false": False}
 
 
 def __getattr__(name: str) -> Any:
@@ -72,7 +74,7 @@ def resolve_strategy(strategy: Any, devices: Any = "auto", accelerator: Any = "a
             f"Trainer(strategy={strategy!r}) is not a strategy. Use {STRATEGY_NAMES}."
         )
     name = strategy.strip().lower()
-    if name in DDP_NAMES or name == "fsdp":
+    if name in DDP_NAMES or name in FIND_UNUSED_NAMES or name == "fsdp":
         return _ddp(name, devices, accelerator, num_nodes)
     if name == "auto":
         from strategies.process_group import launched_by_torchrun
@@ -107,6 +109,7 @@ def _ddp(name: str, devices: Any, accelerator: str, num_nodes: int) -> Strategy:
     else:
         from strategies.ddp import DDP
 
-        strategy = DDP(start_method="fork" if name in ("ddp_fork", "ddp_notebook") else "spawn")
+        strategy = DDP(start_method="fork" if name in ("ddp_fork", "ddp_notebook") else "spawn",
+                       find_unused_parameters=FIND_UNUSED_NAMES.get(name))
     strategy.configure_devices(accelerator, devices, num_nodes)
     return strategy

@@ -66,14 +66,24 @@ def _nothing() -> None:
 
 class _TrainingStepRunner(nn.Module):
     """Lets DistributedDataParallel see ``training_step`` as its forward, so that it prepares the
-    gradient all-reduce for whatever the step computes. Holds the user's module as ``module``."""
+    gradient all-reduce for whatever the step computes. Holds the user's module as ``module``.
 
-    def __init__(self, module: nn.Module) -> None:
+    In manual optimization the backwards run inside this forward (``manual_backward``), before
+    DistributedDataParallel would prepare the all-reduce: ``DDP.backward`` prepares it before each
+    one instead, and ``end_manual_step`` stops DistributedDataParallel from preparing another one
+    after the forward, for a backward that never comes (the next step's forward would fail).
+    """
+
+    def __init__(self, module: nn.Module, end_manual_step: Callable[[], None] | None) -> None:
         super().__init__()
         self.module = module
+        self.end_manual_step = end_manual_step  # None in automatic optimization
 
     def forward(self, batch: Any, batch_idx: int) -> Any:
-        return self.module.training_step(batch, batch_idx)
+        outputs = self.module.training_step(batch, batch_idx)
+        if self.end_manual_step is not None:
+            self.end_manual_step()
+        return outputs
 
 
 class DDP(Strategy):
@@ -85,8 +95,10 @@ class DDP(Strategy):
             the r-th of them). Under torchrun, ``--nproc-per-node`` decides; this must match or be "auto".
         backend: ``"nccl"`` (GPUs) or ``"gloo"`` (CPU); default NCCL when CUDA is available.
         start_method: how workers start when spawning: ``"spawn"``, ``"forkserver"`` or ``"fork"``.
-        find_unused_parameters, gradient_as_bucket_view, static_graph: passed to
-            ``DistributedDataParallel``. Gradients as views of the all-reduce buckets save a copy
+        find_unused_parameters: passed to ``DistributedDataParallel``; None (the default): False,
+            and True in manual optimization, where each ``manual_backward`` (a GAN's, with
+            ``toggle_optimizer``) reaches only some of the parameters.
+        gradient_as_bucket_view, static_graph: passed to ``DistributedDataParallel``. Gradients as views of the all-reduce buckets save a copy
             and memory; turn it off if your code replaces ``param.grad`` objects.
         timeout: seconds a collective waits for the slowest rank before failing with a report of
             where every rank was.
@@ -100,7 +112,7 @@ class DDP(Strategy):
     """
 
     def __init__(self, devices: int | str | list[int] = "auto", backend: str | None = None, start_method: str = "spawn",
-                 find_unused_parameters: bool = False, gradient_as_bucket_view: bool = True,
+                 find_unused_parameters: bool | None = None, gradient_as_bucket_view: bool = True,
                  static_graph: bool = False, timeout: float | datetime.timedelta = DEFAULT_TIMEOUT_S,
                  num_nodes: int = 1, prefetch: bool | None = None) -> None:
         self.devices = devices
@@ -126,6 +138,8 @@ class DDP(Strategy):
         self._reset_runtime()
 
     def _reset_runtime(self) -> None:
+        self._manual_model: DistributedDataParallel | None = None  # during a manual-optimization step
+        self._manual = False  # the module trains with manual optimization (set by wrap_module)
         self._store: Any = None
         self._control_group: Any = None  # gloo group for CPU-side collectives (None: the default group)
         self._owns_group = False
@@ -393,10 +407,11 @@ class DDP(Strategy):
     def wrap_module(self, module: nn.Module, stage: str) -> nn.Module:
         if stage != "fit":  # evaluation runs each rank's own forward: nothing to all-reduce
             return module
+        self._manual = not module.automatic_optimization  # read per step: one attribute, not three
         return DistributedDataParallel(
-            _TrainingStepRunner(module),
+            _TrainingStepRunner(module, self._end_manual_step if self._manual else None),
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            find_unused_parameters=self.find_unused_parameters,
+            find_unused_parameters=self._manual if self.find_unused_parameters is None else self.find_unused_parameters,
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             static_graph=self.static_graph,
         )
@@ -421,13 +436,47 @@ class DDP(Strategy):
 
     def training_step(self, model: nn.Module, batch: Any, batch_idx: int) -> Any:
         self._whereabouts.start_batch(batch_idx)
-        return model(batch, batch_idx)  # through DDP's forward, which readies the gradient all-reduce
+        try:
+            if not self._manual:
+                return model(batch, batch_idx)  # through DDP's forward, which readies the gradient all-reduce
+            self._manual_model = model  # manual_backward readies it before each backward (backward below)
+            try:
+                return model(batch, batch_idx)
+            finally:
+                self._manual_model = None
+                model.require_backward_grad_sync = True
+        except RuntimeError as error:
+            if "find_unused_parameters=True" not in str(error) or model.find_unused_parameters:
+                raise
+            # torch's advice names its own constructor, which Cadence calls for the user.
+            raise RuntimeError(
+                f"{error}\nIn Cadence, pass Trainer(strategy=\"ddp_find_unused_parameters_true\") or "
+                "strategies.DDP(find_unused_parameters=True), or set requires_grad=False on parameters that "
+                "never take part in the loss."
+            ) from error
+
+    def _end_manual_step(self) -> None:
+        if self._manual_model is not None:
+            self._manual_model.require_backward_grad_sync = False  # read by DDP's post-forward only
+
+    def _prepare_manual_backward(self, loss: torch.Tensor) -> None:
+        """What DistributedDataParallel's forward does after the module ran, for a backward run
+        inside it: ready the all-reduce (rebuilding the buckets first, as its next forward would)."""
+        model = self._manual_model
+        if not (torch.is_grad_enabled() and model.require_backward_grad_sync):  # no_sync(): nothing to reduce
+            return
+        model.require_forward_param_sync = True
+        model.reducer._rebuild_buckets()
+        unused_search = model.find_unused_parameters and not model.static_graph
+        model.reducer.prepare_for_backward([loss] if unused_search else [])
 
     # --- backward and collectives ----------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
         where = self._whereabouts
         where.enter("backward (gradient all-reduce)", waiting=True)
         try:
+            if self._manual_model is not None:
+                self._prepare_manual_backward(loss)
             loss.backward()
         except Exception as error:
             if is_communication_error(error):

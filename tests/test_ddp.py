@@ -493,3 +493,76 @@ def test_the_same_script_joins_a_two_node_torchrun_group(tmp_path):
     assert records[0]["log_dir"] == records[1]["log_dir"]  # rank zero's, broadcast
     assert records[0]["tested"] == records[1]["tested"] == [{"test/rank": 0.5}]  # a second stage re-joins
     assert "".join(outputs).count("DDP: 2 processes on 2 machine(s), joined from torchrun") == 1  # once per Trainer (fit, then test)
+
+
+# --- manual optimization -------------------------------------------------------------------------
+class TwoOptimizers(TrainingModule):
+    """A GAN-shaped manual step, as Lightning's GAN example writes it: two optimizers, each toggled,
+    a ``manual_backward`` for each, ``training_step(batch)`` without ``batch_idx``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.first, self.second = nn.Linear(4, 3), nn.Linear(3, 2)
+
+    def training_step(self, batch):
+        _, x, y = batch
+        first_optimizer, second_optimizer = self.optimizers()
+        for optimizer, loss in ((first_optimizer, lambda: F.mse_loss(self.second(self.first(x)), y)),
+                                (second_optimizer, lambda: F.mse_loss(self.second(self.first(x).detach()), y))):
+            self.toggle_optimizer(optimizer)
+            optimizer.zero_grad()
+            self.manual_backward(loss())
+            optimizer.step()
+            self.untoggle_optimizer(optimizer)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.first.parameters(), lr=0.1), torch.optim.SGD(self.second.parameters(), lr=0.1)
+
+
+def test_manual_optimization_under_ddp_all_reduces_every_manual_backward(tmp_path):
+    # Before: DDP prepared its all-reduce after the forward, which in manual optimization holds the
+    # backwards, so the second step failed ("initialize_buckets must NOT be called during autograd").
+    torch.manual_seed(0)
+    model, data = TwoOptimizers(), IndexedRegression(count=32)
+    reference = copy.deepcopy(model)
+    Trainer(strategy=DDP(devices=WORLD_SIZE), max_epochs=2, default_root_dir=tmp_path, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, report=False,
+            enable_model_summary=False).fit(model, DataLoader(data, batch_size=4))
+    # Each rank's 4 samples per step, averaged over 2 ranks: one process with 8 (the shards
+    # interleave, so the global batch is 8 consecutive samples).
+    optimizers = (torch.optim.SGD(reference.first.parameters(), lr=0.1), torch.optim.SGD(reference.second.parameters(), lr=0.1))
+    for _ in range(2):
+        for start in range(0, 32, 8):
+            x, y = data.x[start:start + 8], data.y[start:start + 8]
+            for optimizer, loss in ((optimizers[0], lambda: F.mse_loss(reference.second(reference.first(x)), y)),
+                                    (optimizers[1], lambda: F.mse_loss(reference.second(reference.first(x).detach()), y))):
+                optimizer.zero_grad()
+                loss().backward()
+                optimizer.step()
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value, atol=1e-6, rtol=1e-5, msg=name)
+
+
+class WithAnUnusedLayer(TrainingModule):
+    """The SWA pattern of Lightning's CIFAR-10 tutorial: a trained copy (``spare``) the loss never uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer, self.spare = nn.Linear(4, 2), nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        _, x, y = batch
+        return F.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.layer.parameters(), lr=0.1)
+
+
+def test_parameters_the_loss_never_uses_get_the_cadence_way_to_find_unused_parameters(tmp_path):
+    trainer = Trainer(strategy="ddp", devices=WORLD_SIZE, max_epochs=1, default_root_dir=tmp_path, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, report=False, enable_model_summary=False)
+    with pytest.raises(RuntimeError, match=r'did not receive grad(.|\n)*In Cadence, pass Trainer\(strategy='
+                                           r'"ddp_find_unused_parameters_true"\) or strategies.DDP\('
+                                           r'find_unused_parameters=True\)'):
+        trainer.fit(WithAnUnusedLayer(), DataLoader(IndexedRegression(count=32), batch_size=4))

@@ -44,6 +44,13 @@ def test_ddp_and_several_devices_choose_the_ddp_strategy(plain_process):
     assert trainer.strategy.launches_subprocesses
 
 
+@pytest.mark.parametrize("name, find_unused", [("ddp_find_unused_parameters_true", True),
+                                               ("ddp_find_unused_parameters_false", False), ("ddp", None)])
+def test_lightnings_find_unused_parameters_strategy_names_set_ddps_option(plain_process, name, find_unused):
+    strategy = Trainer(strategy=name, devices=2, logger=False).strategy
+    assert isinstance(strategy, DDP) and strategy.find_unused_parameters is find_unused
+
+
 def test_under_torchrun_ddp_joins_instead_of_spawning(monkeypatch):
     for name, value in TORCHRUN_ENVIRONMENT.items():
         monkeypatch.setenv(name, value)

@@ -117,6 +117,8 @@ class PerformanceReport(Callback):
         slowest = max(range(len(shares)), key=shares.__getitem__)
         if shares[slowest] > facts.data_wait_share:
             facts.slowest_rank = (slowest, shares[slowest])
+        if facts.batches == 0:  # fit trained nothing (its end was reached already): nothing to report
+            return
         self.facts, self.text = facts, format_report(facts, memory_line(module.device))
         if not trainer.is_global_zero:
             return

@@ -305,3 +305,19 @@ def test_an_endless_stream_validates_every_n_steps_with_limit_val_batches(make_t
     trainer.fit(module, DataLoader(Stream(), batch_size=4), DataLoader(Stream(), batch_size=4))
     assert module.validated_at == [3, 6]
     assert trainer.logged_metrics["val/samples"] == 8.0
+
+
+@pytest.mark.parametrize(("limits", "said"), [
+    ({"max_epochs": 2}, "max_epochs=2 reached (current_epoch=2). Raise max_epochs"),
+    ({"max_epochs": 5, "max_steps": 3}, "max_steps=3 reached (global_step=3). Raise max_steps"),
+])
+def test_a_fit_whose_end_was_reached_already_says_which_limit_and_reports_nothing(make_trainer, regression_loader,
+                                                                                    capsys, limits, said):
+    trainer, module = make_trainer(report=True, enable_model_summary=False, **limits), Validated()
+    trainer.fit(module, regression_loader, regression_loader)
+    capsys.readouterr()
+    trained = len(module.trained)
+    trainer.fit(module, regression_loader, regression_loader)  # as a notebook cell run twice does
+    err = capsys.readouterr().err
+    assert f"Trainer.fit trained nothing: {said}" in err
+    assert "Performance report" not in err and len(module.trained) == trained

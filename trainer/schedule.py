@@ -53,3 +53,18 @@ def may_stop(trainer: Trainer) -> bool:
         print(f"Cadence: should_stop was set, but min_epochs={trainer.min_epochs} / min_steps={trainer.min_steps} are "
               "not met yet; training continues until they are.", file=sys.stderr)
     return False
+
+
+def say_nothing_to_train(trainer: Trainer) -> None:
+    """``fit`` found its end already reached before the first batch (a second ``fit`` with the same
+    ``max_epochs``, a resume from a run's final checkpoint): say which limit, on rank zero."""
+    if not trainer.is_global_zero:
+        return
+    if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+        reason, fix = f"max_steps={trainer.max_steps} reached (global_step={trainer.global_step})", "Raise max_steps"
+    elif trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs:
+        reason = f"max_epochs={trainer.max_epochs} reached (current_epoch={trainer.current_epoch})"
+        fix = "Raise max_epochs (Trainer(max_epochs=...))"
+    else:
+        reason, fix = "trainer.should_stop was already set", "Set trainer.should_stop = False"
+    print(f"Trainer.fit trained nothing: {reason}. {fix} to train more.", file=sys.stderr, flush=True)

@@ -37,7 +37,7 @@ from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_win
 from trainer.precision import add_precision_callback
 from trainer.preemption import Preemption, save_for_preemption
 from trainer.publish import publish, publish_received, publish_train_epoch
-from trainer.schedule import may_stop, validation_due, validation_interval
+from trainer.schedule import may_stop, say_nothing_to_train, validation_due, validation_interval
 from trainer.seed import preserved_rng, seed_everything, set_cublas_workspace_config
 from trainer.setup import setup_model
 from trainer.shorthands import reject_unknown_arguments
@@ -395,6 +395,8 @@ class Trainer:
         module.on_train_start()
         self.strategy.check_placement(module)  # once, before the first step
         loaded_at = self.current_epoch
+        if self._finished():
+            say_nothing_to_train(self)
         while not self._finished():
             if reload_due(self, data, loaded_at):
                 train_loader, val_loaders = load_fit_data(self, data)

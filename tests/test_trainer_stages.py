@@ -321,3 +321,16 @@ def test_a_fit_whose_end_was_reached_already_says_which_limit_and_reports_nothin
     err = capsys.readouterr().err
     assert f"Trainer.fit trained nothing: {said}" in err
     assert "Performance report" not in err and len(module.trained) == trained
+
+
+def test_persistent_workers_end_with_the_stage_not_at_garbage_collection(make_trainer, regression_data):
+    # Left to the garbage collector, their shutdown waited 5 s per worker (the queues went first).
+    import multiprocessing
+
+    loader = DataLoader(regression_data, batch_size=8, num_workers=2, persistent_workers=True)
+    trainer, module = make_trainer(max_epochs=2, enable_model_summary=False), Validated()
+    trainer.fit(module, loader, loader)
+    assert multiprocessing.active_children() == []
+    trainer.test(module, loader, verbose=False)  # a later stage starts its own workers, and ends them
+    assert multiprocessing.active_children() == []
+    assert len(module.trained) == 2 * 8

@@ -20,6 +20,7 @@ from trainer.data_source import prepare_data
 from trainer.hooks import step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks
 from trainer.log_dir import choose_log_dir, versions_root
 from trainer.seed import seed_everything, use_deterministic_algorithms
+from trainer.stage_loaders import end_workers
 from trainer.utilities import rank_zero_only
 
 if TYPE_CHECKING:
@@ -106,4 +107,6 @@ def teardown_stage(trainer: Trainer, stage: str, module: TrainingModule, data: D
     trainer._step_hook_handles = []
     vars(module).pop("training_step", None)  # enter_stage's batch_idx adapter, if any
     trainer.metrics.stop()
+    end_workers(trainer._stage_loaders)
+    trainer._stage_loaders = []
     trainer.module = trainer.model = trainer._data = trainer._early_fit_data = None

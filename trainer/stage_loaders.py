@@ -30,9 +30,11 @@ def prepare_stage_loader(trainer: Trainer, loader: Any, stage: str, shuffle: boo
                          seed_offset: int = 0) -> tuple[Any, int | float]:
     """``loader`` prepared under the Trainer's settings, and its number of batches under the limit."""
     seed = None if trainer.seed is None else trainer.seed + seed_offset
-    return prepare_loader(loader, stage, shuffle=shuffle, strategy=trainer.strategy, seed=seed,
-                          limit=trainer.limits[stage], sequential=bool(trainer.overfit_batches),
-                          shard=trainer.use_distributed_sampler)
+    prepared, count = prepare_loader(loader, stage, shuffle=shuffle, strategy=trainer.strategy, seed=seed,
+                                     limit=trainer.limits[stage], sequential=bool(trainer.overfit_batches),
+                                     shard=trainer.use_distributed_sampler)
+    trainer._stage_loaders.append(prepared)  # their persistent workers end with the stage
+    return prepared, count
 
 
 def load_fit_data(trainer: Trainer, data: DataSource) -> tuple[Any, list[Any] | None]:
@@ -44,6 +46,7 @@ def load_fit_data(trainer: Trainer, data: DataSource) -> tuple[Any, list[Any] | 
     offset = trainer.current_epoch - trainer.current_epoch % every if every else 0
     train_loader, trainer.num_training_batches = prepare_stage_loader(trainer, train_loader, "train", True, offset)
     train_loader, trainer._train_sampler = resumable(train_loader)  # records each epoch's RNG for resuming
+    trainer._stage_loaders.append(train_loader)
     trainer.train_dataloader = train_loader
     prepared = [prepare_stage_loader(trainer, loader, "validate", False, offset) for loader in data.loaders("val")]
     trainer.num_val_batches = [count for _, count in prepared]
@@ -108,3 +111,15 @@ def train_batches(trainer: Trainer, loader: Any) -> Iterator[tuple[int, Any]]:
         # generator when it runs out, so stopping one next() early changes every later epoch's order.
         return itertools.islice(batches, limit - skip)
     return batches
+
+
+def end_workers(loaders: list[Any]) -> None:
+    """End the worker processes that ``persistent_workers=True`` keeps alive, now, as Lightning does
+    at the end of a stage. Left to the garbage collector (the Trainer and the module refer to each
+    other, so only a collection frees them), the loader, its iterator and its queues are collected
+    in no set order, and the shutdown then waits 5 s for each worker that never got its stop."""
+    for loader in loaders:
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+            loader._iterator = None

@@ -212,6 +212,7 @@ class Trainer:
         self._last_checkpoint: tuple[str, int] | None = None  # (path, global step) last written or loaded
         self._end_of_fit: tuple[TrainingModule, dict] | None = None  # (module, training_state) when fit ended
         self._preemption = Preemption()
+        self._stage_loaders: list[Any] = []  # the loaders this stage made (trainer/stage_loaders.py)
         self._early_fit_data: tuple[Any, Any] | None = None  # fit's loaders, made for estimated_stepping_batches
         self._described: str | None = None  # the device report last printed (trainer/stage.py)
         self.phase_times = PhaseTimes()  # host seconds per phase, for the performance report

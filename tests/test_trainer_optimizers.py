@@ -420,3 +420,20 @@ def test_estimated_stepping_batches_gives_one_cycle_lr_the_runs_total_of_steps(m
     assert module.estimated == estimated == trainer.global_step
     assert module.loaders_made == 1  # the loader made for the estimate is the one fit trains on
     assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == estimated
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """Samples without a length: only max_steps bounds a run over them."""
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(0)
+        for _ in range(64):
+            x = torch.randn(4, generator=generator)
+            yield x, x[:2]
+
+
+def test_estimated_stepping_batches_over_a_loader_without_length_is_max_steps(make_trainer):
+    module = OneCycle(torch.utils.data.DataLoader(_Stream(), batch_size=8))
+    trainer = make_trainer(max_steps=5)
+    trainer.fit(module)
+    assert module.estimated == 5 == trainer.global_step

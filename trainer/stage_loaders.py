@@ -70,7 +70,10 @@ def estimated_stepping_batches(trainer: Trainer) -> int | float:
         trainer._early_fit_data = load_fit_data(trainer, trainer._data)
     batches = trainer.num_training_batches
     epochs = trainer.max_epochs if trainer.max_epochs not in (None, -1) else math.inf
-    total = math.ceil(batches / trainer.accumulate_grad_batches) * max(epochs, 1) if batches else 0
+    if math.isinf(batches):  # a loader without a length (an IterableDataset): only max_steps bounds it
+        total = math.inf
+    else:
+        total = math.ceil(batches / trainer.accumulate_grad_batches) * max(epochs, 1) if batches else 0
     return min(total, trainer.max_steps) if trainer.max_steps != -1 else total
 
 

@@ -68,7 +68,7 @@ def test_a_loader_with_a_seeded_generator_trains_under_spawn_in_the_order_its_se
 
     assert trainer.global_step == EPOCHS * SAMPLES // (WORLD_SIZE * BATCH_SIZE)
     assert not torch.equal(model.layer.weight, before)
-    # As the README says, rank zero draws the shuffle seed from the loader's generator; the
+    # As docs/distributed.md says, rank zero draws the shuffle seed from the loader's generator; the
     # workers drew it from a copy, so the caller's generator is where it was.
     assert torch.equal(generator.get_state(), torch.Generator().manual_seed(SEED).get_state())
     shuffle_seed = int(torch.randint(0, 2**31 - 1, (), generator=torch.Generator().manual_seed(SEED)))

@@ -2,7 +2,7 @@
 
 This machine has no Apple GPU, so these tests mock ``torch.backends.mps.is_available`` (and the CUDA
 queries, to make the machine GPU-free or not); nothing runs on an MPS device. Training on one is
-untested here (see the README).
+untested here (see docs/devices.md, "What runs where").
 """
 
 from __future__ import annotations

@@ -3,16 +3,21 @@
 The convention (docs/README.md, "The commands in these pages"): every command in a ```bash block
 is run by a test (an example command of tests/test_examples.py, or the Quick start's lines, which
 .ci/run runs), or follows a ``# needs ...`` comment in its block that names hardware this machine
-lacks (GPUs, several machines, a SLURM cluster, a Mac). Every relative link resolves to a file
-and, with a ``#fragment``, to a heading of that file.
+lacks (GPUs, several machines, a SLURM cluster, a Mac). A ``$ cadence ...`` transcript whose
+``--config`` files are in the repository prints what the page shows. Every relative link resolves
+to a file and, with a ``#fragment``, to a heading of that file.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
+import pytest
+
 from test_examples import COMMANDS, DIGITS_SCRIPT
+from trainer.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -24,8 +29,7 @@ INSTALL = "python -m pip install -e ."
 #: What a ``# needs`` comment must name.
 HARDWARE = re.compile(r"GPU|machine|node|SLURM|Mac")
 
-FENCE = re.compile(r"^```.*?^```", re.S | re.M)
-BASH_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
+TRANSCRIPT = re.compile(r"^\$ (cadence .*)\n((?:(?!\$ ).*\n)*)", re.M)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$", re.M)
 
@@ -34,11 +38,30 @@ def relative(page: Path) -> str:
     return str(page.relative_to(ROOT))
 
 
+def split_blocks(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """``text`` without its fenced code blocks, and the blocks as (language, body)."""
+    prose, blocks, language, body = [], [], None, []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("```") and language is None:
+            language, body = line[3:].strip(), []
+        elif line.startswith("```"):
+            blocks.append((language, "".join(body)))
+            language = None
+        elif language is None:
+            prose.append(line)
+        else:
+            body.append(line)
+    assert language is None, "a code block is not closed"
+    return "".join(prose), blocks
+
+
 def bash_commands(text: str) -> list[tuple[str, str | None]]:
     """Each command of the ```bash blocks in ``text`` (continued lines joined, comments dropped),
     with the ``# needs ...`` line it follows in its block, or None."""
     commands = []
-    for block in BASH_BLOCK.findall(text):
+    for language, block in split_blocks(text)[1]:
+        if language != "bash":
+            continue
         needs = None
         for line in re.sub(r"\s*\\\n\s*", " ", block).splitlines():
             line = line.strip()
@@ -59,7 +82,7 @@ def github_anchors(text: str) -> set[str]:
     """The fragment GitHub gives each heading of a Markdown page (lower case, punctuation dropped,
     spaces as hyphens; a repeated heading gets -1, -2, ...)."""
     anchors: set[str] = set()
-    for _, title in HEADING.findall(FENCE.sub("", text)):
+    for _, title in HEADING.findall(split_blocks(text)[0]):
         slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
         candidate, count = slug, 0
         while candidate in anchors:
@@ -96,10 +119,27 @@ def test_the_quick_start_gives_the_install_and_the_test_line_that_ci_runs():
     assert CI_TEST_LINE in ci  # verbatim; it installs the package as INSTALL does, with the test extras
 
 
+def test_the_command_line_transcripts_on_the_examples_print_what_the_docs_show(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the transcripts' paths are relative to the repository
+    shown = []
+    for page in PAGES:
+        for _, block in split_blocks(page.read_text())[1]:
+            for command, output in TRANSCRIPT.findall(block):
+                words = shlex.split(command)
+                configs = [words[i + 1] for i, word in enumerate(words) if word == "--config"]
+                if configs and all((ROOT / config).is_file() for config in configs):
+                    shown.append((relative(page), words, output.strip()))
+    assert shown
+    for page, words, output in shown:  # each fails before anything is built or written
+        with pytest.raises(SystemExit) as error:
+            main(words[1:])
+        assert str(error.value.code) == output, f"{page}: $ {shlex.join(words)}"
+
+
 def test_every_relative_link_leads_to_a_file_and_heading_that_exist():
     broken = []
     for page in PAGES:
-        for target in LINK.findall(FENCE.sub("", page.read_text())):
+        for target in LINK.findall(split_blocks(page.read_text())[0]):
             if re.match(r"[a-z]+:", target):  # https:, mailto:
                 continue
             path, _, fragment = target.partition("#")

@@ -149,7 +149,10 @@ def checkpoint_for(ckpt_path: str | None, stage: str, trainer: Trainer, model_cl
     if ckpt_path is None:
         return None
     if ckpt_path not in ("last", "best"):
-        return str(check_exists(ckpt_path, hint="Check the path, or pass --ckpt_path last."))  # one line, not a traceback
+        try:  # here, so that a wrong path is one line, not a traceback
+            return str(check_exists(ckpt_path, hint="Check the path, or pass --ckpt_path last."))
+        except ValueError as error:  # an incomplete sharded checkpoint
+            raise ConfigError(f"ckpt_path: {error}", "ckpt_path") from None
     if ckpt_path == "best" and stage == "fit":
         raise ConfigError('ckpt_path: "best" is for validate, test and predict; fit resumes from "last" or a path.',
                           "ckpt_path")
@@ -184,7 +187,10 @@ def _model_of(run_directory: Path) -> str | None:
 
 
 def _best_recorded_in(last: Path, trainer: Trainer) -> Path:
-    state = read_checkpoint(last, weights=False)  # the callbacks' states; no tensor is read
+    try:
+        state = read_checkpoint(last, weights=False)  # the callbacks' states; no tensor is read
+    except ValueError as error:  # damaged: one line, not a traceback
+        raise ConfigError(f"ckpt_path: best: {error}", "ckpt_path") from None
     recorded = {key: value for key, value in state.get("callbacks", {}).items()
                 if key.startswith("ModelCheckpoint") and value.get("best_model_path")}
     ours = trainer.checkpoint_callback.state_key if trainer.checkpoint_callback is not None else None

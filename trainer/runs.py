@@ -19,9 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from callbacks import Callback, ModelCheckpoint
-from strategies.checkpoint import (
-    check_exists, is_checkpoint, newest_last, read_checkpoint, run_checkpoint_directories,
-)
+from strategies.checkpoint import check_exists, is_checkpoint, newest_last, read_checkpoint, run_checkpoint_directories
 from trainer.config_files import ConfigError
 
 if TYPE_CHECKING:

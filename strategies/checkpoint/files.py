@@ -51,7 +51,9 @@ def snapshot(state: dict[str, Any], to_host: bool = False) -> dict[str, Any]:
         to_host: copy every tensor (detached) into CPU memory, so that training may go on changing
             the originals while :func:`write_file` writes the copy (in another thread, say).
             Without it nothing is copied, and the state must be written before training goes on.
-            Tensors shared within ``state`` stay shared in the copy.
+            Tensors shared within ``state`` stay shared in the copy. The file then records the
+            tensors on the CPU (``load_from_checkpoint(map_location=None)`` keeps them there),
+            where a synchronous save records the device they were on.
 
     Raises:
         TypeError: a value that ``torch.load(weights_only=True)`` would refuse, named by its key.
@@ -63,6 +65,7 @@ def snapshot(state: dict[str, Any], to_host: bool = False) -> dict[str, Any]:
 def _copied_to_host(value: Any, copies: dict[int, torch.Tensor]) -> Any:
     if isinstance(value, torch.Tensor):
         if id(value) not in copies:
+            # TODO(#18): on CUDA, pinned host buffers kept across saves and a non_blocking copy.
             copies[id(value)] = value.detach().to("cpu", copy=True)
         return copies[id(value)]
     if isinstance(value, dict):  # dict and OrderedDict (check_plain allows no other mapping)

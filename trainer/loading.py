@@ -1,7 +1,7 @@
 """``TrainingModule.load_from_checkpoint``: a module rebuilt from a checkpoint's hyperparameters.
 
-The checkpoint is read with ``torch.load(weights_only=True)`` (``strategies.checkpoint.read_checkpoint``), so
-loading never runs code from the file; the class comes from the caller, the arguments of its
+The checkpoint is read by ``strategies.checkpoint.read_checkpoint`` (``torch.load(weights_only=True)``),
+so loading never runs code from the file; the class comes from the caller, the arguments of its
 ``__init__`` from the hyperparameters ``save_hyperparameters`` kept, and every argument that is
 missing, or was saved only as a description (an object's repr), is asked for by name.
 """

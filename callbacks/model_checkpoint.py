@@ -6,7 +6,7 @@ accumulation window, so resuming from it is exact. The top-k bookkeeping is part
 callback's state and is updated *before* the files are written, so each file records itself and
 the bookkeeping survives a restart; ``last.ckpt`` is a hard link to the ranked file of the same
 moment when there is one (one serialization, not two). Under FSDP each checkpoint is a directory
-of shards (``strategies/sharded_checkpoint.py``): ``last.ckpt`` is then a directory of hard links
+of shards (``strategies/checkpoint/sharded.py``): ``last.ckpt`` is then a directory of hard links
 to the ranked one's files, and pruning removes whole directories.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
-from strategies.checkpoint_files import link_checkpoint, remove_checkpoint
+from strategies.checkpoint import link_checkpoint, remove_checkpoint
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule

@@ -17,8 +17,7 @@ import torch
 from torch import nn
 
 from strategies.accelerators import check_agrees, device_count
-from strategies.checkpoint_files import save_atomic
-from strategies.sharded_checkpoint import read_checkpoint
+from strategies.checkpoint import read_checkpoint, save_atomic
 from strategies.transfer import move_to_device
 
 
@@ -206,7 +205,8 @@ class Strategy:
 
     # --- checkpoints ----------------------------------------------------------------------
     # The loop writes and reads the whole training state through these (trainer/state.py); the
-    # strategy decides the layout: one file written by rank zero (here), or shards (FSDP).
+    # strategy decides the layout: one file written by rank zero (here), or shards (FSDP). The
+    # files themselves, and the one read path, are strategies/checkpoint's.
     def module_state_dict(self, module: nn.Module, full: bool = False) -> dict[str, Any]:
         """The module's weights as a checkpoint stores them (FSDP: this process's shards), or with
         ``full``, whole on the CPU of rank zero (a collective under FSDP: call it on every rank)."""
@@ -231,9 +231,10 @@ class Strategy:
 
     def load_checkpoint(self, path: Path, module: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
         """Read the checkpoint at ``path`` (a file, or a sharded directory gathered whole) as the
-        dict ``save_checkpoint`` was given; its weights and optimizer states are then loaded with
-        the two methods below. FSDP reads only this process's shards, shaped like ``module``'s
-        parameters and ``optimizers``' states."""
+        dict ``save_checkpoint`` was given, through :func:`strategies.checkpoint.read_checkpoint`;
+        its weights and optimizer states are then loaded with the two methods below. FSDP reads
+        only this process's part of the shards, shaped like ``module``'s parameters and
+        ``optimizers``' states. A collective under FSDP: call it on every rank."""
         return read_checkpoint(path)
 
     def load_module_state_dict(self, module: nn.Module, state_dict: dict[str, Any]) -> None:

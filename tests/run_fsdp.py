@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from callbacks import Callback, ModelCheckpoint  # noqa: E402
 from strategies import FSDP  # noqa: E402
+from strategies.checkpoint import convert_checkpoint  # noqa: E402
 from trainer import Trainer, TrainingModule  # noqa: E402
-from trainer.checkpoint import convert_checkpoint  # noqa: E402
 
 SAMPLES, BATCH_SIZE, EPOCHS, LR, MOMENTUM, CLIP = 64, 4, 2, 0.1, 0.9, 0.05
 

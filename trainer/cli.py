@@ -115,7 +115,7 @@ def report(stage: str, trainer: Any, output: Any) -> None:
             if best:
                 print(f"Best checkpoint ({type(callback).__name__}): {best}", file=sys.stderr)
     elif stage == "predict":
-        from trainer.checkpoint import save_atomic
+        from strategies.checkpoint import save_atomic
 
         path = save_atomic({"predictions": output}, trainer.log_dir / "predictions.pt")
         print(f"Predictions ({len(output)} batches; torch.load(path)['predictions']): {path}", file=sys.stderr)
@@ -197,7 +197,7 @@ def add_convert_checkpoint_command(commands: Any) -> None:
 
 
 def run_convert_checkpoint(args: argparse.Namespace) -> int:
-    from trainer.checkpoint import convert_checkpoint
+    from strategies.checkpoint import convert_checkpoint
 
     try:
         written = convert_checkpoint(args.source, args.target)

@@ -67,7 +67,8 @@ class SingleDevice(Strategy):
         prefetch: copy the next batch to the GPU on a side stream while the current one computes
             (:mod:`strategies.prefetch`). None (the default) is on for CUDA, off elsewhere.
 
-    On CUDA a DataLoader that does not pin its batches is rebuilt with ``pin_memory=True``.
+    On CUDA a DataLoader that does not pin its batches is rebuilt to pin their CPU tensors
+    (:func:`strategies.transfer.pinned_loader`).
 
     Example::
 

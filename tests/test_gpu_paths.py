@@ -221,6 +221,44 @@ def test_an_mps_strategy_moves_each_batch_when_the_loop_asks_for_it():
     assert recorded.copies == [("mps", False)] * 3
 
 
+class RecordedPins(TorchFunctionMode):
+    """Records the tensors pinned with ``Tensor.pin_memory`` and returns them as they are (pinning
+    needs a CUDA driver, which this machine lacks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pinned: list[torch.Tensor] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.pin_memory:
+            self.pinned.append(args[0])
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
+class YieldsGpuAndCpuTensors(Dataset):
+    """A dataset that puts part of each sample on the GPU itself (a cached embedding table, say)."""
+
+    def __init__(self) -> None:
+        self.on_gpu = [GpuTensor() for _ in range(2)]
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, index):
+        return {"features": self.on_gpu[index], "labels": torch.full((2,), float(index))}
+
+
+def test_a_dataset_yielding_gpu_tensors_trains_on_cuda_with_only_its_cpu_tensors_pinned(two_gpus):
+    dataset = YieldsGpuAndCpuTensors()
+    loader = SingleDevice("cuda").setup_dataloader(DataLoader(dataset, batch_size=None), shuffle=False)
+    with RecordedPins() as recorded:  # pin_memory=True would raise "cannot pin 'torch.cuda.FloatTensor'"
+        batches = list(loader)
+    assert [id(batch["features"]) for batch in batches] == [id(t) for t in dataset.on_gpu]  # as they were
+    assert [pinned.tolist() for pinned in recorded.pinned] == [[0.0, 0.0], [1.0, 1.0]]  # the labels, once each
+    assert [id(batch["labels"]) for batch in batches] == [id(t) for t in recorded.pinned]
+
+
 # --- the prefetcher --------------------------------------------------------------------------------
 class RecordingCopyStream:
     """Stands in for ``CudaCopyStream``: records the CUDA calls, in order, in ``log``."""

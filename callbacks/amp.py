@@ -163,6 +163,9 @@ class AMP(Callback):
         self._stepped = set()
         self._unscaled = set()
 
+    def performance_facts(self) -> dict[str, Any]:
+        return {"autocast": self.dtype} if self.dtype is not None else {}
+
     # --- checkpoint state ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         if self.scaler is None:

@@ -239,6 +239,10 @@ class FSDP(DDP):
                              f"{self.mp_policy.param_dtype}. Pass one of the two.")
         return True
 
+    def compute_dtype(self) -> torch.dtype | None:
+        dtype = self.mp_policy.param_dtype if self.mp_policy is not None else None
+        return dtype if dtype not in (None, torch.float32) else None
+
     # --- checkpoints -------------------------------------------------------------------------
     def module_state_dict(self, module: nn.Module, full: bool = False) -> dict[str, Any]:
         if not full:

@@ -343,7 +343,7 @@ class DDP(Strategy):
             self._store = dist.PrefixStore(prefix, base)
             thread_store = dist.PrefixStore(prefix, thread_store)
             dist.init_process_group(
-                backend, store=dist.PrefixStore("group/", self._store), rank=self._rank,
+                self.process_group_backend(), store=dist.PrefixStore("group/", self._store), rank=self._rank,
                 world_size=self._world_size, timeout=self.timeout,
                 device_id=self.device if self.device.type == "cuda" else None,
             )
@@ -353,6 +353,10 @@ class DDP(Strategy):
         self._whereabouts = forensics.Whereabouts(thread_store, self._rank, self._world_size)
         if thread_store is not None:
             self._whereabouts.start(watch_parent=self._mode == "spawn")
+
+    def process_group_backend(self) -> str:
+        """The backend the default process group is created with (``init_process_group``)."""
+        return self.resolved_backend
 
     def _connect_stores(self) -> tuple[Any, Any]:
         """Two clients of the group's store (the forensics thread gets its own connection). Kept

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import inspect
 import warnings
 from collections import UserDict
@@ -213,3 +214,28 @@ def pin_cpu_tensors(batch: Any) -> Any:
         return method() if callable(method) and not isinstance(obj, type) else obj
 
     return apply_to_tensors(batch, pin, pin_object)
+
+
+def return_to_host(module: Any, device: torch.device) -> None:
+    """After a stage, move ``module`` (placed on the accelerator ``device`` by a strategy) back to
+    the CPU, gradients with it, and give the device's cached blocks back, as Lightning's teardown
+    does: memory the stage used is free for the rest of the script, and the next stage moves the
+    module to the device again. Nothing on the CPU."""
+    if device.type not in ("cuda", "mps"):
+        return
+    module.to(torch.device("cpu"))
+    gc.collect()  # tensors the stage left in reference cycles, before the cache is emptied
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    else:
+        torch.mps.empty_cache()
+
+
+def optimizer_states_to(optimizers: list[torch.optim.Optimizer], device: torch.device) -> None:
+    """Move every tensor of ``optimizers``' states to ``device``, in place: to the CPU when a stage
+    ends (their memory on the GPU is then free), and back to the device for an optimizer that
+    outlived a stage (``torch.optim`` steps only with states beside their parameters)."""
+    for optimizer in optimizers:
+        for parameter, state in optimizer.state.items():
+            optimizer.state[parameter] = apply_to_tensors(
+                state, lambda tensor: tensor if tensor.device == device else tensor.to(device))

@@ -33,12 +33,13 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from strategies import DDP, MPS, SingleDevice, forensics
+from callbacks import PerformanceReport
+from strategies import DDP, MPS, SingleDevice, Strategy, forensics
 from strategies.pickling import PickledWork
 from strategies.prefetch import prefetch_to_device
 from strategies.process_group import end_process_group, local_cuda_index
 from strategies.spawn import failure_message
-from strategies.transfer import move_to_device
+from strategies.transfer import move_to_device, optimizer_states_to
 from trainer import Trainer, TrainingModule
 
 META = torch.device("meta")
@@ -350,6 +351,57 @@ def test_prefetch_is_an_option_of_the_cuda_strategies_and_an_error_elsewhere(two
         Trainer(strategy=DDP(devices=2, backend="gloo", prefetch=True))
     with pytest.raises(ValueError, match=r"SingleDevice\(prefetch='yes'\): use True, False or None"):
         Trainer(strategy=SingleDevice("cuda", prefetch="yes"))
+
+
+# --- GPU memory after a stage -----------------------------------------------------------------------
+class RecordsMoves(nn.Module):
+    """Records where ``.to()`` sends it; a move to a device this machine lacks changes nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(2, 2)
+        self.moves: list[str] = []
+
+    def to(self, device, *args, **kwargs):
+        self.moves.append(torch.device(device).type)
+        return self if torch.device(device).type in ("cuda", "mps") else super().to(device, *args, **kwargs)
+
+
+@pytest.mark.parametrize("strategy", [SingleDevice("cuda:0"), MPS()])
+def test_at_teardown_a_gpu_strategy_moves_the_module_it_placed_back_and_empties_the_cache(strategy, monkeypatch):
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append("cuda"))
+    monkeypatch.setattr(torch.mps, "empty_cache", lambda: emptied.append("mps"))
+    module = RecordsMoves()
+    strategy.setup_module(module)
+    strategy.teardown()
+    strategy.teardown()  # a second teardown (another stage's error path) moves nothing again
+    assert module.moves == [strategy.device.type, "cpu"] and emptied == [strategy.device.type]
+    cpu, on_cpu = RecordsMoves(), SingleDevice("cpu")
+    on_cpu.setup_module(cpu)
+    on_cpu.teardown()
+    assert cpu.moves == ["cpu"]  # placed, and left there
+
+
+def test_optimizer_states_move_with_every_tensor_inside_them():
+    layer = nn.Linear(2, 2)
+    optimizer = torch.optim.Adam(layer.parameters())
+    layer(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    optimizer_states_to([optimizer], META)  # stands in for the GPU
+    states = [value for state in optimizer.state.values() for value in state.values()]
+    assert len(states) == 6 and {value.device for value in states} == {META}
+
+
+def test_the_performance_reports_gpu_peak_is_the_fits(monkeypatch):
+    class OnCuda(Strategy):
+        device = torch.device("cuda", 0)
+
+    resets = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: resets.append(device))
+    trainer = Trainer(strategy=OnCuda(), logger=False, enable_progress_bar=False)
+    PerformanceReport().setup(trainer, LogsOnTwoDevices(), "fit")
+    assert resets == [torch.device("cuda", 0)]
 
 
 # --- metrics logged on two devices -----------------------------------------------------------------

@@ -341,9 +341,12 @@ def test_the_prefetcher_reads_no_batch_past_the_limit_and_one_ahead_when_the_loo
     assert dataset.reads == 3  # batch 2 was read (and copied) while step 1 ran
 
 
-def test_prefetch_is_an_option_of_the_cuda_strategies_and_an_error_elsewhere(two_gpus, plain_process):
-    assert SingleDevice("cuda", prefetch=False).prefetch is False
-    Trainer(strategy=SingleDevice("cuda", prefetch=True), logger=False)
+def test_prefetch_is_an_option_of_the_cuda_strategies_and_an_error_elsewhere(two_gpus, plain_process, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: object())  # the side stream, which this machine lacks
+    chosen = Trainer(strategy=SingleDevice("cuda", prefetch=True), logger=False).strategy
+    assert chosen.batches_on_device(iter([])).__name__ == "prefetch_to_device"
+    assert SingleDevice("cuda").batches_on_device(iter([])).__name__ == "prefetch_to_device"  # on by default
+    assert SingleDevice("cuda", prefetch=False).batches_on_device(iter([])).__name__ == "<genexpr>"  # moved one by one
     with pytest.raises(ValueError, match=r"SingleDevice\(prefetch=True\) copies the next batch to the GPU on a CUDA "
                                          r"side stream, but this strategy trains on cpu"):
         Trainer(strategy=SingleDevice("cpu", prefetch=True))
@@ -471,7 +474,8 @@ def test_fork_with_cuda_is_refused_before_any_process_starts(two_gpus, plain_pro
     with pytest.raises(ValueError, match=r'DDP\(start_method="fork"\) cannot train on GPUs.*Cannot re-initialize '
                                          r'CUDA in forked subprocess.*start_method="spawn"'):
         Trainer(strategy=DDP(devices=2, start_method="fork"))
-    Trainer(strategy=DDP(devices=2, start_method="fork", backend="gloo"), logger=False)  # CPU workers may fork
+    forking = Trainer(strategy=DDP(devices=2, start_method="fork", backend="gloo"), logger=False).strategy
+    assert forking.launches_subprocesses and forking.num_processes == 2  # CPU workers may fork
 
 
 SCHEDULER = {"RANK": "9", "LOCAL_RANK": "1", "WORLD_SIZE": "16", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
@@ -486,10 +490,12 @@ def test_a_scheduler_without_local_world_size_runs_a_two_machine_job(monkeypatch
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.setattr(dist, "is_backend_available", lambda backend: True)  # NCCL, which this build lacks
     strategy = Trainer(strategy=DDP(devices=8), logger=False).strategy
-    assert strategy.world_size == 16
+    assert strategy.world_size == 16 and not strategy.launches_subprocesses  # joins the job, spawns nothing
+    assert strategy.resolved_backend == "nccl"
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # one GPU per process (CUDA_VISIBLE_DEVICES per task)
     monkeypatch.setenv("LOCAL_RANK", "5")
-    Trainer(strategy=DDP(), logger=False)
+    own_gpu = Trainer(strategy=DDP(), logger=False).strategy
+    assert own_gpu.world_size == 16 and not own_gpu.launches_subprocesses
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(ValueError, match=r"LOCAL_RANK=5 but sees 2 CUDA device\(s\) \(cuda:0, cuda:1\), so it has no "
                                          r"GPU of its own.*CUDA_VISIBLE_DEVICES"):

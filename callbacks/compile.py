@@ -59,9 +59,10 @@ class Compile(Callback):
             share the compiled code.
 
     The first training step's time (mostly compiling the forward and backward) is printed once on
-    rank zero; the performance report keeps the compile time apart from the steady state. Where compile is unavailable (an unsupported Python or platform) or fails to build
-    (no C++ compiler for inductor, a backend error), one warning on rank zero and the model runs
-    eagerly; a run never fails halfway for it. The backward is compiled together with the forward,
+    rank zero; the performance report keeps the compile time apart from the steady state. Where
+    compile is unavailable (an unsupported Python or platform) or fails to build (no C++ compiler
+    for inductor, a backend error), one warning on rank zero and the model runs eagerly; a run
+    never fails halfway for it. The backward is compiled together with the forward,
     so a failure to build it surfaces there too, not in the middle of ``loss.backward()``.
 
     Example::

@@ -181,7 +181,8 @@ def oversubscription(facts: RunFacts) -> str | None:
     if facts.load_average is None:
         return None
     machine = cores * facts.local_processes
-    own = facts.local_processes * (min(cores, facts.torch_threads) if facts.device_type == "cpu" else 1)
+    step_threads = min(cores, facts.torch_threads) if facts.device_type == "cpu" else 1
+    own = facts.local_processes * (step_threads + (facts.num_workers or 0))  # DataLoader workers are this run's too
     others = facts.load_average - own
     if others < max(1.0, machine / 2):
         return None

@@ -180,6 +180,7 @@ def test_an_oversubscribed_cpu_is_said_first():
     assert loaded.startswith("The CPU is oversubscribed: the machine's load average was 9.5 on the 2 core(s) this run "
                              "may use, about 7.5 of it from other processes")
     assert recommendations(facts_of(load_average=2.4)) == []  # this run's own two threads, and a little
+    assert recommendations(facts_of(load_average=6.2, num_workers=4)) == []  # its DataLoader workers are its own
 
 
 def test_a_fit_with_more_torch_threads_than_cores_is_told_so(make_trainer):

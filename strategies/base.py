@@ -120,6 +120,11 @@ class Strategy:
         """Return the user's module from what ``setup_module`` returned."""
         return model
 
+    def compute_dtype(self) -> torch.dtype | None:
+        """The lower precision this strategy computes in by itself (FSDP's MixedPrecisionPolicy),
+        or None when it leaves precision to autocast (``callbacks.AMP``); the performance report asks."""
+        return None
+
     def check_placement(self, module: nn.Module) -> None:
         """Before the first step: raise if a parameter left the device after the model moved there."""
         for name, parameter in module.named_parameters():

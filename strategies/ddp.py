@@ -39,7 +39,7 @@ from strategies.process_group import (
     local_cuda_index, local_world_size,
 )
 from strategies.single import cuda_device_lines
-from strategies.transfer import pinned_loader
+from strategies.transfer import pinned_loader, return_to_host
 
 #: How long a collective may wait for the slowest rank before failing. Long enough for rank zero
 #: to write a large checkpoint or run a long validation while the others wait at a barrier.
@@ -146,11 +146,12 @@ class DDP(Strategy):
         self._whereabouts: forensics.Whereabouts | None = None
         self._failure_recorded = False
         self._collective_failed = False
+        self._placed: nn.Module | None = None  # the module setup_module moved, until teardown
 
     def __getstate__(self) -> dict[str, Any]:
         # Stores, groups and threads belong to one process; a spawned worker makes its own.
         state = self.__dict__.copy()
-        for key in ("_store", "_control_group", "_whereabouts", "_base_store", "_thread_store"):
+        for key in ("_store", "_control_group", "_whereabouts", "_base_store", "_thread_store", "_placed"):
             state.pop(key, None)
         return state
 
@@ -343,7 +344,7 @@ class DDP(Strategy):
             self._store = dist.PrefixStore(prefix, base)
             thread_store = dist.PrefixStore(prefix, thread_store)
             dist.init_process_group(
-                backend, store=dist.PrefixStore("group/", self._store), rank=self._rank,
+                self.process_group_backend(), store=dist.PrefixStore("group/", self._store), rank=self._rank,
                 world_size=self._world_size, timeout=self.timeout,
                 device_id=self.device if self.device.type == "cuda" else None,
             )
@@ -353,6 +354,10 @@ class DDP(Strategy):
         self._whereabouts = forensics.Whereabouts(thread_store, self._rank, self._world_size)
         if thread_store is not None:
             self._whereabouts.start(watch_parent=self._mode == "spawn")
+
+    def process_group_backend(self) -> str:
+        """The backend the default process group is created with (``init_process_group``)."""
+        return self.resolved_backend
 
     def _connect_stores(self) -> tuple[Any, Any]:
         """Two clients of the group's store (the forensics thread gets its own connection). Kept
@@ -375,6 +380,9 @@ class DDP(Strategy):
             end_process_group(abort=error is not None and self.resolved_backend == "nccl")
         self._owns_group = False
         self._control_group = None
+        placed, self._placed = self._placed, None
+        if placed is not None and self._mode == "join":  # under torchrun the script goes on; spawned workers end
+            return_to_host(placed, self.device)
 
     def record_failure(self, error: BaseException | None = None) -> None:
         """Tell the other ranks (and the launcher) that this rank failed, once."""
@@ -390,6 +398,7 @@ class DDP(Strategy):
     # --- model and data --------------------------------------------------------------------
     def setup_module(self, module: nn.Module) -> nn.Module:
         self._take_module(module)
+        self._placed = module
         return module.to(self.device)
 
     def _take_module(self, module: nn.Module) -> None:

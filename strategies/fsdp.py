@@ -62,7 +62,9 @@ class FSDP(DDP):
             dtypes). ``Trainer(precision="bf16-mixed")`` sets ``param_dtype=torch.bfloat16,
             reduce_dtype=torch.float32`` here instead of autocast.
         cpu_offload: keep the shards, their gradients and the optimizer step on the CPU between
-            uses (CUDA only: slower, for models whose shards do not fit on the GPUs).
+            uses (CUDA only: slower, for models whose shards do not fit on the GPUs). The process
+            group then has gloo for CPU tensors beside NCCL (``"cuda:nccl,cpu:gloo"``): clipping's
+            norm and other collectives over the CPU gradient shards need it.
         device_mesh: None (shard over every process), ``(replicas, shard_size)`` for hybrid sharding
             (HSDP: each group of ``shard_size`` processes, usually one machine, holds one sharded
             copy, and the ``replicas`` copies are averaged), or a ``DeviceMesh`` you built under torchrun.
@@ -141,6 +143,13 @@ class FSDP(DDP):
                f"reshard_after_forward={self.reshard_after_forward}."
 
     # --- per process -----------------------------------------------------------------------
+    def process_group_backend(self) -> str:
+        # Offloaded gradients are CPU DTensors: the all-reduce of their norm (gradient clipping)
+        # runs on the mesh's group, which NCCL alone refuses for CPU tensors.
+        if self.cpu_offload and self.resolved_backend == "nccl":
+            return "cuda:nccl,cpu:gloo"
+        return super().process_group_backend()
+
     def setup_environment(self) -> None:
         super().setup_environment()
         from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -238,6 +247,10 @@ class FSDP(DDP):
             raise ValueError(f"Trainer(precision=...) asks for {dtype}, but FSDP(mixed_precision=...) computes in "
                              f"{self.mp_policy.param_dtype}. Pass one of the two.")
         return True
+
+    def compute_dtype(self) -> torch.dtype | None:
+        dtype = self.mp_policy.param_dtype if self.mp_policy is not None else None
+        return dtype if dtype not in (None, torch.float32) else None
 
     # --- checkpoints -------------------------------------------------------------------------
     def module_state_dict(self, module: nn.Module, full: bool = False) -> dict[str, Any]:

@@ -356,6 +356,16 @@ def test_a_bad_option_fails_when_the_trainer_is_built(options, message):
         Trainer(strategy=FSDP(**{"devices": 2, **options}))
 
 
+def test_cpu_offload_gives_the_process_group_gloo_for_the_cpu_gradient_shards_beside_nccl():
+    # Clipping's norm over offloaded (CPU) gradient shards is an all-reduce NCCL refuses.
+    backend = FSDP(devices=2, backend="nccl", cpu_offload=True).process_group_backend()
+    assert backend == "cuda:nccl,cpu:gloo"
+    config = torch.distributed.distributed_c10d.BackendConfig(torch.distributed.Backend(backend))
+    assert config.get_device_backend_map() == {"cuda": "nccl", "cpu": "gloo"}  # as init_process_group reads it
+    assert FSDP(devices=2, backend="nccl").process_group_backend() == "nccl"
+    assert FSDP(devices=2, backend="gloo").process_group_backend() == "gloo"
+
+
 def test_precision_maps_onto_the_mixed_precision_policy_and_float16_is_refused():
     from torch.distributed.fsdp import MixedPrecisionPolicy
 

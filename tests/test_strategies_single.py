@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import strategies
 from strategies import SingleDevice, Strategy, resolve_strategy
+from strategies.transfer import pins_batches
 from trainer import Trainer, TrainingModule
 
 
@@ -145,8 +146,10 @@ def test_a_cuda_run_pins_a_loader_that_does_not_and_keeps_one_that_does(two_gpus
     data = TensorDataset(torch.arange(6.0).unsqueeze(1))
     unpinned = DataLoader(data, batch_size=2, shuffle=True)
     rebuilt = strategy.setup_dataloader(unpinned, shuffle=True)
-    assert rebuilt.pin_memory and not unpinned.pin_memory  # the user's loader is left as it was
+    assert pins_batches(rebuilt) and not pins_batches(unpinned)  # the user's loader is left as it was
     assert (rebuilt.dataset, rebuilt.batch_size, type(rebuilt.sampler)) == (data, 2, type(unpinned.sampler))
+    with_workers = strategy.setup_dataloader(DataLoader(data, batch_size=2, num_workers=1), shuffle=True)
+    assert with_workers.pin_memory  # the DataLoader's pinning thread does it, off the loop's thread
     pinned = DataLoader(data, batch_size=2, pin_memory=True)
     assert strategy.setup_dataloader(pinned, shuffle=True) is pinned
 

@@ -457,6 +457,7 @@ class Trainer:
                 self._run_validation(val_loaders)
             times.ready = clock()  # the next batch is asked for now
             if self._preemption.stop_now and ends_accumulation_window(self, batch_idx, num_batches):  # a plain bool read
+                times.end_loop(self._train_batches_seen)  # the performance report counts this loop's batches
                 save_for_preemption(self)
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
             if (self.should_stop and may_stop(self)) or (self.max_steps != -1 and self.global_step >= self.max_steps):

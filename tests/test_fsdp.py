@@ -182,7 +182,7 @@ def test_checkpoints_are_directories_of_each_ranks_shards_pruned_and_linked_by_m
 
 
 def test_the_command_lines_last_and_best_find_sharded_checkpoint_directories(launched):
-    from trainer.runs import checkpoint_for
+    from trainer.cli.runs import checkpoint_for
 
     steps = launched.out / "steps"
     same_as_the_run = ModelCheckpoint(dirpath=steps, every_n_train_steps=3, every_n_epochs=None, save_top_k=1,

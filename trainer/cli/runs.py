@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from callbacks import Callback, ModelCheckpoint
 from strategies.sharded_checkpoint import STATE_FILE, is_sharded_checkpoint
 from trainer.checkpoint import check_exists
-from trainer.config_files import ConfigError
+from trainer.cli.config_files import ConfigError
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -52,7 +52,7 @@ class SaveConfig(Callback):
         print(f"Configuration: {self.path}", file=sys.stderr, flush=True)
 
     def _save(self, directory: Path) -> Path:
-        from trainer.config import to_yaml
+        from trainer.cli.config import to_yaml
 
         first = directory / "config.yaml"
         if not first.exists():

@@ -32,9 +32,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from strategies import forensics
-from strategies.accelerators import check_agrees
 from strategies.base import Strategy
-from strategies.ddp_checks import check_arguments, check_backend_available, check_gpus_for, check_topology
+from strategies.ddp_checks import (
+    check_arguments, check_backend_available, check_gpus_for, check_topology, settle_trainer_devices,
+)
 from strategies.loaders import shard_dataloader
 from strategies.prefetch import check_prefetch
 from strategies.process_group import (
@@ -190,25 +191,9 @@ class DDP(Strategy):
         check_topology(name, self.devices, self.num_nodes)
 
     def configure_devices(self, accelerator: str, devices: int | str | list[int], num_nodes: int) -> None:
-        """The Trainer's ``accelerator`` picks the backend this DDP leaves open (cpu: gloo, gpu: nccl);
-        its ``devices`` and ``num_nodes`` fill ``"auto"`` and 1. Contradictions are errors."""
-        if accelerator == "mps":
-            raise ValueError('Trainer(accelerator="mps", strategy="ddp"): DDP does not run on Apple GPUs. Use '
-                             'accelerator="cpu" to run DDP on the CPU cores, or strategy="mps" for one process.')
-        shown = f"DDP(backend={self.backend!r})" if self.backend is not None else '"ddp"'
-        check_agrees(accelerator, shown, {"nccl": "cuda", "gloo": "cpu"}.get(self.backend or ""))
-        if self.backend is None and accelerator != "auto":
-            self.backend = "gloo" if accelerator == "cpu" else "nccl"
-        if devices != "auto":
-            if self.devices not in ("auto", devices):
-                raise ValueError(f"Trainer(devices={devices!r}) and DDP(devices={self.devices!r}) disagree; set "
-                                 "devices in one place.")
-            self.devices = devices
-        if num_nodes != 1:
-            if self.num_nodes not in (1, num_nodes):
-                raise ValueError(f"Trainer(num_nodes={num_nodes}) and DDP(num_nodes={self.num_nodes}) disagree; set "
-                                 "num_nodes in one place.")
-            self.num_nodes = num_nodes
+        """Take the Trainer's ``accelerator``, ``devices`` and ``num_nodes`` where this DDP leaves them open."""
+        self.backend, self.devices, self.num_nodes = settle_trainer_devices(
+            accelerator, devices, num_nodes, backend=self.backend, own_devices=self.devices, own_num_nodes=self.num_nodes)
 
     def launch(self, function: Callable[..., Any], *args: Any) -> Any:
         """Join torchrun's group when this process is one of its ranks; else spawn the workers."""

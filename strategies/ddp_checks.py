@@ -1,22 +1,50 @@
 """What DDP (and FSDP, which launches as DDP does) checks before it starts anything.
 
-Its arguments, the GPUs they ask for, and the topology: that they agree with what torchrun
-started, or that a spawned run stays on one machine. Each check takes values, starts nothing and
-raises a ValueError that names the argument and says what would work; ``DDP.validate`` calls them
-in order, before launch.
+Its arguments and how they combine with the Trainer's, the GPUs they ask for, and the topology:
+that they agree with what torchrun started, or that a spawned run stays on one machine. Each check
+takes values, starts nothing and raises a ValueError that names the argument and says what would
+work; ``DDP.configure_devices`` and ``DDP.validate`` call them, before launch.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from strategies.accelerators import check_agrees
 from strategies.process_group import check_gpus, check_port_free, launched_by_torchrun, local_cuda_index, local_world_size
 
 BACKENDS = ("nccl", "gloo", "mpi", "ucc")
 START_METHODS = ("spawn", "forkserver", "fork")
+
+
+def settle_trainer_devices(accelerator: str, devices: int | str | list[int], num_nodes: int, *, backend: str | None,
+                           own_devices: int | str | list[int], own_num_nodes: int) -> tuple[str | None, Any, int]:
+    """``(backend, devices, num_nodes)`` of a ``DDP(backend, own_devices, own_num_nodes)`` given to
+    ``Trainer(accelerator, devices, num_nodes)``: the Trainer's ``accelerator`` picks the backend the
+    DDP leaves open (cpu: gloo, gpu: nccl); its ``devices`` and ``num_nodes`` fill ``"auto"`` and 1.
+    Contradictions are errors."""
+    if accelerator == "mps":
+        raise ValueError('Trainer(accelerator="mps", strategy="ddp"): DDP does not run on Apple GPUs. Use '
+                         'accelerator="cpu" to run DDP on the CPU cores, or strategy="mps" for one process.')
+    shown = f"DDP(backend={backend!r})" if backend is not None else '"ddp"'
+    check_agrees(accelerator, shown, {"nccl": "cuda", "gloo": "cpu"}.get(backend or ""))
+    if backend is None and accelerator != "auto":
+        backend = "gloo" if accelerator == "cpu" else "nccl"
+    if devices != "auto":
+        if own_devices not in ("auto", devices):
+            raise ValueError(f"Trainer(devices={devices!r}) and DDP(devices={own_devices!r}) disagree; set "
+                             "devices in one place.")
+        own_devices = devices
+    if num_nodes != 1:
+        if own_num_nodes not in (1, num_nodes):
+            raise ValueError(f"Trainer(num_nodes={num_nodes}) and DDP(num_nodes={own_num_nodes}) disagree; set "
+                             "num_nodes in one place.")
+        own_num_nodes = num_nodes
+    return backend, own_devices, own_num_nodes
 
 
 def check_arguments(name: str, devices: int | str | list[int], num_nodes: int, start_method: str, backend: str) -> None:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from callbacks import AMP, Callback, ModelCheckpoint
+from linear_regression import LinearRegression
 from strategies import SingleDevice
 from trainer import Trainer, TrainingModule
 
@@ -233,19 +234,14 @@ def test_the_scaler_state_is_checkpointed_and_restored(make_trainer, regression_
     assert resumed.scaler.get_scale() == saved["scale"]  # the run was complete: nothing left to step
 
 
-class LogsHalf(TrainingModule):
+class LogsHalf(LinearRegression):
     def __init__(self) -> None:
-        super().__init__()
-        self.layer = nn.Linear(4, 2)
+        super().__init__(lr=0.01)
 
     def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = F.mse_loss(self.layer(x), y)
+        loss = super().training_step(batch, batch_idx)
         self.log("half", torch.tensor(30000.0, dtype=torch.float16), on_step=True, on_epoch=True, batch_size=64)
         return loss
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 def test_a_half_precision_value_is_logged_as_float32_without_overflow(make_trainer, regression_loader):

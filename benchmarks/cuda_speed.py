@@ -34,7 +34,6 @@ import inspect
 import json
 import math
 import platform
-import statistics
 import sys
 import tempfile
 import time

@@ -16,8 +16,8 @@ from torch import nn
 
 from callbacks import AMP, Callback, ModelCheckpoint
 from linear_regression import LinearRegression
-from strategies import SingleDevice
-from trainer import Trainer, TrainingModule
+from strategies import DDP, SingleDevice
+from trainer import TrainingModule
 
 
 class Regressor(TrainingModule):
@@ -300,6 +300,17 @@ def test_a_strategy_that_takes_mixed_precision_over_gets_no_amp_callback(make_tr
     trainer = make_trainer(strategy=strategy, precision="bf16-mixed")
     assert strategy.asked == torch.bfloat16
     assert not any(isinstance(c, AMP) for c in trainer.callbacks)
+
+
+@pytest.mark.parametrize("make_strategy", [lambda: SingleDevice("cpu"), lambda: DDP(devices=2, backend="gloo")],
+                         ids=["single_device", "ddp"])
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16-mixed", torch.bfloat16), ("16-mixed", torch.float16)])
+def test_a_strategy_without_mixed_precision_of_its_own_leaves_it_to_an_amp_callback(make_trainer, make_strategy,
+                                                                                     precision, dtype):
+    # Strategy.mixed_precision's default decision (False), which every strategy but FSDP keeps.
+    assert make_strategy().mixed_precision(dtype) is False
+    trainer = make_trainer(strategy=make_strategy(), precision=precision)
+    assert [type(c) for c in trainer.callbacks if isinstance(c, AMP)] == [AMP]
 
 
 @pytest.mark.parametrize("precision", ["bf16-true", "64-true", "mixed", 8, True])

@@ -16,7 +16,7 @@ from torch import nn
 
 from callbacks import Compile, ModelCheckpoint
 from linear_regression import LinearRegression
-from trainer import Trainer, TrainingModule
+from trainer import TrainingModule
 
 
 class GraphCounter:

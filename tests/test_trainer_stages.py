@@ -12,7 +12,7 @@ from collections import namedtuple
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset
 
 from callbacks import Callback
 from linear_regression import LinearRegression

@@ -31,7 +31,6 @@ looked up in ``callbacks``, ``strategies``, ``torch.optim`` and ``torch.optim.lr
 
 from __future__ import annotations
 
-import inspect
 import os
 import random
 from dataclasses import dataclass, field, replace

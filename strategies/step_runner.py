@@ -52,7 +52,6 @@ def prepare_manual_backward(model: DistributedDataParallel, loss: torch.Tensor) 
     model.reducer.prepare_for_backward([loss] if unused_search else [])
 
 
-
 def with_cadence_advice(error: RuntimeError) -> RuntimeError:
     """DistributedDataParallel's error for parameters no loss reached, with the Cadence way to pass
     ``find_unused_parameters=True``: torch's advice names its own constructor, which Cadence calls."""

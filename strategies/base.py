@@ -175,12 +175,6 @@ class Strategy:
         buffers it gathers parameters into)."""
         return torch.inference_mode() if inference_mode else torch.no_grad()
 
-    def mixed_precision(self, dtype: torch.dtype) -> bool:
-        """Take over mixed precision in ``dtype`` (``Trainer(precision=...)``): return True when the
-        strategy computes in ``dtype`` itself (FSDP's MixedPrecisionPolicy), and the Trainer then adds
-        no AMP callback; False (the default) leaves it to autocast."""
-        return False
-
     # --- backward and collectives ---------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

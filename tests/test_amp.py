@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from callbacks import AMP, Callback, ModelCheckpoint
-from strategies import SingleDevice
+from linear_regression import LinearRegression
+from strategies import DDP, SingleDevice
 from trainer import Trainer, TrainingModule
 
 
@@ -234,19 +235,14 @@ def test_the_scaler_state_is_checkpointed_and_restored(make_trainer, regression_
     assert resumed.scaler.get_scale() == saved["scale"]  # the run was complete: nothing left to step
 
 
-class LogsHalf(TrainingModule):
+class LogsHalf(LinearRegression):
     def __init__(self) -> None:
-        super().__init__()
-        self.layer = nn.Linear(4, 2)
+        super().__init__(lr=0.01)
 
     def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = F.mse_loss(self.layer(x), y)
+        loss = super().training_step(batch, batch_idx)
         self.log("half", torch.tensor(30000.0, dtype=torch.float16), on_step=True, on_epoch=True, batch_size=64)
         return loss
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 def test_a_half_precision_value_is_logged_as_float32_without_overflow(make_trainer, regression_loader):
@@ -358,6 +354,17 @@ def test_a_strategy_that_takes_mixed_precision_over_gets_no_amp_callback(make_tr
     trainer = make_trainer(strategy=strategy, precision="bf16-mixed")
     assert strategy.asked == torch.bfloat16
     assert not any(isinstance(c, AMP) for c in trainer.callbacks)
+
+
+@pytest.mark.parametrize("make_strategy", [lambda: SingleDevice("cpu"), lambda: DDP(devices=2, backend="gloo")],
+                         ids=["single_device", "ddp"])
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16-mixed", torch.bfloat16), ("16-mixed", torch.float16)])
+def test_a_strategy_without_mixed_precision_of_its_own_leaves_it_to_an_amp_callback(make_trainer, make_strategy,
+                                                                                     precision, dtype):
+    # Strategy.mixed_precision's default decision (False), which every strategy but FSDP keeps.
+    assert make_strategy().mixed_precision(dtype) is False
+    trainer = make_trainer(strategy=make_strategy(), precision=precision)
+    assert [type(c) for c in trainer.callbacks if isinstance(c, AMP)] == [AMP]
 
 
 @pytest.mark.parametrize("precision", ["bf16-true", "64-true", "mixed", 8, True])

@@ -13,8 +13,8 @@ import torch
 import yaml
 
 from trainer.cli import main
-from trainer.config import load_run
-from trainer.config_files import read_config
+from trainer.cli.config import load_run
+from trainer.cli.config_files import read_config
 
 PARTS = '''
 import torch

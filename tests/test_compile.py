@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from callbacks import Compile, ModelCheckpoint, PerformanceReport
+from linear_regression import LinearRegression
 from strategies import Strategy
 from trainer import Trainer, TrainingModule
 
@@ -165,21 +166,13 @@ def test_the_first_compiled_step_time_is_reported_once(make_trainer, regression_
     assert len(reports) == 1 and "compiling the model's forward (forward and backward)" in reports[0]
 
 
-class NoForward(TrainingModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Linear(4, 2)
-
-    def training_step(self, batch, batch_idx):
-        return F.mse_loss(self.net(batch[0]), batch[1])
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+class NoForward(LinearRegression):
+    """Trains its ``layer`` directly in training_step and defines no forward."""
 
 
 def test_compiling_a_module_without_forward_is_an_error_naming_its_submodules(make_trainer, regression_loader):
     with pytest.raises(ValueError, match=r"Compile\(\) compiles NoForward.forward, which it does not define.*"
-                                         r"Compile\(modules=\[...\]\).*children are: net \(Linear\)"):
+                                         r"Compile\(modules=\[...\]\).*children are: layer \(Linear\)"):
         make_trainer(max_steps=1, callbacks=[Compile()]).fit(NoForward(), regression_loader)
 
 

@@ -16,9 +16,10 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import strategies
+from linear_regression import LinearRegression
 from strategies import SingleDevice, Strategy, resolve_strategy
 from strategies.transfer import pins_batches
-from trainer import Trainer, TrainingModule
+from trainer import Trainer
 
 
 @pytest.fixture
@@ -70,18 +71,7 @@ def test_cuda_means_the_first_gpu_and_cuda_n_the_nth(two_gpus):
 
 
 def test_fit_reports_the_device_on_stderr(make_trainer, regression_loader, capsys):
-    class Regressor(TrainingModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 2)
-
-        def training_step(self, batch, batch_idx):
-            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    make_trainer(max_steps=1).fit(Regressor(), regression_loader)
+    make_trainer(max_steps=1).fit(LinearRegression(), regression_loader)
     assert "Training on the CPU (chosen, " in capsys.readouterr().err
 
 
@@ -182,20 +172,9 @@ def test_the_base_strategy_is_one_process():
     assert hasattr(strategies, "resolve_strategy")
 
 
-class _Regressor(TrainingModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 2)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.layer(x), y)
-
+class _Regressor(LinearRegression):
     def test_step(self, batch, batch_idx):
         self.training_step(batch, batch_idx)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 def test_the_device_report_is_printed_once_per_trainer_not_for_every_stage(make_trainer, regression_loader, capsys):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from callbacks import Callback, ModelCheckpoint
 from strategies.checkpoint import check_exists, is_checkpoint, newest_last, read_checkpoint, run_checkpoint_directories
-from trainer.config_files import ConfigError
+from trainer.cli.config_files import ConfigError
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -51,7 +51,7 @@ class SaveConfig(Callback):
         print(f"Configuration: {self.path}", file=sys.stderr, flush=True)
 
     def _save(self, directory: Path) -> Path:
-        from trainer.config import to_yaml
+        from trainer.cli.config import to_yaml
 
         first = directory / "config.yaml"
         if not first.exists():

@@ -113,7 +113,7 @@ def check_topology(name: str, devices: int | str | list[int], num_nodes: int) ->
         raise ValueError(
             f"num_nodes={num_nodes} trains on {num_nodes} machines, which a spawned run cannot reach: "
             f"start the script on each machine with torchrun --nnodes={num_nodes} "
-            "--nproc-per-node=N --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT (see the README)."
+            "--nproc-per-node=N --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT (see docs/distributed.md)."
         )
     elif "MASTER_PORT" in os.environ:
         check_port_free(os.environ.get("MASTER_ADDR", "127.0.0.1"), os.environ["MASTER_PORT"])

@@ -24,7 +24,7 @@ to the bytes read::
 
 validate, test and predict take the same path with the weights only; ``load_from_checkpoint``
 (``trainer/loading.py``), ``cadence convert-checkpoint`` (:func:`convert_checkpoint`) and the
-command line's ``--ckpt_path best`` (``trainer/runs.py``, ``weights=False``) call
+command line's ``--ckpt_path best`` (``trainer/cli/runs.py``, ``weights=False``) call
 :func:`read_checkpoint` directly. Reading never runs code from the file, and every failure names
 the checkpoint and what to do.
 

@@ -3,7 +3,7 @@
 A checkpoint is a file, or a directory of shards written under FSDP (:func:`is_checkpoint`); a
 kill between the two renames of replacing one leaves the previous one aside, and it is moved back
 here before anyone looks (:func:`~strategies.checkpoint.files.recover_interrupted_replace`). Nothing
-here needs a Trainer: the Trainer (``trainer/stage.py``) and the command line (``trainer/runs.py``)
+here needs a Trainer: the Trainer (``trainer/stage.py``) and the command line (``trainer/cli/runs.py``)
 pass the directories they know of.
 """
 

@@ -496,7 +496,9 @@ def versions() -> str:
 
     import trainer
 
-    return f"Lightning {lightning.__version__}, torch {torch.__version__}, Cadence from {Path(trainer.__file__).parent.parent}"
+    where = Path(trainer.__file__).resolve().parent.parent
+    where_text = "this checkout" if where == ROOT else str(where)
+    return f"Lightning {lightning.__version__}, torch {torch.__version__}, Cadence from {where_text}"
 
 
 def percent(part: int, whole: int) -> str:

@@ -90,6 +90,8 @@ MAP: dict[str, str | Refused] = {
     "lightning.pytorch.utilities.LightningEnum": "trainer.utilities.LightningEnum",
     "lightning.pytorch.utilities.CombinedLoader": Refused(
         "one training loader (ConcatDataset); several val/test/predict loaders as a list or dict"),
+    # lightning.pytorch.cli
+    "lightning.pytorch.cli.LightningCLI": Refused("the cadence command: cadence fit --config run.yaml"),
     # lightning.pytorch.strategies: what users construct for strategy=
     "lightning.pytorch.strategies.DDPStrategy": "strategies.DDP",
     "lightning.pytorch.strategies.FSDPStrategy": "strategies.FSDP",
@@ -108,6 +110,7 @@ CADENCE_MODULE_OF = {
     "lightning.pytorch.utilities": "trainer.utilities",
     "lightning.pytorch.utilities.rank_zero": "trainer.utilities",
     "lightning.pytorch.strategies": "strategies",
+    "lightning.pytorch.cli": "trainer",
 }
 
 #: Parameters Lightning passes on through **kwargs that users write (name -> Lightning's default).

@@ -18,7 +18,7 @@ Run from the repository root (needs Lightning: ``pip install -e .[bench]``)::
     python benchmarks/lightning_surface.py --markdown   # the tables for the docs
     python benchmarks/lightning_surface.py --json surface.json
 
-The script imports the Cadence found first on ``sys.path`` (this checkout when run from its root).
+It measures the Cadence of the checkout it belongs to (it puts that checkout first on ``sys.path``).
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def test_early_stopping_stops_when_the_metric_stops_improving(make_trainer, regr
     trainer = make_trainer(max_epochs=20, callbacks=[stopper], num_sanity_val_steps=0)
     trainer.fit(Flat(), regression_loader, regression_loader)
     assert trainer.current_epoch == 3  # epoch 1 sets the best; 2 and 3 do not improve
-    assert "did not improve for 2 checks" in stopper.stop_reason
+    assert "did not improve in the last 2 records" in stopper.stopping_reason_message
 
 
 def test_model_checkpoint_keeps_the_best_by_the_monitored_metric(make_trainer, regression_loader, tmp_path):
@@ -117,7 +117,8 @@ def test_model_checkpoint_keeps_the_best_by_the_monitored_metric(make_trainer, r
         def validation_step(self, batch, batch_idx):
             self.log("val/acc", [0.5, 0.9, 0.7][self.current_epoch])
 
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/acc", mode="max", filename="{epoch}-{val/acc:.1f}")
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/acc", mode="max", filename="{epoch}-{val/acc:.1f}",
+                                 auto_insert_metric_name=False)
     make_trainer(max_epochs=3, callbacks=[checkpoint], num_sanity_val_steps=0).fit(Scored(), regression_loader, regression_loader)
     assert checkpoint.best_model_path == str(tmp_path / "ckpt" / "1-0.9.ckpt")
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["1-0.9.ckpt", "last.ckpt"]

@@ -38,7 +38,7 @@ from trainer.precision import add_precision_callback
 from trainer.preemption import Preemption, save_for_preemption
 from trainer.publish import publish, publish_received, publish_train_epoch
 from trainer.schedule import may_stop, say_nothing_to_train, validation_due, validation_interval
-from trainer.seed import preserved_rng, seed_everything, set_cublas_workspace_config
+from trainer.seed import preserved_rng, seed_generators, set_cublas_workspace_config
 from trainer.setup import setup_model
 from trainer.shorthands import reject_unknown_arguments
 from trainer.shorthands import translate as translate_shorthands
@@ -139,7 +139,7 @@ class Trainer:
                    "use_distributed_sampler": use_distributed_sampler, "sync_batchnorm": sync_batchnorm},
         )
         if seed is not None:
-            seed_everything(seed)  # validates; seeded again at the start of each stage
+            seed_generators(seed)  # validates; seeded again at the start of each stage
         if deterministic:
             set_cublas_workspace_config()  # before cuBLAS first runs; the rest at the start of each stage
 

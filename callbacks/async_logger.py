@@ -17,13 +17,13 @@ import os
 import queue
 import threading
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from callbacks.console import warn
 from callbacks.logging import Logger, hyperparameters_to_log, metric_number, write_hparams
 
 if TYPE_CHECKING:
@@ -184,7 +184,7 @@ class AsyncLogger(Logger):
         self._thread.join()
         self._thread = self._queue = None
         if self._error is not None:
-            warnings.warn(f"{type(self).__name__} could not write to {self.log_dir}: {self._error}", stacklevel=2)
+            warn(f"{type(self).__name__} could not write to {self.log_dir}: {self._error}")
 
     # --- the callback side -----------------------------------------------------------------
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:

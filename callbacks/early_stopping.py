@@ -11,14 +11,13 @@ numbering, and kept in ``stopping_reason`` and ``stopping_reason_message``.
 from __future__ import annotations
 
 import math
-import warnings
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from callbacks.base import Callback
-from callbacks.console import epoch_label, rank_prefixed, write_line
+from callbacks.console import epoch_label, rank_prefixed, warn, write_line
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -132,7 +131,7 @@ class EarlyStopping(Callback):
             if self.strict:
                 raise RuntimeError(message)
             if self.verbose:
-                warnings.warn(message, RuntimeWarning, stacklevel=2)
+                warn(message, RuntimeWarning)
         current = torch.as_tensor(float(metrics[self.monitor])) if self.monitor in metrics else None
         mine, reason = self._evaluate_stopping_criteria(current) if current is not None else (False, None)
         # Every rank must agree, or one rank waits forever at the next collective.

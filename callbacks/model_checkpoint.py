@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import os
 import time
-import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -25,7 +24,7 @@ import torch
 
 from callbacks.base import Callback
 from callbacks.checkpoint_names import check_arguments, format_name, resolve_triggers
-from callbacks.console import epoch_label, write_line
+from callbacks.console import epoch_label, warn, write_line
 from strategies.checkpoint_files import link_checkpoint, remove_checkpoint
 
 if TYPE_CHECKING:
@@ -136,7 +135,7 @@ class ModelCheckpoint(Callback):
         ours = any(path and self.dirpath in Path(path).parents for path in (self.last_model_path, self.best_model_path))
         if (trainer.is_global_zero and self.save_top_k != 0 and not ours and self.dirpath.is_dir()
                 and any(self.dirpath.iterdir())):
-            warnings.warn(f"Checkpoint directory {self.dirpath} exists and is not empty.", stacklevel=2)
+            warn(f"Checkpoint directory {self.dirpath} exists and is not empty.")
 
     def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
         self._step_at_last_batch = self._next_time_check = trainer.global_step
@@ -200,9 +199,9 @@ class ModelCheckpoint(Callback):
 
     def on_train_end(self, trainer: Trainer, module: TrainingModule) -> None:
         if self._defer_save_until_validation and self.monitor not in trainer.callback_metrics and trainer.is_global_zero:
-            warnings.warn(f"ModelCheckpoint(monitor={self.monitor!r}) never found its metric: no validation logged it "
-                          f"(logged: {sorted(trainer.callback_metrics)}), so no checkpoint was ranked; "
-                          f"{'only last.ckpt was written' if self.save_last else 'nothing was saved'}.", stacklevel=2)
+            warn(f"ModelCheckpoint(monitor={self.monitor!r}) never found its metric: no validation logged it "
+                 f"(logged: {sorted(trainer.callback_metrics)}), so no checkpoint was ranked; "
+                 f"{'only last.ckpt was written' if self.save_last else 'nothing was saved'}.")
         if self.save_last and trainer.global_step != self._last_global_step_saved:
             self._save_last(trainer, self._monitor_candidates(trainer))  # the end of training, whatever the triggers
 
@@ -217,7 +216,7 @@ class ModelCheckpoint(Callback):
             if self.save_last:
                 self._save_last(trainer, metrics, path)
         except Exception as failure:  # the run's own error is what the user must see
-            warnings.warn(f"ModelCheckpoint(save_on_exception=True) could not save {path}: {failure}", stacklevel=2)
+            warn(f"ModelCheckpoint(save_on_exception=True) could not save {path}: {failure}")
             return
         write_line(trainer, f"An {type(error).__name__} was raised with message: {error}, saved checkpoint to {path}")
 
@@ -386,9 +385,9 @@ class ModelCheckpoint(Callback):
                                     auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
         for field in missing - self._warned:
             self._warned.add(field)
-            warnings.warn(f"ModelCheckpoint(filename={filename!r}) names {field!r}, which is not among the logged "
-                          f"metrics {logged}: it is 0 in the file name, as in "
-                          "Lightning. Log it with self.log, or fix the filename.", stacklevel=5)
+            warn(f"ModelCheckpoint(filename={filename!r}) names {field!r}, which is not among the logged "
+                 f"metrics {logged}: it is 0 in the file name, as in "
+                 "Lightning. Log it with self.log, or fix the filename.")
         return self.CHECKPOINT_JOIN_CHAR.join([prefix, name]) if prefix is not None else name
 
     # --- state ----------------------------------------------------------------------------
@@ -406,8 +405,8 @@ class ModelCheckpoint(Callback):
         saved_in = state_dict.get("dirpath")
         if self.dirpath is not None and saved_in is not None and Path(saved_in) != self.dirpath:
             # As Lightning: ranking files in another directory could delete them.
-            warnings.warn(f"ModelCheckpoint's dirpath changed from {saved_in} to {self.dirpath}; only best_model_path "
-                          "is restored, not the top-k bookkeeping of the old directory.", stacklevel=2)
+            warn(f"ModelCheckpoint's dirpath changed from {saved_in} to {self.dirpath}; only best_model_path "
+                 "is restored, not the top-k bookkeeping of the old directory.")
             return
         self.best_k_models = {path: torch.as_tensor(score) for path, score in state_dict["best_k_models"].items()
                               if os.path.lexists(path)}

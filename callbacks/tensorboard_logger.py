@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.async_logger import AsyncLogger
+from callbacks.console import warn
 from callbacks.logging import do_nothing, metric_number, plain_hparams
 from strategies.transfer import move_to_device
 
@@ -125,14 +125,14 @@ class TensorBoardLogger(AsyncLogger):
             return
         example = getattr(model, "example_input_array", None) if input_array is None else input_array
         if example is None:
-            warnings.warn("Could not log computational graph to TensorBoard: The `model.example_input_array` attribute "
-                          "is not set or `input_array` was not given. Set self.example_input_array in the module's "
-                          "__init__ (a tensor shaped like a batch).", stacklevel=2)
+            warn("Could not log computational graph to TensorBoard: The `model.example_input_array` attribute "
+                 "is not set or `input_array` was not given. Set self.example_input_array in the module's "
+                 "__init__ (a tensor shaped like a batch).")
         elif not isinstance(example, (torch.Tensor, tuple)):
-            warnings.warn(f"Could not log computational graph to TensorBoard: The `input_array` or "
-                          f"`model.example_input_array` has type {type(example)} which can't be traced by TensorBoard. "
-                          "Make the input array a tuple representing the positional arguments to the model's "
-                          "`forward()` implementation.", stacklevel=2)
+            warn(f"Could not log computational graph to TensorBoard: The `input_array` or "
+                 f"`model.example_input_array` has type {type(example)} which can't be traced by TensorBoard. "
+                 "Make the input array a tuple representing the positional arguments to the model's "
+                 "`forward()` implementation.")
         else:
             device = next((parameter.device for parameter in model.parameters()), torch.device("cpu"))
             self.experiment.add_graph(model, move_to_device(example, device, non_blocking=False))
@@ -157,8 +157,8 @@ class TensorBoardLogger(AsyncLogger):
             return
         self._graph_logged = True
         if not trainer.strategy.whole_state_on_rank_zero:
-            warnings.warn("TensorBoardLogger(log_graph=True): the module is sharded over the processes (FSDP), so rank "
-                          "zero alone cannot trace it; no graph is written. Log it from a run on one device.", stacklevel=2)
+            warn("TensorBoardLogger(log_graph=True): the module is sharded over the processes (FSDP), so rank "
+                 "zero alone cannot trace it; no graph is written. Log it from a run on one device.")
             return
         self.log_graph(module)
 

@@ -4,6 +4,7 @@ bookkeeping survives a restart."""
 from __future__ import annotations
 
 import math
+import sys
 import time
 from datetime import timedelta
 
@@ -234,11 +235,13 @@ def test_a_name_already_on_disk_gets_a_version_unless_the_counter_is_off(make_tr
     assert checkpoint_names(tmp_path / "overwritten") == ["epoch=0-step=8.ckpt", "last.ckpt"]
 
 
-def test_another_runs_files_in_the_directory_are_pointed_out(make_trainer, regression_loader, tmp_path):
+def test_another_runs_files_in_the_directory_are_pointed_out_at_the_users_line(make_trainer, regression_loader, tmp_path):
     (tmp_path / "old.ckpt").write_bytes(b"")
-    with pytest.warns(UserWarning, match=f"Checkpoint directory {tmp_path} exists and is not empty"):
-        make_trainer(max_epochs=1, limit_val_batches=0, callbacks=[ModelCheckpoint(dirpath=tmp_path)]).fit(
-            Scored([1.0]), regression_loader)
+    trainer = make_trainer(max_epochs=1, limit_val_batches=0, callbacks=[ModelCheckpoint(dirpath=tmp_path)])
+    with pytest.warns(UserWarning, match=f"Checkpoint directory {tmp_path} exists and is not empty") as warned:
+        fit_line = sys._getframe().f_lineno + 1
+        trainer.fit(Scored([1.0]), regression_loader)
+    assert (warned[0].filename, warned[0].lineno) == (__file__, fit_line)  # not a line inside Cadence
 
 
 def test_weights_only_checkpoints_load_for_evaluation_but_not_for_resuming(make_trainer, regression_loader, tmp_path):

@@ -255,6 +255,10 @@ def test_weights_only_checkpoints_load_for_evaluation_but_not_for_resuming(make_
     torch.testing.assert_close(loaded.state_dict(), model.state_dict())
     [result] = make_trainer().validate(Scored([3.0]), regression_loader, ckpt_path=tmp_path / "epoch=0.ckpt")
     assert result == {"val/score": 3.0}
+    trainer.save_checkpoint(tmp_path / "after_fit.ckpt", weights_only=True)  # Lightning's argument, after fit too
+    assert set(torch.load(tmp_path / "after_fit.ckpt", weights_only=True)) == set(state)
+    with pytest.raises(ValueError, match=r"save_checkpoint\(storage_options=...\): Cadence writes local files only"):
+        trainer.save_checkpoint(tmp_path / "remote.ckpt", storage_options={"anon": True})
     with pytest.raises(ValueError, match=r"epoch=0.ckpt holds weights only \(written with ModelCheckpoint\(save_weights_"
                                          r"only=True\) or save_checkpoint\(path, weights_only=True\)\).* fit cannot resume"):
         make_trainer(max_epochs=2).fit(Scored([1.0]), regression_loader, ckpt_path=tmp_path / "epoch=0.ckpt")

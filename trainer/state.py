@@ -138,11 +138,15 @@ def end_of_fit_checkpoint(trainer: Trainer, weights_only: bool = False) -> dict[
     return checkpoint_state(trainer, module, {} if weights_only else training)
 
 
-def write_checkpoint(trainer: Trainer, path: str | os.PathLike, weights_only: bool = False) -> None:
+def write_checkpoint(trainer: Trainer, path: str | os.PathLike, weights_only: bool = False,
+                     storage_options: Any = None) -> None:
     """``Trainer.save_checkpoint``: during a stage, the running state in the strategy's layout
     (every rank takes part); when no stage runs, the state the last fit ended with (rank zero).
     ``weights_only``: the weights and hyperparameters, without the training state (as in
     Lightning, the callbacks' ``on_save_checkpoint`` is not called; the module's is)."""
+    if storage_options is not None:
+        raise ValueError("Trainer.save_checkpoint(storage_options=...): Cadence writes local files only; leave it "
+                         "None and copy the file where it should go.")
     if trainer.module is None:  # no stage runs: the state the last fit ended with
         state = end_of_fit_checkpoint(trainer, weights_only)
         if trainer.strategy.is_global_zero:  # the processes of a run have left their group: no barrier

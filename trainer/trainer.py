@@ -307,9 +307,9 @@ class Trainer:
         return None if return_predictions is False else predictions
 
     @measured("checkpointing")
-    def save_checkpoint(self, path: str | os.PathLike, weights_only: bool | None = None,
+    def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool | None = None,
                         storage_options: Any = None) -> None:
-        """Write the whole training state to ``path`` atomically, in the strategy's layout: one file
+        """Write the whole training state to ``filepath`` atomically, in the strategy's layout: one file
         that rank zero writes while all ranks wait, or under FSDP a directory of every rank's shards.
         ``weights_only=True``: the weights and hyperparameters only (``load_from_checkpoint`` and
         ``validate/test(ckpt_path=...)`` read it; ``fit`` cannot resume from it).
@@ -321,10 +321,7 @@ class Trainer:
         optimizers, schedulers, counters and every rank's RNG states as the last step left them,
         so ``fit(model, ckpt_path=path)`` with a larger ``max_epochs`` continues exactly.
         """
-        if storage_options is not None:
-            raise ValueError("Trainer.save_checkpoint(storage_options=...): Cadence writes local files only; leave it "
-                             "None and copy the file where it should go.")
-        write_checkpoint(self, path, weights_only=bool(weights_only))  # trainer/state.py
+        write_checkpoint(self, filepath, bool(weights_only), storage_options)  # trainer/state.py
 
     # =========================================================================================
     # Launch and per-process setup

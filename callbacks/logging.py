@@ -141,7 +141,7 @@ def write_hparams(directory: Path, hparams: Mapping[str, Any]) -> None:
 
     directory.mkdir(parents=True, exist_ok=True)
     temporary = directory / f".hparams.yaml.{threading.get_ident()}.tmp"
-    temporary.write_text(yaml.safe_dump(plain_hparams(hparams), sort_keys=True))
+    temporary.write_text(yaml.safe_dump(plain_hparams(hparams), sort_keys=False))  # in the order saved, as Lightning
     os.replace(temporary, directory / "hparams.yaml")
 
 

@@ -58,7 +58,7 @@ def test_a_users_own_progress_bar_or_checkpoint_replaces_the_default():
     bar, checkpoint = ProgressBar(refresh_rate=5), ModelCheckpoint(monitor="val/loss")
     trainer = Trainer(strategy="cpu", logger=False, callbacks=[checkpoint, bar], enable_model_summary=False,
                       report=False)
-    assert trainer.callbacks == [checkpoint, bar]
+    assert trainer.callbacks == [bar, checkpoint]  # as in Lightning, checkpoints run after the other callbacks
 
 
 def test_two_callbacks_with_the_same_state_key_are_refused():

@@ -150,9 +150,11 @@ def test_a_training_metric_not_logged_yet_is_an_error_as_in_lightning(make_train
 def test_the_patience_count_survives_a_restart(make_trainer, regression_loader, tmp_path):
     values = [5, 4, 4.5, 4.6, 4.7, 1]
     first = EarlyStopping("val/metric", patience=3)
-    make_trainer(max_epochs=3, callbacks=[first, ModelCheckpoint(dirpath=tmp_path)], num_sanity_val_steps=0).fit(
+    # Listed first, the ModelCheckpoint still saves after EarlyStopping's check of the same epoch (as in Lightning).
+    make_trainer(max_epochs=3, callbacks=[ModelCheckpoint(dirpath=tmp_path), first], num_sanity_val_steps=0).fit(
         Scripted(values), regression_loader, regression_loader)
     assert first.wait_count == 1
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"][first.state_key]["wait_count"] == 1
     second = EarlyStopping("val/metric", patience=3)
     trainer = make_trainer(max_epochs=6, callbacks=[second, ModelCheckpoint(dirpath=tmp_path)])
     trainer.fit(Scripted(values), regression_loader, regression_loader, ckpt_path=tmp_path / "last.ckpt")

@@ -56,6 +56,8 @@ class AsyncLogger(Logger):
 
     #: Seconds between two hand-overs of logged values to the writer thread.
     handover_seconds: float = 1.0
+    #: The least time between two hand-overs that ``flush_every_n_steps`` asks for.
+    min_handover_seconds: float = 0.1
 
     def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "cadence_logs",
                  version: int | str | None = None, prefix: str = "") -> None:
@@ -212,7 +214,11 @@ class AsyncLogger(Logger):
         return {f"{self.prefix}-{key}" if key != "epoch" else key: value for key, value in metrics.items()}
 
     def _flush_if_due(self, step: int) -> None:
-        if self.flush_every_n_steps is not None and step - self._handed_over_step >= self.flush_every_n_steps:
+        """``flush_every_n_steps``: hand over once that many steps were logged since the last time, but
+        not within ``min_handover_seconds`` of it (a fast loop would otherwise pay a thread switch
+        every few milliseconds)."""
+        if (self.flush_every_n_steps is not None and step - self._handed_over_step >= self.flush_every_n_steps
+                and time.monotonic() - self._handed_over_at >= self.min_handover_seconds):
             self._handed_over_step = step
             self._hand_over(force=True)
 

@@ -32,8 +32,8 @@ class CSVLogger(AsyncLogger):
 
     Arguments as Lightning's ``CSVLogger(save_dir, name, version, prefix, flush_logs_every_n_steps)``;
     see :class:`~callbacks.async_logger.AsyncLogger`. Rows reach the file at most a second after
-    they are logged, and at most ``flush_logs_every_n_steps`` steps after (Lightning writes them
-    only every that many steps).
+    they are logged, and at most ``flush_logs_every_n_steps`` steps after, unless that many steps
+    take under 0.1 s (Lightning writes them every that many steps, from the training loop).
 
     Example::
 

@@ -403,7 +403,9 @@ class ModelCheckpoint(Callback):
         self._last_global_step_saved = state_dict.get("last_global_step_saved", state_dict.get("last_saved_step", 0))
         self._validated = state_dict.get("validated", False)
         saved_in = state_dict.get("dirpath")
-        if self.dirpath is not None and saved_in is not None and Path(saved_in) != self.dirpath:
+        if self.dirpath is None and saved_in is not None:  # the caller of a spawned fit: where the workers saved
+            self.dirpath = Path(saved_in)
+        elif self.dirpath is not None and saved_in is not None and Path(saved_in) != self.dirpath:
             # As Lightning: ranking files in another directory could delete them.
             warn(f"ModelCheckpoint's dirpath changed from {saved_in} to {self.dirpath}; only best_model_path "
                  "is restored, not the top-k bookkeeping of the old directory.")

@@ -138,7 +138,7 @@ class ReadsTheCsvLater(Callback):
 @pytest.mark.parametrize(("every", "on_disk_by_step_6"), [(2, True), (100, False)])
 def test_flush_logs_every_n_steps_bounds_how_far_the_csv_lags(make_trainer, tmp_path, every, on_disk_by_step_6):
     logger = CSVLogger(tmp_path, flush_logs_every_n_steps=every)
-    logger.handover_seconds = 3600  # so only the step count hands rows over
+    logger.handover_seconds, logger.min_handover_seconds = 3600, 0  # only the step count hands rows over
     reader = ReadsTheCsvLater(logger, patience=5 if on_disk_by_step_6 else 0.5)  # the writer thread writes them
     make_trainer(max_epochs=2, logger=logger, log_every_n_steps=1, callbacks=[reader]).fit(Net(), datamodule=Data())
     assert (4 in reader.steps_on_disk) is on_disk_by_step_6

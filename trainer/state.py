@@ -214,7 +214,7 @@ def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> 
     unused = sorted(key for key, value in states.items() if value and key not in {c.state_key for c in trainer.callbacks})
     if unused and trainer.is_global_zero:
         warnings.warn(f"Checkpoint {path} holds the state of callbacks this Trainer does not have: {unused}. "
-                      "It is not restored; pass the same callbacks (same monitor/mode) to continue them.", stacklevel=3)
+                      "It is not restored; pass the same callbacks (same monitor, mode and trigger) to continue them.", stacklevel=3)
 
 
 def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodule: DataModule | None = None) -> dict[str, Any]:

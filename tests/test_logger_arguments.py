@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import time
 
 import pytest
@@ -127,9 +128,12 @@ class ReadsTheCsvLater(Callback):
         if trainer.global_step != 6:
             return
         deadline = time.monotonic() + self.patience
+        self.steps_on_disk = []
         while time.monotonic() < deadline:
-            with open(f"{self.logger.log_dir}/metrics.csv", newline="") as file:
-                self.steps_on_disk = [int(row["step"]) for row in csv.DictReader(file)]
+            path = f"{self.logger.log_dir}/metrics.csv"
+            if os.path.exists(path):  # the writer thread opens it when it first runs
+                with open(path, newline="") as file:
+                    self.steps_on_disk = [int(row["step"]) for row in csv.DictReader(file)]
             if 4 in self.steps_on_disk:
                 break
             time.sleep(0.05)

@@ -56,6 +56,7 @@ class EarlyStopping(Callback):
         EarlyStopping("val_loss", patience=5, min_delta=1e-3, divergence_threshold=10.0)
     """
 
+    monitors_metrics = True  # its on_train_epoch_end sees what the module's logged
     mode_dict = {"min": torch.lt, "max": torch.gt}
     order_dict = {"min": "<", "max": ">"}
 

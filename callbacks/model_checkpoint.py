@@ -63,6 +63,7 @@ class ModelCheckpoint(Callback):
         ModelCheckpoint(monitor="val_loss", filename="{epoch}-{val_loss:.3f}", save_top_k=3)
     """
 
+    monitors_metrics = True  # its on_train_epoch_end sees what the module's logged
     CHECKPOINT_JOIN_CHAR = "-"
     CHECKPOINT_EQUALS_CHAR = "="
     CHECKPOINT_NAME_LAST = "last"

@@ -109,6 +109,27 @@ def test_without_validation_a_training_metric_is_checked_each_epoch(make_trainer
     assert epoch == 3
 
 
+class LogsAtEpochEnd(Scripted):
+    """Logs its metric in on_train_epoch_end, as Lightning's own tests and many projects do."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.mse_loss(self.layer(x), y)
+
+    def on_train_epoch_end(self):
+        self.log("train/metric", self.metric())
+
+
+def test_a_metric_the_module_logs_in_on_train_epoch_end_is_checked_at_that_epoch(make_trainer, regression_loader, tmp_path):
+    stopper = EarlyStopping("train/metric", patience=3)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="train/metric", filename="{epoch}-{train/metric:.0f}",
+                                 auto_insert_metric_name=False)
+    trainer = make_trainer(max_epochs=10, callbacks=[stopper, checkpoint], limit_val_batches=0)
+    trainer.fit(LogsAtEpochEnd([6, 5, 5, 5, 5, 5, 1, 1, 1, 1]), regression_loader)
+    assert trainer.current_epoch - 1 == 4 and stopper.stopped_epoch == 4  # Lightning's test_early_stopping_patience_train
+    assert checkpoint.best_model_path == str(tmp_path / "1-5.ckpt")  # ranked by the value of the same epoch
+
+
 def test_with_several_validations_an_epoch_each_one_is_a_check(make_trainer, regression_loader):
     # val_check_interval=0.5: two validations an epoch, so Lightning checks after each (patience counts them)...
     epoch, stopper = stop_epoch(make_trainer, regression_loader, [5, 5, 5, 5], patience=2,

@@ -251,7 +251,8 @@ class Trainer:
                        each batch on_validation_batch_start/end, on_validation_epoch_end, on_validation_end)
                     -> after SIGTERM/SIGUSR1, once the accumulation window ends: write last.ckpt, stop
                 epoch metrics -> on_log; epoch-interval schedulers
-                on_train_epoch_end
+                on_train_epoch_end (the callbacks', the module's, then what they logged -> on_log, then
+                    EarlyStopping's and ModelCheckpoint's: Lightning's monitoring callbacks)
             (the state that save_checkpoint writes after fit is taken here)
             on_train_end
             on_fit_end
@@ -579,8 +580,13 @@ class Trainer:
         if self._automatic_optimization:  # as in Lightning, manual optimization steps its own
             step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics)
         for callback in self.callbacks:
-            callback.on_train_epoch_end(self, self.module)
+            if not callback.monitors_metrics:
+                callback.on_train_epoch_end(self, self.module)
         self.module.on_train_epoch_end()
+        publish_train_epoch(self)  # what the hooks logged, for EarlyStopping and ModelCheckpoint (as in Lightning)
+        for callback in self.callbacks:
+            if callback.monitors_metrics:
+                callback.on_train_epoch_end(self, self.module)
         self.current_epoch += 1
         self._in_epoch_end, self.batch_idx = False, -1
 

@@ -8,11 +8,15 @@ Run from the repository root on a machine with a GPU (about a minute per run, mo
 
 PyTorch's sync debug mode (``torch.cuda.set_sync_debug_mode("error")``) raises at any call that
 makes the host wait for the GPU (``.item()``, ``.cpu()``, ``bool(tensor)``, a blocking copy,
-``nonzero``, ...). The mode is switched on when the training loader collates a batch (its
-``collate_fn``), so every batch's copy to the GPU runs under it, the one that follows a log step
-included, and by a callback at the start of each training step; it is switched off only where the
-budget allows reading values: at log steps (every ``--log-every`` batches), at the end of an epoch
-and in validation.
+``nonzero``, ...). After ``--warmup`` training batches the mode is switched on when the training
+loader collates a batch (its ``collate_fn``), so every batch's copy to the GPU runs under it, the
+one that follows a log step included, and by a callback at the start of each training step; it is
+switched off only where the budget allows reading values: at log steps (every ``--log-every``
+batches), at the end of an epoch and in validation. The warm-up is PyTorch's, not Cadence's:
+DistributedDataParallel's second forward rebuilds its gradient buckets with a blocking copy of the
+bucket indices, and its runtime statistics wait on CUDA events in its first 10 iterations (and
+every 100th: ``cudaEventSynchronize``, which the sync debug mode does not flag), so checking from
+the first batch fails at batch 1 on one GPU without Cadence being at fault.
 
 Two runs: ``strategy="cuda"`` (one GPU), then ``DDP`` over two GPUs where there are two (one
 process otherwise; NCCL either way). Each uses what users run: ``self.log(..., prog_bar=True)``
@@ -48,28 +52,32 @@ from strategies import DDP, SingleDevice  # noqa: E402
 from trainer import Trainer, TrainingModule  # noqa: E402
 
 
-def collate_under_sync_check(samples):
-    """The training loader's collate_fn: from here to the next allowed read, a sync is an error."""
-    torch.cuda.set_sync_debug_mode("error")
-    return default_collate(samples)
-
-
 class SyncDebugWindows(Callback):
-    """``set_sync_debug_mode("error")`` during training steps; ``"default"`` where reads are allowed.
+    """``set_sync_debug_mode("error")`` during training steps after the warm-up; ``"default"``
+    where reads are allowed.
 
     Placed first, so its ``on_train_batch_end`` runs before the other callbacks': after a non-log
     step the mode stays "error" for them, for the next batch's transfer and for the next step.
     Its count of checked steps comes back from DDP workers as its state.
     """
 
-    def __init__(self, log_every: int) -> None:
-        self.log_every = log_every
+    def __init__(self, log_every: int, warmup: int) -> None:
+        self.log_every, self.warmup = log_every, warmup
+        self.started = 0  # training batches started, over the epochs
         self.checked_steps = 0
 
+    @property
+    def armed(self) -> bool:
+        return self.started > self.warmup
+
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        torch.cuda.set_sync_debug_mode("error")
+        self.started += 1
+        if self.armed:
+            torch.cuda.set_sync_debug_mode("error")
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if not self.armed:
+            return
         log_step = trainer.global_step % self.log_every == 0
         epoch_end = batch_idx + 1 == trainer.num_training_batches
         if log_step or epoch_end:
@@ -94,6 +102,19 @@ class SyncDebugWindows(Callback):
 
     def load_state_dict(self, state):
         self.checked_steps = state["checked_steps"]
+
+
+class CollateUnderSyncCheck:
+    """The training loader's collate_fn: once the warm-up is over, from here to the next allowed
+    read a sync is an error (the batch's copy to the GPU included)."""
+
+    def __init__(self, windows: SyncDebugWindows) -> None:
+        self.windows = windows
+
+    def __call__(self, samples):
+        if self.windows.armed:
+            torch.cuda.set_sync_debug_mode("error")
+        return default_collate(samples)
 
 
 class Classifier(TrainingModule):
@@ -137,7 +158,7 @@ def amp_callbacks() -> list[Callback]:
 
 def check(name: str, strategy, args: argparse.Namespace) -> dict:
     """One fit under the sync debug windows; what it found."""
-    windows = SyncDebugWindows(args.log_every)
+    windows = SyncDebugWindows(args.log_every, args.warmup)
     extra = amp_callbacks()
     result = {"run": name, "amp": bool(extra), "ok": False, "error": None}
     with tempfile.TemporaryDirectory() as root:
@@ -146,7 +167,7 @@ def check(name: str, strategy, args: argparse.Namespace) -> dict:
             callbacks=[windows, *extra, ModelCheckpoint(monitor="val/loss")],
         )
         try:
-            train = loader(args.steps, args.width, 64, 0, collate_fn=collate_under_sync_check)
+            train = loader(args.steps, args.width, 64, 0, collate_fn=CollateUnderSyncCheck(windows))
             trainer.fit(Classifier(args.width), train, loader(4, args.width, 64, 1))
             result["ok"] = True
         except RuntimeError as error:  # the sync debug mode's error names the call that synced
@@ -156,7 +177,8 @@ def check(name: str, strategy, args: argparse.Namespace) -> dict:
     result["checked_steps"] = windows.checked_steps
     if result["ok"]:
         print(f"OK {name}: {windows.checked_steps} non-log steps and their batch transfers ran under sync debug "
-              f"mode 'error' without a host sync (AMP {'on' if extra else 'not available'}).")
+              f"mode 'error' without a host sync, after {args.warmup} warm-up batches (AMP "
+              f"{'on' if extra else 'not available'}).")
     else:
         print(f"FAILED {name} after {windows.checked_steps} checked steps: {result['error']}")
     return result
@@ -167,6 +189,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200, help="training batches per epoch")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=12,
+                        help="batches before the check starts (DDP syncs in its first iterations by design)")
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--prefetch", choices=("on", "off"), default="on", help="the CUDA strategies' prefetch option")
     parser.add_argument("--json", help="also write the result here")

@@ -76,6 +76,11 @@ def _local_bytes(tensors) -> int:
     return total
 
 
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class Measure(Callback):
     """Times the steps after the warm-up on rank zero; counts each rank's bytes; writes the result."""
 
@@ -97,16 +102,15 @@ class Measure(Callback):
             states = trainer.optimizers[0].state.values()
             self.held["optimizer"] = _local_bytes(v for state in states for v in state.values() if torch.is_tensor(v))
         if batch_idx + 1 == self.warmup:
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+            _synchronize(trainer.strategy.device)
             self.started, self.cpu_started = time.perf_counter(), time.process_time()
 
     def on_train_end(self, trainer, module):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        device = trainer.strategy.device  # the run's device: a --device cpu run on a GPU machine opens no CUDA context
+        _synchronize(device)
         seconds, cpu_seconds = time.perf_counter() - self.started, time.process_time() - self.cpu_started
         steps = trainer.global_step - self.warmup
-        peak = (torch.cuda.max_memory_allocated() if torch.cuda.is_available()
+        peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                 else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         ranks = trainer.strategy.all_gather_object({**self.held, "peak": peak})
         if trainer.is_global_zero:

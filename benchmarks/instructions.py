@@ -35,7 +35,7 @@ def run_steps(name: str, steps: int) -> None:
     """The measured program: ``steps`` steps of ``name`` on the tiny workload, nothing else."""
     import torch
 
-    from workloads import TINY, Workload, contenders, initial_network, make_loader, run_once
+    from workloads import TINY, Workload, contenders, make_loader, run_once
 
     torch.set_num_threads(1)
     workload = Workload("tiny", TINY.width, TINY.depth, TINY.batch_size, steps, steps, TINY.segment, 1)

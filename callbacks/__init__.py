@@ -7,9 +7,9 @@
 
 from __future__ import annotations
 
-import cadence_shadowing
+import _cadence_shadowing
 
-cadence_shadowing.check_packages()  # first: a user's trainer.py or strategies.py is named, not misread
+_cadence_shadowing.check_packages()  # first: a user's trainer.py or strategies.py is named, not misread
 
 from typing import Any
 

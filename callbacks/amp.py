@@ -43,8 +43,8 @@ class AMP(Callback):
 
     Args:
         dtype: ``"bfloat16"`` (``"bf16"``), ``"float16"`` (``"fp16"``, with loss scaling), or
-            ``"auto"``: bfloat16 where the device supports it, else float16 (older GPUs); the
-            choice is printed on rank zero when the run starts.
+            ``"auto"``: bfloat16 where the device runs it natively, else float16 (GPUs before
+            Ampere, which only emulate bfloat16); the choice is printed on rank zero when the run starts.
         init_scale, growth_factor, backoff_factor, growth_interval: float16's ``GradScaler``
             settings (PyTorch's defaults when None).
         cpu_dtype: the dtype to use instead when the device is the CPU, with a warning.
@@ -104,6 +104,10 @@ class AMP(Callback):
         self.dtype = _resolve(requested, device)
         if self.requested == "auto" and trainer.is_global_zero:
             how = "no loss scaling needed" if self.dtype == torch.bfloat16 else "with loss scaling: no bfloat16 here"
+            if self.dtype == torch.float16 and device.type == "cuda":
+                major, minor = torch.cuda.get_device_capability(device)
+                how = (f"with loss scaling: compute capability {major}.{minor} only emulates bfloat16, without "
+                       "tensor-core speed")
             print(f"AMP('auto'): {str(self.dtype).removeprefix('torch.')} autocast on {device} ({how}).",
                   file=sys.stderr)
         scaled = self.dtype == torch.float16
@@ -159,6 +163,9 @@ class AMP(Callback):
         self._stepped = set()
         self._unscaled = set()
 
+    def performance_facts(self) -> dict[str, Any]:
+        return {"autocast": self.dtype} if self.dtype is not None else {}
+
     # --- checkpoint state ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         if self.scaler is None:
@@ -184,7 +191,11 @@ def _resolve(requested: str, device: torch.device) -> torch.dtype:
     if requested == "float16":
         return torch.float16
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        # torch.cuda.is_bf16_supported() counts bfloat16 that is only emulated (V100, T4: compute
+        # capability 7.x) unless including_emulation=False; it also asks the current device, this
+        # asks the run's. Ampere (8.0) and later have bfloat16 tensor cores; ROCm GPUs run it natively.
+        native = torch.version.hip is not None or torch.cuda.get_device_capability(device) >= (8, 0)
+        return torch.bfloat16 if native else torch.float16
     if device.type == "mps":
         return torch.float16  # bfloat16 on Apple GPUs needs macOS 14; float16 works everywhere
     return torch.bfloat16

@@ -10,6 +10,16 @@ How: each target's ``forward`` becomes ``torch.compile(<its forward function>)``
 loads into the plain model. ``module.compile()`` is not used: in torch 2.13 it traces nothing for a
 module whose forward lives in ``torch.nn`` (``nn.Linear``, ``nn.Sequential``, any stock block) and
 silently runs eager (pytorch/pytorch#150915); compiling the forward function does trace it.
+
+CUDA graphs (``mode="reduce-overhead"`` or ``"max-autotune"`` on a GPU) replay recorded kernels
+into memory they own, which the next replay overwrites, and must not first be recorded under
+``torch.inference_mode`` (pytorch/pytorch#135892: the training graphs recorded after it fail).
+So in those modes an evaluation forward (validation, its sanity check, test, predict) runs the
+compiled code under ``torch.no_grad`` instead, on copies of inputs made under inference mode, and
+hands back copies of its outputs, which stay valid when predict keeps them across batches; each
+training batch marks a new step for the graphs (``torch.compiler.cudagraph_mark_step_begin``).
+Under DDP or FSDP those modes are refused (pytorch/pytorch#140395: max-autotune never finishes
+compiling there; #113809: CUDA graph trees fail with DDP's reducer).
 """
 
 from __future__ import annotations
@@ -25,11 +35,14 @@ from torch import nn
 from callbacks.base import Callback
 from callbacks.forwards import ForwardFunction, restore_forward, wrap_forward
 from strategies.selection import describe_children, select_submodules
+from strategies.transfer import apply_to_tensors
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+#: The modes that record CUDA graphs (inductor's ``triton.cudagraphs`` option does too).
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 class Compile(Callback):
@@ -46,9 +59,10 @@ class Compile(Callback):
             share the compiled code.
 
     The first training step's time (mostly compiling the forward and backward) is printed once on
-    rank zero. Where compile is unavailable (an unsupported Python or platform) or fails to build
-    (no C++ compiler for inductor, a backend error), one warning on rank zero and the model runs
-    eagerly; a run never fails halfway for it. The backward is compiled together with the forward,
+    rank zero; the performance report keeps the compile time apart from the steady state. Where
+    compile is unavailable (an unsupported Python or platform) or fails to build (no C++ compiler
+    for inductor, a backend error), one warning on rank zero and the model runs eagerly; a run
+    never fails halfway for it. The backward is compiled together with the forward,
     so a failure to build it surfaces there too, not in the middle of ``loss.backward()``.
 
     Example::
@@ -79,6 +93,8 @@ class Compile(Callback):
         self._device: torch.device | None = None
         self._step_started: float | None = None
         self._saved_lazy_backward: bool | None = None
+        self.replays_cuda_graphs = False  # decided at setup: a CUDA-graph mode on a GPU
+        self._compile_seconds = (0.0, 0.0, 0.0)  # at setup: dynamo's total; in validation; at validation start
 
     # --- setup ---------------------------------------------------------------------------
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
@@ -86,6 +102,8 @@ class Compile(Callback):
         self._device = trainer.strategy.device
         self._step_started = None
         self.first_step_seconds = None
+        self.replays_cuda_graphs = replays_cuda_graphs(self.mode, self.options, self._device, trainer.world_size)
+        self._compile_seconds = (compile_seconds(), 0.0, 0.0)
 
     def configure_model(self, model: nn.Module) -> nn.Module:
         import torch._dynamo  # here, not at import: importing Cadence stays cheap
@@ -138,6 +156,8 @@ class Compile(Callback):
             if self.failed is not None:
                 return forward(module, *args, **kwargs)
             try:
+                if self.replays_cuda_graphs and not torch.is_grad_enabled():  # evaluation
+                    return evaluate_replaying(compiled, module, args, kwargs)
                 return compiled(module, *args, **kwargs)
             except (BackendCompilerFailed, InternalTorchDynamoError) as error:
                 self._fall_back(error)
@@ -161,8 +181,10 @@ class Compile(Callback):
             warnings.warn(f"Compile: torch.compile is unavailable or failed to build ({type(cause).__name__}: "
                           f"{first_line}); the model runs eagerly (uncompiled). Training continues.", stacklevel=2)
 
-    # --- the first step's time -------------------------------------------------------------
+    # --- steps, and the first one's time -----------------------------------------------------
     def on_train_batch_start(self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int) -> None:
+        if self.replays_cuda_graphs:  # the last batch's graph outputs are dead: their memory may be reused
+            torch.compiler.cudagraph_mark_step_begin()
         if self.first_step_seconds is None and self._step_started is None:
             self._step_started = time.perf_counter()
 
@@ -177,3 +199,60 @@ class Compile(Callback):
             what = "the model's forward" if self.modules is None else f"{len(self._targets)} block(s)"
             print(f"Compile: the first training step took {self.first_step_seconds:.1f} s, compiling {what} "
                   "(forward and backward); later steps reuse the compiled code.", file=sys.stderr)
+
+    # --- compile time, for the performance report ------------------------------------------
+    def on_validation_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        total, in_validation, _ = self._compile_seconds
+        self._compile_seconds = (total, in_validation, compile_seconds())
+
+    def on_validation_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        total, in_validation, started = self._compile_seconds
+        self._compile_seconds = (total, in_validation + max(0.0, compile_seconds() - started), started)
+
+    def performance_facts(self) -> dict[str, Any]:
+        if self.failed is not None or not self._targets:
+            return {}
+        at_setup, in_validation, _ = self._compile_seconds
+        total = max(0.0, compile_seconds() - at_setup)
+        return {"compiled": True, "compile_seconds": {"training": max(0.0, total - in_validation),
+                                                      "validation": in_validation}}
+
+
+def compile_seconds() -> float:
+    """Seconds torch.compile has spent building code in this process, as dynamo counts them (0.0
+    where this torch keeps no count); ``torch._dynamo.reset()`` starts it again."""
+    try:
+        from torch._dynamo.utils import calculate_time_spent
+    except ImportError:
+        return 0.0
+    return float(calculate_time_spent().get("total_wall_time", 0.0))
+
+
+def replays_cuda_graphs(mode: str | None, options: dict[str, Any], device: torch.device, world_size: int) -> bool:
+    """True when the compiled code will record and replay CUDA graphs: a CUDA-graph mode (or
+    inductor's ``triton.cudagraphs`` option) on a GPU. Under several processes that is an error."""
+    wanted = mode in CUDA_GRAPH_MODES or bool(options.get("triton.cudagraphs"))
+    if not wanted or device.type != "cuda":
+        return False
+    if world_size > 1:
+        what = f"mode={mode!r}" if mode in CUDA_GRAPH_MODES else "options triton.cudagraphs=True"
+        raise ValueError(
+            f"Compile({what}) records CUDA graphs, which fail under DDP and FSDP ({world_size} processes here): "
+            "max-autotune never finishes compiling there (pytorch/pytorch#140395) and CUDA graph trees break "
+            "with DDP's gradient reducer (pytorch/pytorch#113809). Use Compile() or "
+            "Compile(mode='max-autotune-no-cudagraphs')."
+        )
+    return True
+
+
+def evaluate_replaying(compiled: ForwardFunction, module: nn.Module, args: tuple, kwargs: dict) -> Any:
+    """An evaluation forward through code that replays CUDA graphs: under ``no_grad`` outside
+    ``inference_mode`` (pytorch/pytorch#135892), on normal copies of inputs made under inference
+    mode, returning copies of the outputs (the next replay overwrites the graph's own)."""
+
+    def normal(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.clone() if tensor.is_inference() else tensor
+
+    with torch.inference_mode(False), torch.no_grad():
+        args, kwargs = apply_to_tensors((args, kwargs), normal)
+        return apply_to_tensors(compiled(module, *args, **kwargs), torch.Tensor.clone)

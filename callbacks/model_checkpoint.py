@@ -7,8 +7,8 @@ file is written, so each file records itself and the bookkeeping survives a rest
 is refreshed at every trigger, ranked or not, so it always holds the newest state; it is a hard
 link to the ranked file of the same moment when there is one (one serialization, not two), or
 with ``save_last="link"`` a symbolic link to the newest ranked file, as in Lightning. Under FSDP
-each checkpoint is a directory of shards, linked and pruned whole. Names and arguments check in
-``callbacks/checkpoint_names.py``.
+each checkpoint is a directory of shards (``strategies/checkpoint/sharded.py``), linked and
+pruned whole. Names and arguments are checked in ``callbacks/checkpoint_names.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from callbacks.base import Callback
 from callbacks.checkpoint_names import check_arguments, format_name, resolve_triggers
 from callbacks.console import epoch_label, warn, write_line
-from strategies.checkpoint_files import link_checkpoint, remove_checkpoint
+from strategies.checkpoint import link_checkpoint, remove_checkpoint
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule

@@ -132,11 +132,19 @@ class Profiler(Callback):
 
 
 def verdict(events: Any, averages: Any, sort_key: str, device_type: str | None) -> str:
-    """A few sentences on one window: the top operators, where the batches' time went, device idle."""
-    step_us = sum(event.time_range.elapsed_us() for event in events if event.name.startswith(STEP_SPAN))
-    data_us = sum(event.time_range.elapsed_us() for event in events if event.name.startswith(DATA_SPAN))
-    optimizer_us = sum(event.time_range.elapsed_us() for event in events if event.name.startswith(OPTIMIZER_SPANS))
-    steps = sum(1 for event in events if event.name.startswith(STEP_SPAN))
+    """A few sentences on one window: the top operators, where the batches' time went, device idle.
+
+    ``events`` are the window's ``FunctionEvent``s. On a GPU the profiler records each
+    ``record_function`` range twice, on the host and as a device-side copy (a "gpu_user_annotation"
+    spanning the kernels it launched), and kernels of several streams overlap: the batches are
+    the host's ``ProfilerStep`` spans, and the device was busy for the union of its kernels'
+    intervals (annotations left out), over the window's wall time.
+    """
+    host = [event for event in events if event.device_type == torch.autograd.DeviceType.CPU]
+    steps = [event for event in host if event.name.startswith(STEP_SPAN)]
+    step_us = sum(event.time_range.elapsed_us() for event in steps)
+    data_us = sum(event.time_range.elapsed_us() for event in host if event.name.startswith(DATA_SPAN))
+    optimizer_us = sum(event.time_range.elapsed_us() for event in host if event.name.startswith(OPTIMIZER_SPANS))
     operators = [row for row in averages if not row.key.startswith((STEP_SPAN, DATA_SPAN, *OPTIMIZER_SPANS))]
     by = sort_key.replace("cuda", "device")
     total = sum(getattr(row, by) for row in operators) or 1
@@ -147,15 +155,42 @@ def verdict(events: Any, averages: Any, sort_key: str, device_type: str | None) 
              + ", ".join(f"{row.key} {getattr(row, by) / total:.0%} ({row.count} calls)" for row in top) + "."]
     if step_us > 0:
         rest = max(0.0, step_us - data_us - optimizer_us)
-        lines.append(f"Of the {steps} profiled batches ({step_us / max(steps, 1) / 1000:.2f} ms each on the host): "
+        lines.append(f"Of the {len(steps)} profiled batches ({step_us / len(steps) / 1000:.2f} ms each on the host): "
                      f"waiting for data {data_us / step_us:.0%}, optimizer step and zero_grad {optimizer_us / step_us:.0%}, "
                      f"the rest of the training step (forward, backward, hooks) {rest / step_us:.0%}.")
         if data_us / step_us >= 0.2:
             lines.append("Data loading is a large share: raise the DataLoader's num_workers, or make __getitem__ cheaper.")
-    if device_type is not None and step_us > 0:
-        kernels = [event for event in events if event.device_type != torch.autograd.DeviceType.CPU]
-        busy = min(1.0, sum(event.time_range.elapsed_us() for event in kernels) / step_us)
-        lines.append(f"The {device_type} device was busy {busy:.0%} of the profiled time (idle {1 - busy:.0%})"
+    if device_type is not None and steps:
+        device = [event for event in events if event.device_type != torch.autograd.DeviceType.CPU
+                  and not _is_annotation(event)]
+        start = min(event.time_range.start for event in steps)
+        end = max([event.time_range.end for event in steps] + [event.time_range.end for event in device])
+        kernels = [(e.time_range.start, e.time_range.end) for e in device if _activity(e) != "gpu_memcpy"]
+        copies = [(e.time_range.start, e.time_range.end) for e in device if _activity(e) == "gpu_memcpy"]
+        busy = covered_us(kernels, start, end) / (end - start)
+        copying = covered_us(copies, start, end) / (end - start)
+        lines.append(f"The {device_type} device ran kernels {busy:.0%} of the profiled time (idle {1 - busy:.0%}; "
+                     f"copying memory {copying:.0%}, kernels of overlapping streams counted once)"
                      + (": the host does not keep it fed; look at data loading, host syncs (.item(), printing) "
                         "and small kernels (callbacks.Compile)." if busy < 0.7 else "."))
     return "\n".join(lines)
+
+
+def covered_us(intervals: list[tuple[float, float]], start: float, end: float) -> float:
+    """Microseconds of ``[start, end]`` that at least one of ``intervals`` covers (overlaps merged)."""
+    covered, reached = 0.0, start
+    for low, high in sorted(intervals):
+        low, high = max(low, reached), min(high, end)
+        if high > low:
+            covered += high - low
+            reached = high
+    return covered
+
+
+def _activity(event: Any) -> str:
+    return str(getattr(event, "activity_type", "") or "")
+
+
+def _is_annotation(event: Any) -> bool:
+    """A device-side copy of a ``record_function`` range (or ``ProfilerStep``), not device work."""
+    return bool(getattr(event, "is_user_annotation", False)) or "annotation" in _activity(event)

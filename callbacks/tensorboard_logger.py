@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -167,8 +168,15 @@ class TensorBoardLogger(AsyncLogger):
         # A fit into a directory with events continues after its step: TensorBoard then shows
         # none of the earlier events from that step on (a resumed run logs them again).
         purge = None
-        if resume_step is not None and any(directory.glob("events.out.tfevents.*")):
+        earlier = list(directory.glob("events.out.tfevents.*"))
+        if resume_step is not None and earlier:
             purge = resume_step + 1 if resume_step > 0 else 0  # a new run (step 0) hides them all
+            # TensorBoard reads the files in name order, which starts with the second they were opened
+            # in: a file opened within the same second as an earlier one could be read before it.
+            opened = [path.name.split(".")[3] for path in earlier]  # events.out.tfevents.<second>.<host>...
+            newest = max((int(second) for second in opened if second.isdigit()), default=0)
+            while int(time.time()) <= newest:
+                time.sleep(0.05)
         self._summary_writer(purge_step=purge)
 
     def write(self, metrics: dict[str, float], step: int) -> None:

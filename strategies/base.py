@@ -17,8 +17,7 @@ import torch
 from torch import nn
 
 from strategies.accelerators import check_agrees, device_count
-from strategies.checkpoint_files import save_atomic
-from strategies.sharded_checkpoint import read_checkpoint
+from strategies.checkpoint import read_checkpoint, save_atomic
 from strategies.transfer import move_to_device
 
 
@@ -121,6 +120,11 @@ class Strategy:
         """Return the user's module from what ``setup_module`` returned."""
         return model
 
+    def compute_dtype(self) -> torch.dtype | None:
+        """The lower precision this strategy computes in by itself (FSDP's MixedPrecisionPolicy),
+        or None when it leaves precision to autocast (``callbacks.AMP``); the performance report asks."""
+        return None
+
     def check_placement(self, module: nn.Module) -> None:
         """Before the first step: raise if a parameter left the device after the model moved there."""
         for name, parameter in module.named_parameters():
@@ -171,12 +175,6 @@ class Strategy:
         buffers it gathers parameters into)."""
         return torch.inference_mode() if inference_mode else torch.no_grad()
 
-    def mixed_precision(self, dtype: torch.dtype) -> bool:
-        """Take over mixed precision in ``dtype`` (``Trainer(precision=...)``): return True when the
-        strategy computes in ``dtype`` itself (FSDP's MixedPrecisionPolicy), and the Trainer then adds
-        no AMP callback; False (the default) leaves it to autocast."""
-        return False
-
     # --- backward and collectives ---------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -206,7 +204,8 @@ class Strategy:
 
     # --- checkpoints ----------------------------------------------------------------------
     # The loop writes and reads the whole training state through these (trainer/state.py); the
-    # strategy decides the layout: one file written by rank zero (here), or shards (FSDP).
+    # strategy decides the layout: one file written by rank zero (here), or shards (FSDP). The
+    # files themselves, and the one read path, are strategies/checkpoint's.
     def module_state_dict(self, module: nn.Module, full: bool = False) -> dict[str, Any]:
         """The module's weights as a checkpoint stores them (FSDP: this process's shards), or with
         ``full``, whole on the CPU of rank zero (a collective under FSDP: call it on every rank)."""
@@ -231,9 +230,10 @@ class Strategy:
 
     def load_checkpoint(self, path: Path, module: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
         """Read the checkpoint at ``path`` (a file, or a sharded directory gathered whole) as the
-        dict ``save_checkpoint`` was given; its weights and optimizer states are then loaded with
-        the two methods below. FSDP reads only this process's shards, shaped like ``module``'s
-        parameters and ``optimizers``' states."""
+        dict ``save_checkpoint`` was given, through :func:`strategies.checkpoint.read_checkpoint`;
+        its weights and optimizer states are then loaded with the two methods below. FSDP reads
+        only this process's part of the shards, shaped like ``module``'s parameters and
+        ``optimizers``' states. A collective under FSDP: call it on every rank."""
         return read_checkpoint(path)
 
     def load_module_state_dict(self, module: nn.Module, state_dict: dict[str, Any]) -> None:

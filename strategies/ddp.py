@@ -9,7 +9,9 @@ on GPUs, or the CPU with gloo, and wraps the model in ``DistributedDataParallel`
 Collectives the loop asks for on CPU tensors (flags, objects, barriers) go over gloo, so that on
 GPUs they never wait for the device; metric tensors on the GPU go over NCCL. Every collective and
 each step's backward note where this rank is (:mod:`strategies.forensics`) so that a timeout
-names the rank that fell behind.
+names the rank that fell behind. What is checked before launch is in :mod:`strategies.ddp_checks`;
+how DistributedDataParallel sees the training step (manual optimization included) is in
+:mod:`strategies.step_runner`.
 """
 
 from __future__ import annotations
@@ -30,22 +32,22 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from strategies import forensics
-from strategies.accelerators import check_agrees
 from strategies.base import Strategy
+from strategies.ddp_checks import (
+    check_arguments, check_backend_available, check_gpus_for, check_topology, settle_trainer_devices,
+)
 from strategies.loaders import shard_dataloader
 from strategies.prefetch import check_prefetch
 from strategies.process_group import (
-    check_gpus, check_port_free, connect_stores, end_process_group, is_communication_error, launched_by_torchrun,
-    local_cuda_index, local_world_size,
+    connect_stores, end_process_group, is_communication_error, launched_by_torchrun, local_cuda_index, local_world_size,
 )
 from strategies.single import cuda_device_lines
-from strategies.transfer import pinned_loader
+from strategies.step_runner import TrainingStepRunner, prepare_manual_backward, with_cadence_advice
+from strategies.transfer import pinned_loader, return_to_host
 
 #: How long a collective may wait for the slowest rank before failing. Long enough for rank zero
 #: to write a large checkpoint or run a long validation while the others wait at a barrier.
 DEFAULT_TIMEOUT_S = 1800.0
-BACKENDS = ("nccl", "gloo", "mpi", "ucc")
-START_METHODS = ("spawn", "forkserver", "fork")
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
@@ -62,28 +64,6 @@ def join_launched_group(strategy: DDP, function: Callable[..., Any], args: tuple
 
 def _nothing() -> None:
     return None
-
-
-class _TrainingStepRunner(nn.Module):
-    """Lets DistributedDataParallel see ``training_step`` as its forward, so that it prepares the
-    gradient all-reduce for whatever the step computes. Holds the user's module as ``module``.
-
-    In manual optimization the backwards run inside this forward (``manual_backward``), before
-    DistributedDataParallel would prepare the all-reduce: ``DDP.backward`` prepares it before each
-    one instead, and ``end_manual_step`` stops DistributedDataParallel from preparing another one
-    after the forward, for a backward that never comes (the next step's forward would fail).
-    """
-
-    def __init__(self, module: nn.Module, end_manual_step: Callable[[], None] | None) -> None:
-        super().__init__()
-        self.module = module
-        self.end_manual_step = end_manual_step  # None in automatic optimization
-
-    def forward(self, batch: Any, batch_idx: int) -> Any:
-        outputs = self.module.training_step(batch, batch_idx)
-        if self.end_manual_step is not None:
-            self.end_manual_step()
-        return outputs
 
 
 class DDP(Strategy):
@@ -146,11 +126,12 @@ class DDP(Strategy):
         self._whereabouts: forensics.Whereabouts | None = None
         self._failure_recorded = False
         self._collective_failed = False
+        self._placed: nn.Module | None = None  # the module setup_module moved, until teardown
 
     def __getstate__(self) -> dict[str, Any]:
         # Stores, groups and threads belong to one process; a spawned worker makes its own.
         state = self.__dict__.copy()
-        for key in ("_store", "_control_group", "_whereabouts", "_base_store", "_thread_store"):
+        for key in ("_store", "_control_group", "_whereabouts", "_base_store", "_thread_store", "_placed"):
             state.pop(key, None)
         return state
 
@@ -202,89 +183,18 @@ class DDP(Strategy):
 
     # --- checks and launch -----------------------------------------------------------------
     def validate(self) -> None:
-        if not dist.is_available():
-            raise ValueError("strategy=\"ddp\" needs torch.distributed, which this PyTorch build lacks. Use a single device.")
-        name = type(self).__name__
-        if isinstance(self.devices, list):
-            if self.resolved_backend != "nccl":
-                raise ValueError(f"{name}(devices={self.devices}) lists GPU indices, but the backend is "
-                                 f'"{self.resolved_backend}" (CPU processes). Pass a number of processes, e.g. devices={len(self.devices)}.')
-        elif self.devices != "auto" and (isinstance(self.devices, bool) or not isinstance(self.devices, int) or self.devices < 1):
-            raise ValueError(f'{name}(devices={self.devices!r}): use an int >= 1 (processes on this machine) or "auto".')
-        if isinstance(self.num_nodes, bool) or not isinstance(self.num_nodes, int) or self.num_nodes < 1:
-            raise ValueError(f"{name}(num_nodes={self.num_nodes!r}): use an int >= 1 (the number of machines).")
-        if self.start_method not in START_METHODS:
-            raise ValueError(f'{type(self).__name__}(start_method="{self.start_method}"): use one of {START_METHODS}.')
-        backend = self.resolved_backend
-        if backend not in BACKENDS:
-            raise ValueError(f'{type(self).__name__}(backend="{backend}") is not a torch.distributed backend; use "nccl" (GPUs) or "gloo" (CPU).')
-        check_prefetch(self.prefetch, "cuda" if backend == "nccl" else "cpu", type(self).__name__)
+        name, backend = type(self).__name__, self.resolved_backend
+        check_arguments(name, self.devices, self.num_nodes, self.start_method, backend)
+        check_prefetch(self.prefetch, "cuda" if backend == "nccl" else "cpu", name)
         if backend == "nccl":
-            self._check_gpus()
-        if not dist.is_backend_available(backend):
-            raise ValueError(
-                f'{type(self).__name__}(backend="{backend}") is not available in this PyTorch build (torch {torch.__version__}). '
-                + ('Use backend="gloo".' if backend != "gloo" else "Install a PyTorch build with gloo.")
-            )
-        if launched_by_torchrun():
-            started = local_world_size()  # None when a scheduler does not say
-            nodes = int(os.environ["WORLD_SIZE"]) // started if started else None
-            if self.num_nodes != 1 and nodes is not None and self.num_nodes != nodes:
-                raise ValueError(
-                    f"num_nodes={self.num_nodes}, but torchrun started {nodes} machine(s) (WORLD_SIZE="
-                    f"{os.environ['WORLD_SIZE']}, {started} per machine). Match --nnodes, or leave num_nodes at 1."
-                )
-            asked = len(self.devices) if isinstance(self.devices, list) else self.devices
-            if started is not None and asked not in ("auto", started):
-                raise ValueError(
-                    f"{type(self).__name__}(devices={self.devices}) but torchrun started {started} processes on this machine "
-                    f'(--nproc-per-node). Use devices="auto" or devices={started}.'
-                )
-        elif self.num_nodes > 1:
-            raise ValueError(
-                f"num_nodes={self.num_nodes} trains on {self.num_nodes} machines, which a spawned run cannot reach: "
-                f"start the script on each machine with torchrun --nnodes={self.num_nodes} "
-                "--nproc-per-node=N --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT (see the README)."
-            )
-        elif "MASTER_PORT" in os.environ:
-            check_port_free(os.environ.get("MASTER_ADDR", "127.0.0.1"), os.environ["MASTER_PORT"])
+            check_gpus_for(self.devices, self.num_processes, self.start_method)
+        check_backend_available(name, backend)
+        check_topology(name, self.devices, self.num_nodes)
 
     def configure_devices(self, accelerator: str, devices: int | str | list[int], num_nodes: int) -> None:
-        """The Trainer's ``accelerator`` picks the backend this DDP leaves open (cpu: gloo, gpu: nccl);
-        its ``devices`` and ``num_nodes`` fill ``"auto"`` and 1. Contradictions are errors."""
-        if accelerator == "mps":
-            raise ValueError('Trainer(accelerator="mps", strategy="ddp"): DDP does not run on Apple GPUs. Use '
-                             'accelerator="cpu" to run DDP on the CPU cores, or strategy="mps" for one process.')
-        shown = f"DDP(backend={self.backend!r})" if self.backend is not None else '"ddp"'
-        check_agrees(accelerator, shown, {"nccl": "cuda", "gloo": "cpu"}.get(self.backend or ""))
-        if self.backend is None and accelerator != "auto":
-            self.backend = "gloo" if accelerator == "cpu" else "nccl"
-        if devices != "auto":
-            if self.devices not in ("auto", devices):
-                raise ValueError(f"Trainer(devices={devices!r}) and DDP(devices={self.devices!r}) disagree; set "
-                                 "devices in one place.")
-            self.devices = devices
-        if num_nodes != 1:
-            if self.num_nodes not in (1, num_nodes):
-                raise ValueError(f"Trainer(num_nodes={num_nodes}) and DDP(num_nodes={self.num_nodes}) disagree; set "
-                                 "num_nodes in one place.")
-            self.num_nodes = num_nodes
-
-    def _check_gpus(self) -> None:
-        if not launched_by_torchrun():
-            check_gpus(max(self.devices) + 1 if isinstance(self.devices, list) else self.num_processes)
-            if self.start_method == "fork":
-                # Asking whether CUDA is available (above) already initialized it in this process.
-                raise ValueError(
-                    'DDP(start_method="fork") cannot train on GPUs: a process forked after CUDA was initialized '
-                    'cannot use CUDA ("Cannot re-initialize CUDA in forked subprocess"). Use start_method="spawn" '
-                    '(the default) or "forkserver", or launch with torchrun.'
-                )
-            return
-        # Launched by torchrun or a scheduler: this process needs one GPU; how many the machine
-        # has and how many processes it runs are the launcher's business.
-        check_gpus(1)
-        local_cuda_index(int(os.environ["LOCAL_RANK"]), torch.cuda.device_count())  # raises if it has no GPU of its own
+        """Take the Trainer's ``accelerator``, ``devices`` and ``num_nodes`` where this DDP leaves them open."""
+        self.backend, self.devices, self.num_nodes = settle_trainer_devices(
+            accelerator, devices, num_nodes, backend=self.backend, own_devices=self.devices, own_num_nodes=self.num_nodes)
 
     def launch(self, function: Callable[..., Any], *args: Any) -> Any:
         """Join torchrun's group when this process is one of its ranks; else spawn the workers."""
@@ -343,7 +253,7 @@ class DDP(Strategy):
             self._store = dist.PrefixStore(prefix, base)
             thread_store = dist.PrefixStore(prefix, thread_store)
             dist.init_process_group(
-                backend, store=dist.PrefixStore("group/", self._store), rank=self._rank,
+                self.process_group_backend(), store=dist.PrefixStore("group/", self._store), rank=self._rank,
                 world_size=self._world_size, timeout=self.timeout,
                 device_id=self.device if self.device.type == "cuda" else None,
             )
@@ -353,6 +263,10 @@ class DDP(Strategy):
         self._whereabouts = forensics.Whereabouts(thread_store, self._rank, self._world_size)
         if thread_store is not None:
             self._whereabouts.start(watch_parent=self._mode == "spawn")
+
+    def process_group_backend(self) -> str:
+        """The backend the default process group is created with (``init_process_group``)."""
+        return self.resolved_backend
 
     def _connect_stores(self) -> tuple[Any, Any]:
         """Two clients of the group's store (the forensics thread gets its own connection). Kept
@@ -375,6 +289,9 @@ class DDP(Strategy):
             end_process_group(abort=error is not None and self.resolved_backend == "nccl")
         self._owns_group = False
         self._control_group = None
+        placed, self._placed = self._placed, None
+        if placed is not None and self._mode == "join":  # under torchrun the script goes on; spawned workers end
+            return_to_host(placed, self.device)
 
     def record_failure(self, error: BaseException | None = None) -> None:
         """Tell the other ranks (and the launcher) that this rank failed, once."""
@@ -390,6 +307,7 @@ class DDP(Strategy):
     # --- model and data --------------------------------------------------------------------
     def setup_module(self, module: nn.Module) -> nn.Module:
         self._take_module(module)
+        self._placed = module
         return module.to(self.device)
 
     def _take_module(self, module: nn.Module) -> None:
@@ -409,7 +327,7 @@ class DDP(Strategy):
             return module
         self._manual = not module.automatic_optimization  # read per step: one attribute, not three
         return DistributedDataParallel(
-            _TrainingStepRunner(module, self._end_manual_step if self._manual else None),
+            TrainingStepRunner(module, self._end_manual_step if self._manual else None),
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
             find_unused_parameters=self._manual if self.find_unused_parameters is None else self.find_unused_parameters,
             gradient_as_bucket_view=self.gradient_as_bucket_view,
@@ -448,27 +366,11 @@ class DDP(Strategy):
         except RuntimeError as error:
             if "find_unused_parameters=True" not in str(error) or model.find_unused_parameters:
                 raise
-            # torch's advice names its own constructor, which Cadence calls for the user.
-            raise RuntimeError(
-                f"{error}\nIn Cadence, pass Trainer(strategy=\"ddp_find_unused_parameters_true\") or "
-                "strategies.DDP(find_unused_parameters=True), or set requires_grad=False on parameters that "
-                "never take part in the loss."
-            ) from error
+            raise with_cadence_advice(error) from error
 
     def _end_manual_step(self) -> None:
         if self._manual_model is not None:
             self._manual_model.require_backward_grad_sync = False  # read by DDP's post-forward only
-
-    def _prepare_manual_backward(self, loss: torch.Tensor) -> None:
-        """What DistributedDataParallel's forward does after the module ran, for a backward run
-        inside it: ready the all-reduce (rebuilding the buckets first, as its next forward would)."""
-        model = self._manual_model
-        if not (torch.is_grad_enabled() and model.require_backward_grad_sync):  # no_sync(): nothing to reduce
-            return
-        model.require_forward_param_sync = True
-        model.reducer._rebuild_buckets()
-        unused_search = model.find_unused_parameters and not model.static_graph
-        model.reducer.prepare_for_backward([loss] if unused_search else [])
 
     # --- backward and collectives ----------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
@@ -476,7 +378,7 @@ class DDP(Strategy):
         where.enter("backward (gradient all-reduce)", waiting=True)
         try:
             if self._manual_model is not None:
-                self._prepare_manual_backward(loss)
+                prepare_manual_backward(self._manual_model, loss)
             loss.backward()
         except Exception as error:
             if is_communication_error(error):
@@ -502,16 +404,8 @@ class DDP(Strategy):
 
     def _collective_error(self, name: str, error: Exception) -> RuntimeError:
         self._collective_failed = True
-        me = self._whereabouts.record()
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        report = forensics.where_ranks_were(self._store, self.world_size, me)
-        if "timed out" in str(error).lower():
-            hint = (f"If that work is legitimately slow, raise DDP(timeout=...) (now {self.timeout.total_seconds():g} s); "
-                    "otherwise look for code that only some ranks run.")
-        else:
-            hint = "Another rank probably failed or exited first; its error is the cause."
-        return RuntimeError(f"{name} failed on rank {self.global_rank} after {me['in_phase_s']} s: {first_line}\n"
-                            f"{report}\n{hint}")
+        return forensics.collective_error(name, error, self._store, self.world_size, self._whereabouts.record(),
+                                          self.timeout.total_seconds())
 
     def _group_for(self, tensor: torch.Tensor) -> Any:
         # CPU tensors go over gloo: on GPUs they then never wait for the device.

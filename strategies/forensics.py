@@ -165,6 +165,20 @@ def where_ranks_were(store: Any, world_size: int, me: dict[str, Any] | None = No
     return "\n".join(line for line in lines if line)
 
 
+def collective_error(name: str, error: Exception, store: Any, world_size: int, me: dict[str, Any],
+                     timeout_s: float) -> RuntimeError:
+    """What a rank raises when its collective ``name`` failed with ``error``: torch's first line,
+    where every rank was (``me``: this rank's record, taken when it failed), and what to do about it."""
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    report = where_ranks_were(store, world_size, me)
+    if "timed out" in str(error).lower():
+        hint = (f"If that work is legitimately slow, raise DDP(timeout=...) (now {timeout_s:g} s); "
+                "otherwise look for code that only some ranks run.")
+    else:
+        hint = "Another rank probably failed or exited first; its error is the cause."
+    return RuntimeError(f"{name} failed on rank {me['rank']} after {me['in_phase_s']} s: {first_line}\n{report}\n{hint}")
+
+
 def fell_behind(other: dict[str, Any], me: dict[str, Any]) -> bool:
     """True when the rank of record ``other`` had not reached the collective ``me`` waited in."""
     counters = (other["batches"], other["collectives"])

@@ -14,7 +14,7 @@ differs is what happens to the model, and checkpoints:
   built on the meta device (in ``configure_model``) is materialized and initialized just before it
   is sharded, so no process ever holds more than one whole block.
 - ``save_checkpoint`` writes a directory in which each rank writes its own shards
-  (:mod:`strategies.sharded_checkpoint`), atomically; ``load_checkpoint`` reads each rank's part,
+  (:mod:`strategies.checkpoint.sharded`), atomically; ``load_checkpoint`` reads each rank's part,
   from a checkpoint written by any number of processes, or from a one-file checkpoint.
 """
 
@@ -32,11 +32,11 @@ import torch
 from torch import nn
 
 from strategies.base import Strategy
-from strategies.checkpoint_files import read_file, remove_checkpoint, replace_atomic, save_atomic, staging_directory
+from strategies.checkpoint import read_checkpoint, remove_checkpoint, replace_atomic, save_atomic, staging_directory
 from strategies.ddp import DDP, DEFAULT_TIMEOUT_S
 from strategies.process_group import launched_by_torchrun
 from strategies.selection import ACCEPTED, select_submodules
-from strategies.sharded_checkpoint import (
+from strategies.checkpoint.sharded import (
     SHARDED_KEYS, STATE_FILE, by_index, by_name, parameter_names, read_metadata, read_shards, saved_entries,
     template_from_metadata, write_shards,
 )
@@ -62,7 +62,9 @@ class FSDP(DDP):
             dtypes). ``Trainer(precision="bf16-mixed")`` sets ``param_dtype=torch.bfloat16,
             reduce_dtype=torch.float32`` here instead of autocast.
         cpu_offload: keep the shards, their gradients and the optimizer step on the CPU between
-            uses (CUDA only: slower, for models whose shards do not fit on the GPUs).
+            uses (CUDA only: slower, for models whose shards do not fit on the GPUs). The process
+            group then has gloo for CPU tensors beside NCCL (``"cuda:nccl,cpu:gloo"``): clipping's
+            norm and other collectives over the CPU gradient shards need it.
         device_mesh: None (shard over every process), ``(replicas, shard_size)`` for hybrid sharding
             (HSDP: each group of ``shard_size`` processes, usually one machine, holds one sharded
             copy, and the ``replicas`` copies are averaged), or a ``DeviceMesh`` you built under torchrun.
@@ -141,6 +143,13 @@ class FSDP(DDP):
                f"reshard_after_forward={self.reshard_after_forward}."
 
     # --- per process -----------------------------------------------------------------------
+    def process_group_backend(self) -> str:
+        # Offloaded gradients are CPU DTensors: the all-reduce of their norm (gradient clipping)
+        # runs on the mesh's group, which NCCL alone refuses for CPU tensors.
+        if self.cpu_offload and self.resolved_backend == "nccl":
+            return "cuda:nccl,cpu:gloo"
+        return super().process_group_backend()
+
     def setup_environment(self) -> None:
         super().setup_environment()
         from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -239,6 +248,10 @@ class FSDP(DDP):
                              f"{self.mp_policy.param_dtype}. Pass one of the two.")
         return True
 
+    def compute_dtype(self) -> torch.dtype | None:
+        dtype = self.mp_policy.param_dtype if self.mp_policy is not None else None
+        return dtype if dtype not in (None, torch.float32) else None
+
     # --- checkpoints -------------------------------------------------------------------------
     def module_state_dict(self, module: nn.Module, full: bool = False) -> dict[str, Any]:
         if not full:
@@ -288,9 +301,9 @@ class FSDP(DDP):
         """A sharded checkpoint: each rank reads the parts of the shards its own shards cover (any
         number of processes may have written it). A file: every rank reads it whole, and
         ``load_*_state_dict`` keep each rank's shard."""
-        if not path.is_dir():
-            return super().load_checkpoint(path, module, optimizers)
-        state = read_file(path / STATE_FILE)
+        return read_checkpoint(path, shards=lambda directory: self._read_own_shards(directory, module, optimizers))
+
+    def _read_own_shards(self, path: Path, module: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
         metadata = read_metadata(path)
         model = module.state_dict()
         parameters = dict(module.named_parameters())
@@ -313,13 +326,12 @@ class FSDP(DDP):
         template = template_from_metadata(metadata, tensor_for)
         if count != len(optimizers):  # model only, or a count the Trainer reports as an error
             template.pop("optimizer_states", None)
-        # Weights that do not fit the model stay unread: the Trainer names them (trainer/checkpoint.py).
+        # Weights that do not fit the model stay unread: the Trainer names them (check_weights).
         unread = {key: value for key, value in template.get("state_dict", {}).items() if value.is_meta}
         template["state_dict"] = {key: value for key, value in template.get("state_dict", {}).items() if key not in unread}
         read_shards(template, path, self._control_group)
-        state["state_dict"] = {**template["state_dict"], **unread}
-        state["optimizer_states"] = template.get("optimizer_states", [{}] * count)
-        return state
+        return {"state_dict": {**template["state_dict"], **unread},
+                "optimizer_states": template.get("optimizer_states", [{}] * count)}
 
     def load_module_state_dict(self, module: nn.Module, state_dict: dict[str, Any]) -> None:
         module.load_state_dict(self._as_shards(state_dict, module.state_dict()))

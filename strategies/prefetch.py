@@ -13,7 +13,7 @@ k run. Three things keep that correct:
   stream (the copy of batch k+2) while the compute stream may still be reading it. ``record_stream``
   tells the allocator the compute stream uses it, so the memory is reused only after the kernels
   queued on the compute stream by then have run.
-- **The host source.** The loader pins its batches (the CUDA strategies ask for ``pin_memory``),
+- **The host source.** The loader pins its batches (the CUDA strategies rebuild it to, ``pinned_loader``),
   and PyTorch's caching host allocator keeps a pinned block from being reused until the copies
   that read it have run, however early the loop drops the CPU batch.
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from strategies.base import Strategy
 from strategies.prefetch import check_prefetch
-from strategies.transfer import pinned_loader
+from strategies.transfer import pinned_loader, return_to_host
 
 
 def cuda_device_lines() -> list[str]:
@@ -67,7 +67,8 @@ class SingleDevice(Strategy):
         prefetch: copy the next batch to the GPU on a side stream while the current one computes
             (:mod:`strategies.prefetch`). None (the default) is on for CUDA, off elsewhere.
 
-    On CUDA a DataLoader that does not pin its batches is rebuilt with ``pin_memory=True``.
+    On CUDA a DataLoader that does not pin its batches is rebuilt to pin their CPU tensors
+    (:func:`strategies.transfer.pinned_loader`).
 
     Example::
 
@@ -81,6 +82,7 @@ class SingleDevice(Strategy):
             self.device = torch.device("cuda", 0)
         self.prefetch = prefetch
         self.detected = False  # set by "auto": the report then says the device was chosen
+        self._placed: nn.Module | None = None  # the module setup_module moved, until teardown
 
     def validate(self) -> None:
         check_prefetch(self.prefetch, self.device.type, type(self).__name__)
@@ -113,4 +115,11 @@ class SingleDevice(Strategy):
         return f"Training on the CPU ({how}, {torch.get_num_threads()} threads).{note}"
 
     def setup_module(self, module: nn.Module) -> nn.Module:
+        self._placed = module
         return module.to(self.device)
+
+    def teardown(self) -> None:
+        """The module goes back to the CPU and the GPU's cache is emptied (as in Lightning)."""
+        placed, self._placed = self._placed, None
+        if placed is not None:
+            return_to_host(placed, self.device)

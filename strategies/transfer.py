@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import inspect
 import warnings
 from collections import UserDict
@@ -145,19 +146,25 @@ def tensors_in(batch: Any) -> list[torch.Tensor]:
 
 
 def pinned_loader(loader: Any) -> Any:
-    """``loader`` rebuilt with ``pin_memory=True`` when it is a DataLoader that does not pin.
+    """``loader`` rebuilt so that the CPU tensors of its batches are pinned, when it is a DataLoader
+    that does not pin.
 
     A CUDA copy from pinned memory runs on the copy engine while the GPU computes; from pageable
     memory the driver first stages it through a pinned buffer of its own, on the host's time.
-    With workers, the DataLoader pins in a background thread. A subclass of DataLoader is kept (a
-    rebuilt plain DataLoader would lose what the subclass adds), with a warning; other iterables
-    are kept as they are.
+    Without workers the batch is pinned right after ``collate_fn`` (:class:`PinnedCollate`, where
+    ``DataLoader(pin_memory=True)`` would pin it too), and only its CPU tensors: a dataset may
+    yield tensors that are on the GPU already, which ``pin_memory=True`` refuses ("cannot pin
+    'torch.cuda.FloatTensor'"). With workers the DataLoader pins in a background thread of this
+    process (``pin_memory=True``): workers hand over CPU tensors (CUDA cannot start in a worker
+    forked from a process that uses it). A subclass of DataLoader is kept (a rebuilt plain
+    DataLoader would lose what the subclass adds), with a warning; other iterables are kept as
+    they are.
     """
     from torch.utils.data import DataLoader
 
     from strategies.loaders import rebuild_dataloader
 
-    if not isinstance(loader, DataLoader) or loader.pin_memory:
+    if not isinstance(loader, DataLoader) or pins_batches(loader):
         return loader
     if type(loader) is not DataLoader:
         warnings.warn(
@@ -166,4 +173,69 @@ def pinned_loader(loader: Any) -> Any:
             stacklevel=4,
         )
         return loader
-    return rebuild_dataloader(loader, pin_memory=True)
+    if loader.num_workers > 0:
+        return rebuild_dataloader(loader, pin_memory=True)
+    return rebuild_dataloader(loader, collate_fn=PinnedCollate(loader.collate_fn))
+
+
+def pins_batches(loader: Any) -> bool:
+    """True when ``loader`` hands out batches in pinned memory (``pin_memory=True``, or rebuilt by
+    :func:`pinned_loader` to pin after collating)."""
+    return bool(getattr(loader, "pin_memory", False)) or isinstance(getattr(loader, "collate_fn", None), PinnedCollate)
+
+
+class PinnedCollate:
+    """A DataLoader's ``collate_fn``, then the batch's CPU tensors pinned; tensors already on a
+    device pass as they are. Runs where the loader collates without workers: in this process.
+
+    Args:
+        collate_fn: the loader's own ``collate_fn``.
+    """
+
+    def __init__(self, collate_fn: Callable[[Any], Any]) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, samples: Any) -> Any:
+        return pin_cpu_tensors(self.collate_fn(samples))
+
+    def __repr__(self) -> str:
+        return f"PinnedCollate({self.collate_fn!r})"
+
+
+def pin_cpu_tensors(batch: Any) -> Any:
+    """``batch`` with each CPU tensor in pinned memory (a pinned one is kept), tensors on a device
+    as they are, and objects with their own ``pin_memory()`` pinned by it, as the DataLoader does."""
+
+    def pin(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.pin_memory() if tensor.device.type == "cpu" else tensor
+
+    def pin_object(obj: Any) -> Any:
+        method = getattr(obj, "pin_memory", None)
+        return method() if callable(method) and not isinstance(obj, type) else obj
+
+    return apply_to_tensors(batch, pin, pin_object)
+
+
+def return_to_host(module: Any, device: torch.device) -> None:
+    """After a stage, move ``module`` (placed on the accelerator ``device`` by a strategy) back to
+    the CPU, gradients with it, and give the device's cached blocks back, as Lightning's teardown
+    does: memory the stage used is free for the rest of the script, and the next stage moves the
+    module to the device again. Nothing on the CPU."""
+    if device.type not in ("cuda", "mps"):
+        return
+    module.to(torch.device("cpu"))
+    gc.collect()  # tensors the stage left in reference cycles, before the cache is emptied
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    else:
+        torch.mps.empty_cache()
+
+
+def optimizer_states_to(optimizers: list[torch.optim.Optimizer], device: torch.device) -> None:
+    """Move every tensor of ``optimizers``' states to ``device``, in place: to the CPU when a stage
+    ends (their memory on the GPU is then free), and back to the device for an optimizer that
+    outlived a stage (``torch.optim`` steps only with states beside their parameters)."""
+    for optimizer in optimizers:
+        for parameter, state in optimizer.state.items():
+            optimizer.state[parameter] = apply_to_tensors(
+                state, lambda tensor: tensor if tensor.device == device else tensor.to(device))

@@ -1,6 +1,7 @@
 """Shared test fixtures: a quiet Trainer factory and a tiny regression data set.
 
-Kept small on purpose: a test file states the module it trains itself, so it reads on its own.
+Kept small on purpose: a test file states the module it trains itself, so it reads on its own
+(tests/linear_regression.py holds the one most of them share, by a name that says what it is).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from linear_regression import regression_samples
 from trainer import Trainer
 
 #: How a test fails when a DDP worker died of an abort in native code: "terminate called without
@@ -46,10 +48,7 @@ def make_trainer(tmp_path):
 @pytest.fixture
 def regression_data():
     """64 samples of ``y = x @ w`` with 4 inputs and 2 outputs (a learnable problem)."""
-    generator = torch.Generator().manual_seed(1234)
-    x = torch.randn(64, 4, generator=generator)
-    y = x @ torch.randn(4, 2, generator=generator)
-    return TensorDataset(x, y)
+    return TensorDataset(*regression_samples(64))
 
 
 @pytest.fixture

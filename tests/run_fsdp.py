@@ -32,31 +32,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from callbacks import Callback, ModelCheckpoint  # noqa: E402
+from linear_regression import IndexedRegression  # noqa: E402
 from strategies import FSDP  # noqa: E402
+from strategies.checkpoint import convert_checkpoint  # noqa: E402
 from trainer import Trainer, TrainingModule  # noqa: E402
-from trainer.checkpoint import convert_checkpoint  # noqa: E402
 
 SAMPLES, BATCH_SIZE, EPOCHS, LR, MOMENTUM, CLIP = 64, 4, 2, 0.1, 0.9, 0.05
-
-
-class Indexed(Dataset):
-    """``(index, x, y)``: the index tells the replay which samples each rank trained on."""
-
-    def __init__(self) -> None:
-        generator = torch.Generator().manual_seed(1234)
-        self.x = torch.randn(SAMPLES, 4, generator=generator)
-        self.y = self.x @ torch.randn(4, 2, generator=generator)
-
-    def __len__(self) -> int:
-        return SAMPLES
-
-    def __getitem__(self, index: int):
-        return index, self.x[index], self.y[index]
 
 
 class Blocks(TrainingModule):
@@ -186,8 +172,8 @@ def fit(out: Path, name: str, strategy: FSDP, callbacks=(), ckpt_path=None, mode
     trainer = Trainer(strategy=strategy, max_epochs=EPOCHS, seed=7, default_root_dir=out, enable_progress_bar=False,
                       logger=False, enable_checkpointing=False, log_every_n_steps=2,
                       callbacks=[Record(out, name, at_steps=(4, 6)), *callbacks], **options)
-    trainer.fit(model, DataLoader(Indexed(), batch_size=BATCH_SIZE, shuffle=True),
-                DataLoader(Indexed(), batch_size=8), ckpt_path=ckpt_path)
+    trainer.fit(model, DataLoader(IndexedRegression(), batch_size=BATCH_SIZE, shuffle=True),
+                DataLoader(IndexedRegression(), batch_size=8), ckpt_path=ckpt_path)
     return trainer
 
 
@@ -196,14 +182,14 @@ def main(out: Path) -> None:
     model = Blocks()
     weights_only = ModelCheckpoint(dirpath=out / "weights_only", save_weights_only=True, save_last=False)
     trainer = fit(out, "plain", FSDP(), [weights_only], model=model)
-    evaluated = {"validate": trainer.validate(model, DataLoader(Indexed(), batch_size=8)),
-                 "test": trainer.test(model, DataLoader(Indexed(), batch_size=8))}
+    evaluated = {"validate": trainer.validate(model, DataLoader(IndexedRegression(), batch_size=8)),
+                 "test": trainer.test(model, DataLoader(IndexedRegression(), batch_size=8))}
 
     clip = {"accumulate_grad_batches": 2, "gradient_clip_val": CLIP}
     fit(out, "accumulate_clip", FSDP(), checkpoints(out), **clip)
     resumed = Blocks()
     trainer = fit(out, "resume", FSDP(), ckpt_path=out / "steps" / "epoch=1-step=6.ckpt", model=resumed, **clip)
-    evaluated["validate_step6"] = trainer.validate(resumed, DataLoader(Indexed(), batch_size=8),
+    evaluated["validate_step6"] = trainer.validate(resumed, DataLoader(IndexedRegression(), batch_size=8),
                                                    ckpt_path=out / "steps" / "epoch=1-step=6.ckpt")
     if trainer.is_global_zero:
         torch.save(evaluated, out / "evaluated.pt")

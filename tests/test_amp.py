@@ -8,6 +8,7 @@ scheduler, in automatic and in manual optimization; a step the scaler skips chan
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -15,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from callbacks import AMP, Callback, ModelCheckpoint
-from strategies import SingleDevice
+from linear_regression import LinearRegression
+from strategies import DDP, SingleDevice
 from trainer import Trainer, TrainingModule
 
 
@@ -233,19 +235,14 @@ def test_the_scaler_state_is_checkpointed_and_restored(make_trainer, regression_
     assert resumed.scaler.get_scale() == saved["scale"]  # the run was complete: nothing left to step
 
 
-class LogsHalf(TrainingModule):
+class LogsHalf(LinearRegression):
     def __init__(self) -> None:
-        super().__init__()
-        self.layer = nn.Linear(4, 2)
+        super().__init__(lr=0.01)
 
     def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = F.mse_loss(self.layer(x), y)
+        loss = super().training_step(batch, batch_idx)
         self.log("half", torch.tensor(30000.0, dtype=torch.float16), on_step=True, on_epoch=True, batch_size=64)
         return loss
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 def test_a_half_precision_value_is_logged_as_float32_without_overflow(make_trainer, regression_loader):
@@ -262,6 +259,59 @@ def test_auto_chooses_bfloat16_on_the_cpu_and_says_so(make_trainer, regression_l
     make_trainer(max_steps=1, callbacks=[amp]).fit(module, regression_loader)
     assert amp.dtype == torch.bfloat16 and module.compute_dtypes == {torch.bfloat16}
     assert "AMP('auto'): bfloat16 autocast on cpu" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("capability", "dtype", "said"), [
+    ((9, 0), torch.bfloat16, "bfloat16 autocast on cuda:0 (no loss scaling needed)"),
+    ((7, 5), torch.float16, "float16 autocast on cuda:0 (with loss scaling: compute capability 7.5 only emulates "
+                            "bfloat16, without tensor-core speed)"),
+])
+def test_auto_on_a_gpu_chooses_bfloat16_only_where_it_is_native(two_gpus, monkeypatch, capsys, capability, dtype, said):
+    # torch.cuda.is_bf16_supported() says yes on a T4 (7.5), where bfloat16 is emulated and slow.
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    amp, module = AMP("auto"), Regressor()
+    trainer = Trainer(strategy=SingleDevice("cuda:0"), callbacks=[amp], logger=False, enable_progress_bar=False)
+    with warnings.catch_warnings():  # a GradScaler on a machine without CUDA disables itself, saying so
+        warnings.simplefilter("ignore")
+        amp.setup(trainer, module, "fit")
+    assert amp.dtype == dtype and (amp.scaler is not None) == (dtype == torch.float16)
+    assert f"AMP('auto'): {said}." in capsys.readouterr().err
+
+
+class RecordsEvaluationDtypes(Regressor):
+    """Records the dtype its first layer computes in, per stage."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.evaluation_dtypes: dict[str, set[torch.dtype]] = {}
+
+    def _record(self, stage, batch):
+        self.evaluation_dtypes.setdefault(stage, set()).add(self.net[0](batch[0]).dtype)
+        return self.net(batch[0])
+
+    def validation_step(self, batch, batch_idx):
+        self._record("validate", batch)
+
+    def test_step(self, batch, batch_idx):
+        self._record("test", batch)
+
+    def predict_step(self, batch, batch_idx):
+        return self._record("predict", batch)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_validation_test_and_predict_steps_compute_under_autocast_too(make_trainer, regression_loader, precision):
+    module = RecordsEvaluationDtypes()
+    with warnings.catch_warnings():  # "16-mixed" on the CPU: bfloat16, with a warning
+        warnings.simplefilter("ignore")
+        trainer = make_trainer(max_steps=2, precision=precision, limit_val_batches=2)
+        trainer.fit(module, regression_loader, regression_loader)  # the sanity check and validation
+        trainer.test(module, regression_loader, verbose=False)
+        predictions = trainer.predict(module, regression_loader)
+    assert module.evaluation_dtypes == {"validate": {torch.bfloat16}, "test": {torch.bfloat16},
+                                        "predict": {torch.bfloat16}}
+    assert {prediction.dtype for prediction in predictions} == {torch.bfloat16}
+    assert module.compute_dtypes == {torch.bfloat16}
 
 
 @pytest.mark.parametrize(("precision", "dtype"), [
@@ -304,6 +354,17 @@ def test_a_strategy_that_takes_mixed_precision_over_gets_no_amp_callback(make_tr
     trainer = make_trainer(strategy=strategy, precision="bf16-mixed")
     assert strategy.asked == torch.bfloat16
     assert not any(isinstance(c, AMP) for c in trainer.callbacks)
+
+
+@pytest.mark.parametrize("make_strategy", [lambda: SingleDevice("cpu"), lambda: DDP(devices=2, backend="gloo")],
+                         ids=["single_device", "ddp"])
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16-mixed", torch.bfloat16), ("16-mixed", torch.float16)])
+def test_a_strategy_without_mixed_precision_of_its_own_leaves_it_to_an_amp_callback(make_trainer, make_strategy,
+                                                                                     precision, dtype):
+    # Strategy.mixed_precision's default decision (False), which every strategy but FSDP keeps.
+    assert make_strategy().mixed_precision(dtype) is False
+    trainer = make_trainer(strategy=make_strategy(), precision=precision)
+    assert [type(c) for c in trainer.callbacks if isinstance(c, AMP)] == [AMP]
 
 
 @pytest.mark.parametrize("precision", ["bf16-true", "64-true", "mixed", 8, True])

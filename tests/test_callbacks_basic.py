@@ -7,18 +7,19 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from callbacks import (
     Callback, CSVLogger, EarlyStopping, ModelCheckpoint, ModelSummary, PerformanceReport, ProgressBar, TensorBoardLogger,
 )
-from trainer import Trainer, TrainingModule
+from linear_regression import LinearRegression
+from trainer import Trainer
 
 
-class Model(TrainingModule):
+class Model(LinearRegression):
+    """Logs its training and validation loss to the progress bar."""
+
     def __init__(self):
-        super().__init__()
-        self.layer = nn.Linear(4, 2)
+        super().__init__(lr=0.05)
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -29,9 +30,6 @@ class Model(TrainingModule):
     def validation_step(self, batch, batch_idx):
         x, y = batch
         self.log("val/loss", F.mse_loss(self.layer(x), y), prog_bar=True)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
 def test_a_plain_callback_changes_nothing(make_trainer, regression_loader):

@@ -71,7 +71,7 @@ def test_a_checkpoint_holds_the_whole_training_state_as_plain_data(checkpoint):
     assert state["optimizer_states"][0]["state"][0]["step"] == 8
     assert state["lr_schedulers"][0]["last_epoch"] == 1  # stepped once per epoch
     (rank_zero,) = state["rng"]  # one entry per process
-    assert set(rank_zero["now"]) == {"python", "numpy", "torch", "cuda", "generators"}
+    assert set(rank_zero["now"]) == {"python", "numpy", "torch", "cuda", "mps", "generators"}  # mps: None without one
     assert rank_zero["epoch_start"] is not None  # the RNG the epoch's shuffle was drawn from
     assert ("ModelCheckpoint{'monitor': None, 'mode': 'min', 'every_n_train_steps': 0, 'every_n_epochs': 1, "
             "'train_time_interval': None}") in state["callbacks"]  # Lightning's key
@@ -98,6 +98,22 @@ def test_a_truncated_or_corrupted_checkpoint_fails_naming_the_file(checkpoint, m
     checkpoint.write_bytes({"truncated": data[: len(data) // 2], "garbage": os.urandom(300), "empty": b""}[damage])
     with pytest.raises(ValueError, match=rf"Checkpoint {checkpoint} is truncated or corrupted .* Use an earlier checkpoint"):
         make_trainer(max_epochs=2).fit(Regressor(), regression_loader, ckpt_path=checkpoint)
+
+
+def test_a_file_the_safe_loader_refuses_is_never_answered_with_advice_to_load_it_unsafely(make_trainer, regression_loader,
+                                                                                           tmp_path):
+    path = tmp_path / "notes.ckpt"
+    path.write_bytes(b"not a checkpoint, only some text\n" * 4)
+    for load in (lambda: make_trainer(max_epochs=1).fit(Regressor(), regression_loader, ckpt_path=path),
+                 lambda: Regressor.load_from_checkpoint(path)):
+        with pytest.raises(ValueError, match=rf"{path} is truncated or corrupted \(Unsupported operand 110\)") as caught:
+            load()
+        assert "weights_only" not in str(caught.value)  # torch's own message suggests weights_only=False
+
+
+def test_load_from_checkpoint_of_a_missing_file_says_so_without_fit_s_advice(tmp_path):
+    with pytest.raises(FileNotFoundError, match=rf"^Checkpoint {tmp_path / 'nope.ckpt'} does not exist. Check the path.$"):
+        Regressor.load_from_checkpoint(tmp_path / "nope.ckpt")  # not ckpt_path="last": no such argument here
 
 
 def test_a_missing_checkpoint_fails_before_anything_starts(make_trainer, regression_loader, tmp_path):
@@ -197,6 +213,34 @@ def test_a_checkpoint_file_follows_the_umask_like_any_file_the_user_writes(make_
 class UnsafeState(Callback):
     def state_dict(self):
         return {"scale": np.float64(2.0)}
+
+
+def test_a_snapshot_taken_to_the_host_is_what_is_written_however_training_goes_on(tmp_path):
+    from strategies.checkpoint import snapshot, write_file  # the two halves of a save (asynchronous saves)
+
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    def train_step():
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        optimizer.step()
+
+    train_step()
+    state = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()],
+             "tied": {"a": model.weight, "b": model.weight}}
+    weight, exp_avg = model.weight.detach().clone(), optimizer.state[model.weight]["exp_avg"].clone()
+    taken = snapshot(state, to_host=True)
+    for _ in range(3):  # training changes the tensors in place before (or while) the snapshot is written
+        train_step()
+    write_file(taken, tmp_path / "snapshot.ckpt")
+
+    written = torch.load(tmp_path / "snapshot.ckpt", weights_only=True)
+    assert torch.equal(written["state_dict"]["weight"], weight) and not torch.equal(model.weight, weight)
+    assert torch.equal(written["optimizer_states"][0]["state"][0]["exp_avg"], exp_avg)
+    assert written["optimizer_states"][0]["state"][0]["step"] == 1
+    assert written["tied"]["a"].data_ptr() == written["tied"]["b"].data_ptr()  # one tensor, stored once
+    with pytest.raises(TypeError, match=r"checkpoint\['lr'\] is a numpy.float64"):
+        snapshot({"lr": np.float64(0.1)}, to_host=True)
 
 
 def test_state_that_would_not_load_safely_is_refused_before_writing(make_trainer, regression_loader, tmp_path):

@@ -13,8 +13,8 @@ import torch
 import yaml
 
 from trainer.cli import main
-from trainer.config import load_run
-from trainer.config_files import read_config
+from trainer.cli.config import load_run
+from trainer.cli.config_files import read_config
 
 PARTS = '''
 import torch
@@ -240,6 +240,10 @@ def test_test_validate_and_predict_load_the_best_or_last_checkpoint_of_the_model
     assert len(predictions) == 4 and torch.allclose(predictions[0], tiny.layer(next(iter(data.predict_dataloader()))[0]))
     assert yaml.safe_load((tmp_path / "cadence_logs" / "version_4" / "config.yaml").read_text())["ckpt_path"] == str(best)
     assert [call for call in parts.calls if call.startswith("setup")][-2:] == ["setup validate", "setup predict"]
+    last = checkpoints / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:100])  # damaged: best is recorded in it
+    with pytest.raises(SystemExit, match=rf"cadence test: ckpt_path: best: Checkpoint {last} is truncated or corrupted"):
+        main(["test", "--config", str(path), "--ckpt_path", "best"])
 
 
 @pytest.mark.parametrize(

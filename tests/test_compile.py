@@ -8,13 +8,16 @@ they are. One test uses the default inductor backend, on a tiny model (compiling
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from callbacks import Compile, ModelCheckpoint
+from callbacks import Compile, ModelCheckpoint, PerformanceReport
+from linear_regression import LinearRegression
+from strategies import Strategy
 from trainer import Trainer, TrainingModule
 
 
@@ -163,21 +166,13 @@ def test_the_first_compiled_step_time_is_reported_once(make_trainer, regression_
     assert len(reports) == 1 and "compiling the model's forward (forward and backward)" in reports[0]
 
 
-class NoForward(TrainingModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Linear(4, 2)
-
-    def training_step(self, batch, batch_idx):
-        return F.mse_loss(self.net(batch[0]), batch[1])
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+class NoForward(LinearRegression):
+    """Trains its ``layer`` directly in training_step and defines no forward."""
 
 
 def test_compiling_a_module_without_forward_is_an_error_naming_its_submodules(make_trainer, regression_loader):
     with pytest.raises(ValueError, match=r"Compile\(\) compiles NoForward.forward, which it does not define.*"
-                                         r"Compile\(modules=\[...\]\).*children are: net \(Linear\)"):
+                                         r"Compile\(modules=\[...\]\).*children are: layer \(Linear\)"):
         make_trainer(max_steps=1, callbacks=[Compile()]).fit(NoForward(), regression_loader)
 
 
@@ -210,3 +205,70 @@ def test_a_deep_copy_of_a_compiled_model_runs_its_own_weights(make_trainer, regr
     make_trainer(max_steps=2, callbacks=[compile_]).fit(module, regression_loader)
     assert compile_.failed is None
     assert torch.equal(module.copy_output, torch.zeros(1, 2))  # the copy's (zeroed) weights, not the original's
+
+
+# --- CUDA-graph modes ----------------------------------------------------------------------------
+class ReplaysAGraph:
+    """Stands in for compiled code that replays a CUDA graph (this machine has no GPU): each call
+    writes its result into the same output buffer, as a replay does, and notes the autograd mode it
+    ran in and whether its input was an inference tensor."""
+
+    def __init__(self) -> None:
+        self.output = torch.zeros(2)
+        self.calls: list[tuple[bool, bool, bool]] = []
+
+    def __call__(self, module, x):
+        self.calls.append((torch.is_inference_mode_enabled(), torch.is_grad_enabled(), x.is_inference()))
+        self.output.copy_(x.sum(0))
+        return {"sum": self.output}
+
+
+def test_an_evaluation_forward_replaying_cuda_graphs_runs_outside_inference_mode_and_keeps_its_outputs():
+    from callbacks.compile import evaluate_replaying
+
+    replay, kept = ReplaysAGraph(), []
+    with torch.inference_mode():  # the evaluation loop's context; its batches are inference tensors
+        for value in (1.0, 2.0, 3.0):
+            kept.append(evaluate_replaying(replay, None, (torch.full((2, 2), value),), {}))
+    assert replay.calls == [(False, False, False)] * 3  # no_grad, outside inference mode (pytorch#135892)
+    assert [outputs["sum"].tolist() for outputs in kept] == [[2.0, 2.0], [4.0, 4.0], [6.0, 6.0]]  # predict keeps all
+
+
+class TwoGpuProcesses(Strategy):
+    """A strategy that trains on cuda:0 with two processes, as far as callbacks ask (no GPU here)."""
+
+    device = torch.device("cuda", 0)
+    world_size = 2
+
+
+@pytest.mark.parametrize(("arguments", "refused"), [
+    ({"mode": "reduce-overhead"}, "mode='reduce-overhead'"),
+    ({"mode": "max-autotune"}, "mode='max-autotune'"),
+    ({"triton.cudagraphs": True}, "options triton.cudagraphs=True"),
+])
+def test_cuda_graph_modes_are_refused_under_several_processes_and_kept_off_the_cpu(arguments, refused):
+    module = Stack()
+    several = Trainer(strategy=TwoGpuProcesses(), logger=False, enable_progress_bar=False)
+    with pytest.raises(ValueError, match=rf"Compile\({re.escape(refused)}\) records CUDA graphs, which fail under DDP "
+                                         r"and FSDP \(2 processes here\).*pytorch/pytorch#140395.*"
+                                         r"Compile\(mode='max-autotune-no-cudagraphs'\)"):
+        Compile(**arguments).setup(several, module, "fit")
+    Compile(mode="max-autotune-no-cudagraphs").setup(several, module, "fit")
+    on_the_cpu = Compile(**arguments)
+    on_the_cpu.setup(Trainer(strategy="cpu", logger=False, enable_progress_bar=False), module, "fit")
+    assert not on_the_cpu.replays_cuda_graphs  # inductor records no graphs for the CPU
+
+
+class Validates(Stack):
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", F.mse_loss(self(batch[0]), batch[1]))
+
+
+def test_the_compile_time_of_training_and_of_validation_is_kept_apart_for_the_report(make_trainer, regression_loader):
+    report = PerformanceReport()
+    make_trainer(max_epochs=1, callbacks=[Compile(backend="eager"), report], limit_val_batches=2).fit(
+        Validates(), regression_loader, regression_loader)
+    facts = report.facts
+    assert facts.compiled and facts.compile_validation > 0 and facts.compile_training > 0
+    assert facts.compile_validation < facts.validation  # the sanity check and validation compiled the eval graph
+    assert f"one-time compiling (torch.compile): {facts.compile_training:.2f} s in training" in report.text

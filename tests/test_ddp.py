@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from callbacks import CSVLogger, ModelCheckpoint, Profiler
+from linear_regression import IndexedRegression, LinearRegression
 from strategies import DDP
 from processes import free_port, run_together, torchrun
 from trainer import DataModule, Trainer, TrainingModule
@@ -39,21 +40,6 @@ BATCH_SIZE = 4  # per rank and micro-batch
 ACCUMULATE = 2
 EPOCHS = 2
 STEPS = EPOCHS * SAMPLES // (WORLD_SIZE * BATCH_SIZE * ACCUMULATE)  # optimizer steps: 8
-
-
-class IndexedRegression(Dataset):
-    """``(index, x, y)`` with ``y = x @ w``: the index tells which samples a rank trained on."""
-
-    def __init__(self, count: int = SAMPLES) -> None:
-        generator = torch.Generator().manual_seed(1234)
-        self.x = torch.randn(count, 4, generator=generator)
-        self.y = self.x @ torch.randn(4, 2, generator=generator)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, index: int):
-        return index, self.x[index], self.y[index]
 
 
 def make_optimizer(parameters):
@@ -296,7 +282,7 @@ def assert_same(ours, theirs, where: str) -> None:
 
 
 # --- faults --------------------------------------------------------------------------------------
-class Misbehaves(TrainingModule):
+class Misbehaves(LinearRegression):
     """At training batch 2, rank 1 raises, aborts, calls sys.exit, stalls or logs a key rank 0 does
     not; or every rank calls sys.exit; or rank 0 sends SIGTERM to the launching process (a scheduler
     preempting the job); or rank 1 aborts while its process exits after the run."""
@@ -304,7 +290,6 @@ class Misbehaves(TrainingModule):
     def __init__(self, what: str, out_dir: str) -> None:
         super().__init__()
         self.what, self.out_dir = what, out_dir
-        self.layer = nn.Linear(4, 2)
 
     def setup(self, stage):
         Path(self.out_dir, f"pid{self.trainer.global_rank}").write_text(str(os.getpid()))
@@ -331,9 +316,6 @@ class Misbehaves(TrainingModule):
         if self.what == "exit_everywhere" and batch_idx == 2:
             sys.exit(0)
         return F.mse_loss(self.layer(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 def fit_misbehaving(what: str, out_dir: Path, **ddp_options) -> Trainer:

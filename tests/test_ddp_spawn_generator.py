@@ -13,36 +13,22 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
+from linear_regression import IndexedRegression, LinearRegression
 from strategies import DDP
-from trainer import Trainer, TrainingModule
+from trainer import Trainer
 
 SAMPLES, BATCH_SIZE, WORLD_SIZE, EPOCHS, SEED = 32, 4, 2, 2, 7
 
 
-class Indexed(Dataset):
-    def __init__(self) -> None:
-        generator = torch.Generator().manual_seed(0)
-        self.x = torch.randn(SAMPLES, 4, generator=generator)
-        self.y = self.x @ torch.randn(4, 2, generator=generator)
-
-    def __len__(self) -> int:
-        return SAMPLES
-
-    def __getitem__(self, index: int):
-        return index, self.x[index], self.y[index]
-
-
-class RecordsOrder(TrainingModule):
+class RecordsOrder(LinearRegression):
     """Linear regression; each rank writes the sample indices it trained on, per epoch."""
 
     def __init__(self, out_dir: str) -> None:
         super().__init__()
         self.out_dir = out_dir
-        self.layer = nn.Linear(4, 2)
         self.seen: dict[int, list[int]] = {}
 
     def training_step(self, batch, batch_idx):
@@ -50,16 +36,13 @@ class RecordsOrder(TrainingModule):
         self.seen.setdefault(self.current_epoch, []).extend(index.tolist())
         return F.mse_loss(self.layer(x), y)
 
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
     def on_fit_end(self):
         Path(self.out_dir, f"rank{self.trainer.global_rank}.json").write_text(json.dumps(self.seen))
 
 
 def test_a_loader_with_a_seeded_generator_trains_under_spawn_in_the_order_its_seed_gives(tmp_path):
     generator = torch.Generator().manual_seed(SEED)
-    loader = DataLoader(Indexed(), batch_size=BATCH_SIZE, shuffle=True, generator=generator)
+    loader = DataLoader(IndexedRegression(SAMPLES, seed=0), batch_size=BATCH_SIZE, shuffle=True, generator=generator)
     model = RecordsOrder(str(tmp_path))
     before = model.layer.weight.detach().clone()
     trainer = Trainer(strategy=DDP(devices=WORLD_SIZE), max_epochs=EPOCHS, default_root_dir=tmp_path,
@@ -68,13 +51,13 @@ def test_a_loader_with_a_seeded_generator_trains_under_spawn_in_the_order_its_se
 
     assert trainer.global_step == EPOCHS * SAMPLES // (WORLD_SIZE * BATCH_SIZE)
     assert not torch.equal(model.layer.weight, before)
-    # As the README says, rank zero draws the shuffle seed from the loader's generator; the
+    # As docs/distributed.md says, rank zero draws the shuffle seed from the loader's generator; the
     # workers drew it from a copy, so the caller's generator is where it was.
     assert torch.equal(generator.get_state(), torch.Generator().manual_seed(SEED).get_state())
     shuffle_seed = int(torch.randint(0, 2**31 - 1, (), generator=torch.Generator().manual_seed(SEED)))
     for rank in range(WORLD_SIZE):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        sampler = DistributedSampler(Indexed(), num_replicas=WORLD_SIZE, rank=rank, shuffle=True, seed=shuffle_seed)
+        sampler = DistributedSampler(IndexedRegression(SAMPLES, seed=0), num_replicas=WORLD_SIZE, rank=rank, shuffle=True, seed=shuffle_seed)
         for epoch in range(EPOCHS):
             sampler.set_epoch(epoch)
             assert seen[str(epoch)] == list(sampler)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback, ModelCheckpoint
+from linear_regression import LinearRegression
 from trainer import TrainingModule
 
 
@@ -20,10 +20,9 @@ def loader(offset: float, count: int = 8, batch_size: int = 4) -> DataLoader:
     return DataLoader(TensorDataset(x, x[:, :2] + offset), batch_size=batch_size)
 
 
-class Regressor(TrainingModule):
+class Regressor(LinearRegression):
     def __init__(self):
-        super().__init__()
-        self.layer = nn.Linear(4, 2)
+        super().__init__(lr=0.05)
         self.seen: list[tuple[int, int]] = []  # (dataloader_idx, batch_idx) of each evaluation batch
 
     def training_step(self, batch, batch_idx):
@@ -46,9 +45,6 @@ class Regressor(TrainingModule):
 
     def predict_step(self, batch, batch_idx, dataloader_idx=0):
         return dataloader_idx, batch_idx
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
 def expected_loss(module: TrainingModule, data: DataLoader) -> float:

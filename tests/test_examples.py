@@ -1,8 +1,9 @@
-"""Every example runs, briefly, with the command the README gives for it, so none can rot.
+"""Every example runs, briefly, with the command the README and docs/ give for it, so none can rot.
 
-Each command below appears verbatim in README.md; a test runs it with a few arguments appended
-that make it short (a few steps, a temporary log directory) or, for torchrun, with the machine
-names of the loopback.
+Each command below appears verbatim in README.md or a page of docs/ (tests/test_docs.py checks
+that, and that the docs give no other command but those marked as needing hardware); a test runs
+it with a few arguments appended that make it short (a few steps, a temporary log directory) or,
+for torchrun, with the machine names of the loopback.
 """
 
 from __future__ import annotations
@@ -60,16 +61,6 @@ def cadence(command: str, *extra: str) -> int:
 
 def state_dict(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, weights_only=True)["state_dict"]
-
-
-def test_the_readme_gives_exactly_the_example_commands_these_tests_run():
-    for command in COMMANDS:
-        assert command in README, command
-    # and no other command that runs an example
-    in_code = {line.strip().rstrip("\\").strip() for block in re.findall(r"```bash\n(.*?)```", README, re.S)
-               for line in block.replace("\\\n", " ").splitlines()}
-    examples = {line.split("  #")[0].strip() for line in in_code if "examples/" in line and "pip install" not in line}
-    assert examples <= set(COMMANDS) | {f"python -m pip install -e . && {DIGITS_SCRIPT}"}, examples - set(COMMANDS)
 
 
 def test_the_digits_data_is_the_uci_test_set(in_tmp):

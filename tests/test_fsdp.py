@@ -31,7 +31,8 @@ from trainer import Trainer
 from trainer.cli import main as cadence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_fsdp import BATCH_SIZE, CLIP, Blocks, Indexed, make_optimizer  # noqa: E402
+from linear_regression import IndexedRegression  # noqa: E402
+from run_fsdp import BATCH_SIZE, CLIP, Blocks, make_optimizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("plain", "accumulate_clip", "resume", "resume_file", "hsdp", "meta", "bf16")
@@ -83,7 +84,7 @@ def replay(record: dict, accumulate: int = 1, clip: float | None = None) -> tupl
 
 
 def _replay(record: dict, accumulate: int, clip: float | None) -> tuple[Blocks, list[float]]:
-    data = Indexed()
+    data = IndexedRegression()
     model = Blocks()
     model.load_state_dict(record["initial"])
     configured = make_optimizer(model.parameters())
@@ -144,7 +145,7 @@ def test_each_rank_holds_half_the_parameter_gradient_and_optimizer_bytes_of_ddp(
 def test_the_sharded_model_validates_and_tests_after_fit_with_sync_dist_metrics(launched, records):
     model = Blocks()
     model.load_state_dict(records["plain"]["final"])
-    data = Indexed()
+    data = IndexedRegression()
     with torch.no_grad():
         expected = F.mse_loss(model(data.x), data.y).item()  # equal batches: the mean of batch means
     for stage, metric in (("validate", "val"), ("test", "test")):
@@ -193,7 +194,7 @@ def test_a_weights_only_sharded_checkpoint_loads_its_weights_and_holds_no_traini
 
 
 def test_the_command_lines_last_and_best_find_sharded_checkpoint_directories(launched):
-    from trainer.runs import checkpoint_for
+    from trainer.cli.runs import checkpoint_for
 
     steps = launched.out / "steps"
     same_as_the_run = ModelCheckpoint(dirpath=steps, every_n_train_steps=3, every_n_epochs=None, save_top_k=1,
@@ -211,7 +212,7 @@ def test_a_sharded_checkpoint_resumes_mid_epoch_to_the_same_weights(records):
 def test_validate_with_a_sharded_checkpoint_loads_its_weights_into_the_sharded_model(records, launched):
     model = Blocks()
     model.load_state_dict(records["accumulate_clip"]["at_step"][6]["weights"])
-    data = Indexed()
+    data = IndexedRegression()
     with torch.no_grad():
         expected = F.mse_loss(model(data.x), data.y).item()
     assert launched.evaluated["validate_step6"][0]["val/loss"] == pytest.approx(expected, abs=1e-6)
@@ -232,7 +233,7 @@ def test_a_run_killed_with_sigkill_resumes_exactly_on_two_spawned_processes(reco
                       callbacks=[ModelCheckpoint(dirpath=killed / "epochs", save_top_k=-1, monitor=None),
                                  ModelCheckpoint(dirpath=killed / "steps", every_n_train_steps=3, every_n_epochs=None,
                                                  save_top_k=1, monitor=None, mode="max")])
-    trainer.fit(model, DataLoader(Indexed(), batch_size=BATCH_SIZE, shuffle=True), DataLoader(Indexed(), batch_size=8),
+    trainer.fit(model, DataLoader(IndexedRegression(), batch_size=BATCH_SIZE, shuffle=True), DataLoader(IndexedRegression(), batch_size=8),
                 ckpt_path="last")
     assert trainer.global_step == 8
     # gloo reduces in a fixed order on one machine: the same sums, so the same bits.
@@ -246,7 +247,7 @@ def test_a_two_rank_checkpoint_resumes_in_one_process_and_says_so(records, launc
                       enable_checkpointing=False, accumulate_grad_batches=2)
     with pytest.warns(UserWarning, match=rf"Checkpoint {checkpoint} was written by 2 processes and resumes on 1: the "
                                          r"weights and optimizer states load whole, but random draws"):
-        trainer.fit(model, DataLoader(Indexed(), batch_size=BATCH_SIZE), ckpt_path=checkpoint)
+        trainer.fit(model, DataLoader(IndexedRegression(), batch_size=BATCH_SIZE), ckpt_path=checkpoint)
     saved = records["accumulate_clip"]["at_step"][4]
     assert trainer.global_step == 4 and trainer.current_epoch == 1  # epoch 0 was done: nothing left to train
     assert_weights_close(model.state_dict(), saved["weights"], atol=0)
@@ -270,7 +271,7 @@ def test_convert_checkpoint_writes_one_plain_file_that_loads_into_the_module(rec
         with pytest.warns(UserWarning, match="was written by 2 processes and resumes on 1"):
             Trainer(strategy="cpu", max_epochs=2, default_root_dir=tmp_path, enable_progress_bar=False, logger=False,
                     enable_checkpointing=False, accumulate_grad_batches=2, seed=1).fit(
-                module, DataLoader(Indexed(), batch_size=BATCH_SIZE, shuffle=True), ckpt_path=ckpt_path)
+                module, DataLoader(IndexedRegression(), batch_size=BATCH_SIZE, shuffle=True), ckpt_path=ckpt_path)
         return module.state_dict()
 
     assert_weights_close(resumed(converted), resumed(checkpoint), atol=0)  # the file holds the whole state
@@ -282,7 +283,7 @@ def test_a_checkpoint_whose_swap_was_interrupted_is_found_by_last(launched, tmp_
     trainer = Trainer(strategy="cpu", max_epochs=1, default_root_dir=tmp_path, enable_progress_bar=False, logger=False,
                       callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=False, save_top_k=0)])
     with pytest.warns(UserWarning, match="resumes on 1"):
-        trainer.fit(Blocks(), DataLoader(Indexed(), batch_size=BATCH_SIZE), ckpt_path="last")
+        trainer.fit(Blocks(), DataLoader(IndexedRegression(), batch_size=BATCH_SIZE), ckpt_path="last")
     assert trainer.global_step == 8 and (tmp_path / "last.ckpt").is_dir()  # where the copied last.ckpt ended
 
 
@@ -296,7 +297,7 @@ def damaged(launched, tmp_path):
 
 def fit_from(path: Path, strategy, tmp_path: Path) -> None:
     Trainer(strategy=strategy, max_epochs=2, default_root_dir=tmp_path, enable_progress_bar=False, logger=False,
-            enable_checkpointing=False).fit(Blocks(), DataLoader(Indexed(), batch_size=BATCH_SIZE), ckpt_path=path)
+            enable_checkpointing=False).fit(Blocks(), DataLoader(IndexedRegression(), batch_size=BATCH_SIZE), ckpt_path=path)
 
 
 def test_a_truncated_shard_is_refused_naming_it_before_any_process_starts(damaged, tmp_path):
@@ -342,7 +343,7 @@ def test_a_sharded_checkpoint_of_another_model_names_the_keys_that_differ(damage
     with pytest.raises(ValueError, match=r"does not fit Wider: shapes differ for \[scale: checkpoint \(2,\), model \(3,\), "
                                          r"head.weight: checkpoint \(2, 32\), model \(3, 32\)"):
         Trainer(strategy="cpu", max_epochs=2, default_root_dir=tmp_path, enable_progress_bar=False, logger=False,
-                enable_checkpointing=False).fit(Wider(), DataLoader(Indexed(), batch_size=BATCH_SIZE), ckpt_path=damaged)
+                enable_checkpointing=False).fit(Wider(), DataLoader(IndexedRegression(), batch_size=BATCH_SIZE), ckpt_path=damaged)
 
 
 # --- options -----------------------------------------------------------------------------------
@@ -365,6 +366,16 @@ def test_strategy_fsdp_with_devices_is_an_fsdp_strategy():
 def test_a_bad_option_fails_when_the_trainer_is_built(options, message):
     with pytest.raises(ValueError, match=message):
         Trainer(strategy=FSDP(**{"devices": 2, **options}))
+
+
+def test_cpu_offload_gives_the_process_group_gloo_for_the_cpu_gradient_shards_beside_nccl():
+    # Clipping's norm over offloaded (CPU) gradient shards is an all-reduce NCCL refuses.
+    backend = FSDP(devices=2, backend="nccl", cpu_offload=True).process_group_backend()
+    assert backend == "cuda:nccl,cpu:gloo"
+    config = torch.distributed.distributed_c10d.BackendConfig(torch.distributed.Backend(backend))
+    assert config.get_device_backend_map() == {"cuda": "nccl", "cpu": "gloo"}  # as init_process_group reads it
+    assert FSDP(devices=2, backend="nccl").process_group_backend() == "nccl"
+    assert FSDP(devices=2, backend="gloo").process_group_backend() == "gloo"
 
 
 def test_precision_maps_onto_the_mixed_precision_policy_and_float16_is_refused():
@@ -397,7 +408,7 @@ def test_an_unpicklable_model_is_named_with_fsdp_in_the_message_before_any_proce
     trainer = Trainer(strategy=FSDP(devices=2), max_epochs=1, default_root_dir=tmp_path, logger=False)
     with pytest.raises(ValueError, match=r"^FSDP starts 2 new processes and must pickle the work for them, but "
                                          r"`module.transform` cannot be pickled"):
-        trainer.fit(model, DataLoader(Indexed(), batch_size=BATCH_SIZE))
+        trainer.fit(model, DataLoader(IndexedRegression(), batch_size=BATCH_SIZE))
 
 
 def test_a_meta_device_layer_without_reset_parameters_is_named():

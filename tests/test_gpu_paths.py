@@ -33,12 +33,13 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from strategies import DDP, MPS, SingleDevice, forensics
+from callbacks import PerformanceReport
+from strategies import DDP, MPS, SingleDevice, Strategy, forensics
 from strategies.pickling import PickledWork
 from strategies.prefetch import prefetch_to_device
 from strategies.process_group import end_process_group, local_cuda_index
 from strategies.spawn import failure_message
-from strategies.transfer import move_to_device
+from strategies.transfer import move_to_device, optimizer_states_to
 from trainer import Trainer, TrainingModule
 
 META = torch.device("meta")
@@ -221,6 +222,44 @@ def test_an_mps_strategy_moves_each_batch_when_the_loop_asks_for_it():
     assert recorded.copies == [("mps", False)] * 3
 
 
+class RecordedPins(TorchFunctionMode):
+    """Records the tensors pinned with ``Tensor.pin_memory`` and returns them as they are (pinning
+    needs a CUDA driver, which this machine lacks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pinned: list[torch.Tensor] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.pin_memory:
+            self.pinned.append(args[0])
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
+class YieldsGpuAndCpuTensors(Dataset):
+    """A dataset that puts part of each sample on the GPU itself (a cached embedding table, say)."""
+
+    def __init__(self) -> None:
+        self.on_gpu = [GpuTensor() for _ in range(2)]
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, index):
+        return {"features": self.on_gpu[index], "labels": torch.full((2,), float(index))}
+
+
+def test_a_dataset_yielding_gpu_tensors_trains_on_cuda_with_only_its_cpu_tensors_pinned(two_gpus):
+    dataset = YieldsGpuAndCpuTensors()
+    loader = SingleDevice("cuda").setup_dataloader(DataLoader(dataset, batch_size=None), shuffle=False)
+    with RecordedPins() as recorded:  # pin_memory=True would raise "cannot pin 'torch.cuda.FloatTensor'"
+        batches = list(loader)
+    assert [id(batch["features"]) for batch in batches] == [id(t) for t in dataset.on_gpu]  # as they were
+    assert [pinned.tolist() for pinned in recorded.pinned] == [[0.0, 0.0], [1.0, 1.0]]  # the labels, once each
+    assert [id(batch["labels"]) for batch in batches] == [id(t) for t in recorded.pinned]
+
+
 # --- the prefetcher --------------------------------------------------------------------------------
 class RecordingCopyStream:
     """Stands in for ``CudaCopyStream``: records the CUDA calls, in order, in ``log``."""
@@ -302,9 +341,12 @@ def test_the_prefetcher_reads_no_batch_past_the_limit_and_one_ahead_when_the_loo
     assert dataset.reads == 3  # batch 2 was read (and copied) while step 1 ran
 
 
-def test_prefetch_is_an_option_of_the_cuda_strategies_and_an_error_elsewhere(two_gpus, plain_process):
-    assert SingleDevice("cuda", prefetch=False).prefetch is False
-    Trainer(strategy=SingleDevice("cuda", prefetch=True), logger=False)
+def test_prefetch_is_an_option_of_the_cuda_strategies_and_an_error_elsewhere(two_gpus, plain_process, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: object())  # the side stream, which this machine lacks
+    chosen = Trainer(strategy=SingleDevice("cuda", prefetch=True), logger=False).strategy
+    assert chosen.batches_on_device(iter([])).__name__ == "prefetch_to_device"
+    assert SingleDevice("cuda").batches_on_device(iter([])).__name__ == "prefetch_to_device"  # on by default
+    assert SingleDevice("cuda", prefetch=False).batches_on_device(iter([])).__name__ == "<genexpr>"  # moved one by one
     with pytest.raises(ValueError, match=r"SingleDevice\(prefetch=True\) copies the next batch to the GPU on a CUDA "
                                          r"side stream, but this strategy trains on cpu"):
         Trainer(strategy=SingleDevice("cpu", prefetch=True))
@@ -312,6 +354,57 @@ def test_prefetch_is_an_option_of_the_cuda_strategies_and_an_error_elsewhere(two
         Trainer(strategy=DDP(devices=2, backend="gloo", prefetch=True))
     with pytest.raises(ValueError, match=r"SingleDevice\(prefetch='yes'\): use True, False or None"):
         Trainer(strategy=SingleDevice("cuda", prefetch="yes"))
+
+
+# --- GPU memory after a stage -----------------------------------------------------------------------
+class RecordsMoves(nn.Module):
+    """Records where ``.to()`` sends it; a move to a device this machine lacks changes nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(2, 2)
+        self.moves: list[str] = []
+
+    def to(self, device, *args, **kwargs):
+        self.moves.append(torch.device(device).type)
+        return self if torch.device(device).type in ("cuda", "mps") else super().to(device, *args, **kwargs)
+
+
+@pytest.mark.parametrize("strategy", [SingleDevice("cuda:0"), MPS()])
+def test_at_teardown_a_gpu_strategy_moves_the_module_it_placed_back_and_empties_the_cache(strategy, monkeypatch):
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append("cuda"))
+    monkeypatch.setattr(torch.mps, "empty_cache", lambda: emptied.append("mps"))
+    module = RecordsMoves()
+    strategy.setup_module(module)
+    strategy.teardown()
+    strategy.teardown()  # a second teardown (another stage's error path) moves nothing again
+    assert module.moves == [strategy.device.type, "cpu"] and emptied == [strategy.device.type]
+    cpu, on_cpu = RecordsMoves(), SingleDevice("cpu")
+    on_cpu.setup_module(cpu)
+    on_cpu.teardown()
+    assert cpu.moves == ["cpu"]  # placed, and left there
+
+
+def test_optimizer_states_move_with_every_tensor_inside_them():
+    layer = nn.Linear(2, 2)
+    optimizer = torch.optim.Adam(layer.parameters())
+    layer(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    optimizer_states_to([optimizer], META)  # stands in for the GPU
+    states = [value for state in optimizer.state.values() for value in state.values()]
+    assert len(states) == 6 and {value.device for value in states} == {META}
+
+
+def test_the_performance_reports_gpu_peak_is_the_fits(monkeypatch):
+    class OnCuda(Strategy):
+        device = torch.device("cuda", 0)
+
+    resets = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: resets.append(device))
+    trainer = Trainer(strategy=OnCuda(), logger=False, enable_progress_bar=False)
+    PerformanceReport().setup(trainer, LogsOnTwoDevices(), "fit")
+    assert resets == [torch.device("cuda", 0)]
 
 
 # --- metrics logged on two devices -----------------------------------------------------------------
@@ -381,7 +474,8 @@ def test_fork_with_cuda_is_refused_before_any_process_starts(two_gpus, plain_pro
     with pytest.raises(ValueError, match=r'DDP\(start_method="fork"\) cannot train on GPUs.*Cannot re-initialize '
                                          r'CUDA in forked subprocess.*start_method="spawn"'):
         Trainer(strategy=DDP(devices=2, start_method="fork"))
-    Trainer(strategy=DDP(devices=2, start_method="fork", backend="gloo"), logger=False)  # CPU workers may fork
+    forking = Trainer(strategy=DDP(devices=2, start_method="fork", backend="gloo"), logger=False).strategy
+    assert forking.launches_subprocesses and forking.num_processes == 2  # CPU workers may fork
 
 
 SCHEDULER = {"RANK": "9", "LOCAL_RANK": "1", "WORLD_SIZE": "16", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
@@ -396,10 +490,12 @@ def test_a_scheduler_without_local_world_size_runs_a_two_machine_job(monkeypatch
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.setattr(dist, "is_backend_available", lambda backend: True)  # NCCL, which this build lacks
     strategy = Trainer(strategy=DDP(devices=8), logger=False).strategy
-    assert strategy.world_size == 16
+    assert strategy.world_size == 16 and not strategy.launches_subprocesses  # joins the job, spawns nothing
+    assert strategy.resolved_backend == "nccl"
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # one GPU per process (CUDA_VISIBLE_DEVICES per task)
     monkeypatch.setenv("LOCAL_RANK", "5")
-    Trainer(strategy=DDP(), logger=False)
+    own_gpu = Trainer(strategy=DDP(), logger=False).strategy
+    assert own_gpu.world_size == 16 and not own_gpu.launches_subprocesses
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(ValueError, match=r"LOCAL_RANK=5 but sees 2 CUDA device\(s\) \(cuda:0, cuda:1\), so it has no "
                                          r"GPU of its own.*CUDA_VISIBLE_DEVICES"):

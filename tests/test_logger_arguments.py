@@ -18,7 +18,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import Callback, CSVLogger, ModelCheckpoint, TensorBoardLogger
+from callbacks import Callback, CSVLogger, TensorBoardLogger
 from trainer import DataModule, TrainingModule
 
 

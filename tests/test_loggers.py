@@ -5,7 +5,6 @@ the csv module; Lightning's directories, names and logger surface; resuming into
 from __future__ import annotations
 
 import csv
-import os
 from pathlib import Path
 
 import pytest

@@ -9,19 +9,18 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from callbacks import Callback, ModelCheckpoint
-from trainer import Trainer, TrainingModule
+from linear_regression import LinearRegression
+from trainer import Trainer
 
 
-class PoisonedAt(TrainingModule):
+class PoisonedAt(LinearRegression):
     """Linear regression whose loss is NaN (or inf) at the given (epoch, batch_idx) pairs."""
 
     def __init__(self, bad: set[tuple[int, int]], value: float = math.nan, manual: bool = False) -> None:
-        super().__init__()
+        super().__init__(lr=0.05)
         self.bad, self.value = bad, value
-        self.layer = nn.Linear(4, 2)
         self.automatic_optimization = not manual
 
     def training_step(self, batch, batch_idx):
@@ -30,9 +29,6 @@ class PoisonedAt(TrainingModule):
         if (self.current_epoch, batch_idx) in self.bad:
             loss = loss * self.value
         return loss
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
 class RecordsBatches(Callback):

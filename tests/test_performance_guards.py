@@ -43,17 +43,20 @@ heavy = {HEAVY_MODULES!r}
 print(json.dumps({{
     "added_heavy": sorted(m for m in added if any(m == h or m.startswith(h + ".") for h in heavy)),
     "loaded_anywhere": [h for h in heavy if h in sys.modules],
+    "command_line": sorted(m for m in added if m == "trainer.cli" or m.startswith("trainer.cli.")),
 }}))
 """
 
 
-def test_importing_trainer_callbacks_and_strategies_loads_no_heavy_module():
+def test_importing_trainer_callbacks_and_strategies_loads_no_heavy_module_and_not_the_command_line():
     done = subprocess.run([sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True, cwd=ROOT,
                           check=True, timeout=120)
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["added_heavy"] == [], f"importing Cadence loaded {report['added_heavy']}; import them lazily"
     # torch itself may import tqdm (torch.hub does when tqdm is installed); the others never load.
     assert not set(report["loaded_anywhere"]) & {"torch._dynamo", "torch.utils.tensorboard", "tensorboard", "yaml"}
+    # The command line (trainer/cli/) is not the loop: only `cadence` and `python -m trainer` load it.
+    assert report["command_line"] == [], f"importing Cadence loaded {report['command_line']}"
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,29 +19,21 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import run_resumable
 from callbacks import Callback, CSVLogger, ModelCheckpoint
+from linear_regression import LinearRegression
 from strategies import DDP
-from trainer import TrainingModule
 from trainer.preemption import workers_ignore_preemption
 
 
-class Regressor(TrainingModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = nn.Linear(4, 2)
-
+class Regressor(LinearRegression):
     def training_step(self, batch, batch_idx):
         x, y = batch
         loss = F.mse_loss(self.layer(x), y)
         self.log("train/loss", loss)
         return loss
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 def logged_steps(path: Path, metric: str) -> list[str]:

@@ -91,3 +91,44 @@ def test_bad_profiler_arguments_are_refused_with_the_fix():
         Profiler(active=0)
     with pytest.raises(ValueError, match=r"Profiler\(sort_by='time'\): use one of self_cpu_time_total"):
         Profiler(sort_by="time")
+
+
+def cuda_window_events():
+    """Two 1 ms batches as torch.profiler records them on a GPU: each ``ProfilerStep`` and data span
+    on the host and again as a device-side annotation, kernels on two streams that overlap, a copy."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(name, start, end, device=False, activity=None):
+        kind = DeviceType.CUDA if device else DeviceType.CPU
+        return FunctionEvent(id=0, name=name, thread=1, start_us=start, end_us=end, device_type=kind, stack=[], input_shapes=[],
+                             is_user_annotation=activity in ("user_annotation", "gpu_user_annotation"),
+                             activity_type=activity or ("kernel" if device else "cpu_op"), use_device="cuda")
+
+    return [
+        event("ProfilerStep*", 0, 1000, activity="user_annotation"),
+        event("ProfilerStep*", 1000, 2000, activity="user_annotation"),
+        event("ProfilerStep*", 100, 1100, device=True, activity="gpu_user_annotation"),
+        event("ProfilerStep*", 1100, 2100, device=True, activity="gpu_user_annotation"),
+        event("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 200, activity="user_annotation"),
+        event("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 1000, 1200, activity="user_annotation"),
+        event("aten::mm", 250, 900),
+        event("ampere_sgemm_128x64_nn", 300, 700, device=True),  # stream 7
+        event("ampere_sgemm_128x64_nn", 500, 900, device=True),  # stream 13, overlapping
+        event("Memcpy HtoD (Pinned -> Device)", 1000, 1300, device=True, activity="gpu_memcpy"),
+        event("vectorized_elementwise_kernel", 1300, 1500, device=True),
+    ]
+
+
+def test_on_a_gpu_the_verdict_counts_each_batch_once_and_device_time_without_annotations_or_overlap():
+    from torch.autograd.profiler_util import EventList
+
+    from callbacks.profiler import verdict
+
+    events = EventList(cuda_window_events(), use_device="cuda")
+    events._build_tree()  # what profile.events() has done before it returns them
+    text = verdict(events, events.key_averages(), "self_device_time_total", "cuda")
+    # Kernels cover 300-900 and 1300-1500: 800 us of the window's 2000 (the host's steps; annotations left out).
+    assert "Of the 2 profiled batches (1.00 ms each on the host): waiting for data 20%" in text
+    assert "The cuda device ran kernels 40% of the profiled time (idle 60%; copying memory 15%" in text
+    assert "the host does not keep it fed" in text

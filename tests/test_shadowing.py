@@ -40,5 +40,5 @@ def test_files_with_other_names_pass_the_check(tmp_path):
     (tmp_path / "my_callbacks.py").write_text("VALUE = 1\n")
     (tmp_path / "callbacks").mkdir()  # a directory without __init__.py: a regular package wins over it
     # The check alone (importing the packages would import torch: seconds, for nothing more here).
-    done = run_script(tmp_path, "import cadence_shadowing\ncadence_shadowing.check_packages()\nprint('checked')\n")
+    done = run_script(tmp_path, "import _cadence_shadowing\n_cadence_shadowing.check_packages()\nprint('checked')\n")
     assert (done.returncode, done.stdout.strip()) == (0, "checked"), done.stderr

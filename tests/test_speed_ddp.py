@@ -1,12 +1,14 @@
 """AMP(float16) + Compile + GradientCheckpointing + DDP: two gloo processes on the CPU train together.
 
 One spawned fit serves every assertion (starting workers costs seconds). Each rank writes what it
-saw to ``rank{r}.json``: its losses, how often its compiled block graphs ran, the loss scale and
-its final weights.
+saw to ``rank{r}.json``: its losses, how often its compiled block graphs ran, the loss scale, the
+dtype its forward computed in, the bytes its first forward saved for backward (and what the same
+forward saves without checkpointing) and its final weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,6 +51,20 @@ class Block(nn.Module):
         return x + self.down(F.gelu(self.up(x)))
 
 
+@contextlib.contextmanager
+def saved_bytes(module: nn.Module, into: list[int]):
+    """Count the bytes autograd saves for backward in the body (parameters, alive anyway, left out)."""
+    parameters = {parameter.data_ptr() for parameter in module.parameters()}
+
+    def pack(tensor):
+        if tensor.data_ptr() not in parameters:
+            into.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield
+
+
 class Deep(TrainingModule):
     def __init__(self, out_dir: str) -> None:
         super().__init__()
@@ -56,13 +72,25 @@ class Deep(TrainingModule):
         self.inp, self.out = nn.Linear(4, 16), nn.Linear(16, 2)
         self.blocks = nn.Sequential(Block(), Block())
         self.losses: list[torch.Tensor] = []
+        self.dtypes: set[str] = set()
+        self.saved = {"checkpointed": [], "plain": []}
 
     def forward(self, x):
         return self.out(self.blocks(self.inp(x)))
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        loss = F.mse_loss(self(x).float(), y)
+        first = not self.saved["plain"]
+        if first:  # the same forward with the blocks' own, unchecked forward
+            with saved_bytes(self, self.saved["plain"]):
+                hidden = self.inp(x)
+                for block in self.blocks:
+                    hidden = Block.forward(block, hidden)
+                self.out(hidden)
+        with saved_bytes(self, self.saved["checkpointed"] if first else []):
+            output = self(x)
+        self.dtypes.add(str(output.dtype))
+        loss = F.mse_loss(output.float(), y)
         self.losses.append(loss.detach())
         return loss
 
@@ -73,7 +101,8 @@ class Deep(TrainingModule):
         amp = next(c for c in self.trainer.callbacks if isinstance(c, AMP))
         record = {
             "losses": [float(loss) for loss in self.losses], "graph_runs": GRAPH_RUNS["forward"],
-            "scale": amp.scaler.get_scale(), "global_step": self.trainer.global_step,
+            "scale": amp.scaler.get_scale(), "global_step": self.trainer.global_step, "dtypes": sorted(self.dtypes),
+            "saved": {kind: sum(sizes) for kind, sizes in self.saved.items()},
             "state_dict": {key: value.tolist() for key, value in self.state_dict().items()},
         }
         Path(self.out_dir, f"rank{self.trainer.global_rank}.json").write_text(json.dumps(record))
@@ -115,3 +144,10 @@ def test_under_ddp_every_rank_steps_the_same_weights_with_the_same_loss_scale(sp
 def test_under_ddp_each_rank_runs_its_blocks_compiled(spawned_run):
     for record in spawned_run.records:
         assert record["graph_runs"] >= 2 * len(record["losses"])  # two blocks per training step
+
+
+def test_under_ddp_amp_computes_in_float16_and_checkpointed_blocks_save_only_their_inputs(spawned_run):
+    for record in spawned_run.records:
+        assert record["dtypes"] == ["torch.float16"]
+        saved = record["saved"]
+        assert 0 < saved["checkpointed"] < saved["plain"] / 2, saved

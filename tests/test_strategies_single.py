@@ -16,8 +16,10 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import strategies
+from linear_regression import LinearRegression
 from strategies import SingleDevice, Strategy, resolve_strategy
-from trainer import Trainer, TrainingModule
+from strategies.transfer import pins_batches
+from trainer import Trainer
 
 
 @pytest.fixture
@@ -69,18 +71,7 @@ def test_cuda_means_the_first_gpu_and_cuda_n_the_nth(two_gpus):
 
 
 def test_fit_reports_the_device_on_stderr(make_trainer, regression_loader, capsys):
-    class Regressor(TrainingModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 2)
-
-        def training_step(self, batch, batch_idx):
-            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    make_trainer(max_steps=1).fit(Regressor(), regression_loader)
+    make_trainer(max_steps=1).fit(LinearRegression(), regression_loader)
     assert "Training on the CPU (chosen, " in capsys.readouterr().err
 
 
@@ -145,8 +136,10 @@ def test_a_cuda_run_pins_a_loader_that_does_not_and_keeps_one_that_does(two_gpus
     data = TensorDataset(torch.arange(6.0).unsqueeze(1))
     unpinned = DataLoader(data, batch_size=2, shuffle=True)
     rebuilt = strategy.setup_dataloader(unpinned, shuffle=True)
-    assert rebuilt.pin_memory and not unpinned.pin_memory  # the user's loader is left as it was
+    assert pins_batches(rebuilt) and not pins_batches(unpinned)  # the user's loader is left as it was
     assert (rebuilt.dataset, rebuilt.batch_size, type(rebuilt.sampler)) == (data, 2, type(unpinned.sampler))
+    with_workers = strategy.setup_dataloader(DataLoader(data, batch_size=2, num_workers=1), shuffle=True)
+    assert with_workers.pin_memory  # the DataLoader's pinning thread does it, off the loop's thread
     pinned = DataLoader(data, batch_size=2, pin_memory=True)
     assert strategy.setup_dataloader(pinned, shuffle=True) is pinned
 
@@ -179,20 +172,9 @@ def test_the_base_strategy_is_one_process():
     assert hasattr(strategies, "resolve_strategy")
 
 
-class _Regressor(TrainingModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 2)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.layer(x), y)
-
+class _Regressor(LinearRegression):
     def test_step(self, batch, batch_idx):
         self.training_step(batch, batch_idx)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 def test_the_device_report_is_printed_once_per_trainer_not_for_every_stage(make_trainer, regression_loader, capsys):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainer.cli import main
-from trainer.config import load_run
+from trainer.cli.config import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,22 +9,20 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from callbacks import Callback
+from linear_regression import LinearRegression
 from trainer import Trainer, TrainingModule
 
 
-class Model(TrainingModule):
+class Model(LinearRegression):
+    """Returns ``step(loss)`` from training_step when given a ``step``."""
+
     def __init__(self, step=None):
         super().__init__()
-        self.layer = nn.Linear(4, 2)
         self.step = step
 
     def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = F.mse_loss(self.layer(x), y)
+        loss = super().training_step(batch, batch_idx)
         return self.step(loss) if self.step is not None else loss
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 class Evaluated(Model):

@@ -7,21 +7,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from linear_regression import LinearRegression
 from strategies import SingleDevice
 from trainer import TrainingModule
 
 
-class Model(TrainingModule):
+class Model(LinearRegression):
     """Linear regression whose configure_optimizers returns whatever ``make(module)`` builds."""
 
     def __init__(self, make):
         super().__init__()
-        self.layer = nn.Linear(4, 2)
         self.make = make
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return F.mse_loss(self.layer(x), y)
 
     def configure_optimizers(self):
         self.returned = self.make(self)

@@ -18,15 +18,15 @@ from torch import nn
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from callbacks import Callback, ModelCheckpoint, ModelSummary, SyncBatchNorm
+from linear_regression import LinearRegression
 from strategies import DDP, SingleDevice, resolve_strategy
-from trainer import Trainer, TrainingModule
+from trainer import Trainer
 from trainer.data import prepare_loader
 
 
-class Regressor(TrainingModule):
+class Regressor(LinearRegression):
     def __init__(self):
-        super().__init__()
-        self.layer = nn.Linear(4, 2)
+        super().__init__(lr=0.01)
         self.first_samples: list[float] = []  # the first input value of each training batch
         self.flags: list[tuple] = []
 
@@ -42,9 +42,6 @@ class Regressor(TrainingModule):
 
     def test_step(self, batch, batch_idx):
         self.log("test/loss", F.mse_loss(self.layer(batch[0]), batch[1]))
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 class Normalized(Regressor):

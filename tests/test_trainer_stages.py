@@ -12,19 +12,17 @@ from collections import namedtuple
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset
 
 from callbacks import Callback
-from trainer import TrainingModule
+from linear_regression import LinearRegression
 
 
-class Model(TrainingModule):
+class Model(LinearRegression):
     """Linear regression that records the (epoch, batch_idx) of each training batch."""
 
     def __init__(self):
-        super().__init__()
-        self.layer = nn.Linear(4, 2)
+        super().__init__(lr=0.01)
         self.trained: list[tuple[int, int]] = []
 
     def training_step(self, batch, batch_idx):
@@ -39,9 +37,6 @@ class Model(TrainingModule):
 
     def predict_step(self, batch, batch_idx):
         return self.layer(batch[0])
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 class Validated(Model):

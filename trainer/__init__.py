@@ -1,8 +1,8 @@
 """Cadence: the Trainer and the user's contract (TrainingModule, DataModule)."""
 
-import cadence_shadowing
+import _cadence_shadowing
 
-cadence_shadowing.check_packages()  # first: a user's callbacks.py would break the imports below
+_cadence_shadowing.check_packages()  # first: a user's callbacks.py would break the imports below
 
 from trainer.datamodule import DataModule
 from trainer.environment import environment_report

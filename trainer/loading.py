@@ -1,7 +1,7 @@
 """``TrainingModule.load_from_checkpoint``: a module rebuilt from a checkpoint's hyperparameters.
 
-The checkpoint is read with ``torch.load(weights_only=True)`` (``trainer/checkpoint.py``), so
-loading never runs code from the file; the class comes from the caller, the arguments of its
+The checkpoint is read by ``strategies.checkpoint.read_checkpoint`` (``torch.load(weights_only=True)``),
+so loading never runs code from the file; the class comes from the caller, the arguments of its
 ``__init__`` from the hyperparameters ``save_hyperparameters`` kept, and every argument that is
 missing, or was saved only as a description (an object's repr), is asked for by name.
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer import checkpoint as checkpoint_io
+from strategies import checkpoint as checkpoint_io
 
 if TYPE_CHECKING:
     from trainer.module import TrainingModule
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def load_module(cls: type[TrainingModule], path: str | os.PathLike, map_location: Any, strict: bool,
                 overrides: dict[str, Any]) -> TrainingModule:
     """``cls`` built from the hyperparameters in the checkpoint at ``path``, with its weights loaded."""
-    state = checkpoint_io.load_checkpoint(path, map_location=_available_or_cpu if map_location is None else map_location)
+    state = checkpoint_io.read_checkpoint(path, map_location=_available_or_cpu if map_location is None else map_location)
     path = Path(path)
     module = cls(**init_arguments(cls, state, overrides, path))
     module.configure_model()

@@ -1,5 +1,5 @@
-"""Seeding and RNG state: Python, NumPy, torch and every CUDA device; DataLoader workers per worker
-and rank; the RNG states a checkpoint keeps, and a context that keeps them unchanged."""
+"""Seeding and RNG state: Python, NumPy, torch, every CUDA device and the Apple GPU (MPS); DataLoader
+workers per worker and rank; the RNG states a checkpoint keeps, and a context that keeps them unchanged."""
 
 from __future__ import annotations
 
@@ -122,7 +122,14 @@ def capture_rng_state() -> dict:
         "torch": torch.get_rng_state(),
         # Only once CUDA is in use: asking earlier would create a context on every device.
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        # The Apple GPU's generator (dropout on MPS draws from it); None without one.
+        "mps": torch.mps.get_rng_state() if _mps_available() else None,
     }
+
+
+def _mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
 
 
 def restore_rng_state(state: dict) -> None:
@@ -145,6 +152,8 @@ def restore_rng_state(state: dict) -> None:
             )
         for device, device_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(device_state, device)
+    if state.get("mps") is not None and _mps_available():  # absent from checkpoints of older versions
+        torch.mps.set_rng_state(state["mps"])
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import callbacks as callbacks_package
-from trainer import checkpoint as checkpoint_io
+from strategies import checkpoint as checkpoint_io
 from trainer.data_source import prepare_data
 from trainer.hooks import step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks
 from trainer.log_dir import choose_log_dir, versions_root

@@ -1,8 +1,9 @@
 """What a checkpoint holds and how a run continues from it; what a spawned run hands back.
 
 ``training_state`` gathers a Trainer's training state (optimizers, counters, every rank's RNG)
-and ``checkpoint_state`` adds the module's weights, as tensors and plain data (the file format
-and its checks live in ``trainer/checkpoint.py``); ``restore`` puts it back, so that the loop
+and ``checkpoint_state`` adds the module's weights, as tensors and plain data (the files, their
+format and checks, and the one read path live in ``strategies/checkpoint/``); ``read_checkpoint``
+reads one through the strategy, and ``restore`` puts it back, so that the loop
 continues exactly where the checkpoint was written. The training state at the end of ``fit`` is
 kept, so that ``save_checkpoint`` after fit writes it (``end_of_fit_checkpoint``).
 ``handoff_state`` and ``receive_handoff`` carry rank zero's results (that state included) back to
@@ -21,14 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from strategies.checkpoint_files import read_file
-from strategies.sharded_checkpoint import STATE_FILE, is_sharded_checkpoint
-from trainer import checkpoint as checkpoint_io
+from strategies import checkpoint as checkpoint_io
 from trainer.guards import check_losses
 from trainer.optim import ends_accumulation_window
 from trainer.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
+    from strategies import Strategy
     from trainer.datamodule import DataModule
     from trainer.module import TrainingModule
     from trainer.trainer import Trainer
@@ -84,20 +84,17 @@ def checkpoint_state(trainer: Trainer, module: TrainingModule, training: dict[st
     return state
 
 
-def read_checkpoint(ckpt_path: Path | None, datamodule: DataModule | None) -> dict[str, Any] | None:
-    """With a datamodule, its state is restored now, before its loader hooks run (as in Lightning).
-    A checkpoint file is read once, here, and returned for :func:`restore`; of a sharded directory
-    only its small state file is read (each rank reads its shards later, through the strategy), and
-    None is returned, as it is without a datamodule."""
-    if ckpt_path is None or datamodule is None:
+def read_checkpoint(strategy: Strategy, ckpt_path: Path | None, module: TrainingModule,
+                    optimizers: list[torch.optim.Optimizer], datamodule: DataModule | None) -> dict[str, Any] | None:
+    """The checkpoint at ``ckpt_path`` (None: none), read once, in the strategy's layout, for
+    :func:`restore` (``optimizers``: [] to read the weights only). A datamodule's state is restored
+    now, before its loader hooks run (as in Lightning). Every rank calls it (a collective under FSDP)."""
+    if ckpt_path is None:
         return None
-    if is_sharded_checkpoint(ckpt_path):
-        checkpoint, whole = read_file(ckpt_path / STATE_FILE), None
-    else:
-        checkpoint = whole = checkpoint_io.load_checkpoint(ckpt_path)
-    if "datamodule" in checkpoint:
+    checkpoint = strategy.load_checkpoint(ckpt_path, module, optimizers)
+    if datamodule is not None and "datamodule" in checkpoint:
         datamodule.load_state_dict(checkpoint["datamodule"])
-    return whole
+    return checkpoint
 
 
 def fitted_module(trainer: Trainer, stage: str, ckpt_path: Any) -> tuple[TrainingModule, Any]:
@@ -169,15 +166,12 @@ def loop_position(trainer: Trainer) -> tuple[int, int]:
     return trainer.current_epoch, trainer.batch_idx + 1
 
 
-def restore(trainer: Trainer, path: Path, model_only: bool = False, state: dict[str, Any] | None = None) -> None:
-    """Load the checkpoint at ``path``: the weights and, unless ``model_only``, the training state.
-    The strategy reads it in its layout (one file; under FSDP each rank its shards, resharded when
-    the checkpoint was written by another number of processes), unless :func:`read_checkpoint`
-    already read the whole file (``state``). A datamodule's state is restored earlier, by the Trainer."""
+def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: bool = False) -> None:
+    """Load ``state``, the checkpoint :func:`read_checkpoint` read from ``path``: the weights and,
+    unless ``model_only``, the training state. Under FSDP each rank read its own part of the shards
+    (resharded when the checkpoint was written by another number of processes). A datamodule's
+    state was restored when it was read."""
     strategy, module = trainer.strategy, trainer.module
-    if state is None:
-        state = strategy.load_checkpoint(path, module, [] if model_only else trainer.optimizers)
-    checkpoint_io.check_format(state, path)
     if not model_only:
         checkpoint_io.check_resumable(state, path)
     module.on_load_checkpoint(state)

@@ -264,7 +264,7 @@ class Trainer:
         Callbacks run in the order given, each before the module's hook of the same name; a hook
         that nobody implements costs nothing per step. A checkpoint gets every callback's
         ``state_dict``, then ``on_save_checkpoint`` (the callbacks', then the module's).
-        ``ckpt_path`` is a checkpoint file, or "last" (``trainer/checkpoint.py``): the run then
+        ``ckpt_path`` is a checkpoint file, or "last" (``strategies/checkpoint/``): the run then
         continues exactly where that checkpoint was written, in the same log directory.
 
         Where Cadence differs from Lightning on purpose: the gradients are cleared right after
@@ -317,7 +317,7 @@ class Trainer:
 
         During a stage (from a callback or a module hook), call it on every rank; all ranks wait
         for the write. A checkpoint written at the end of a batch resumes after that batch; see
-        ``trainer/checkpoint.py``. After ``fit`` returns (also after a spawned DDP fit), it
+        ``strategies/checkpoint/``. After ``fit`` returns (also after a spawned DDP fit), it
         writes the state the fit ended with: the fitted module's weights as they are now, its
         optimizers, schedulers, counters and every rank's RNG states as the last step left them,
         so ``fit(model, ckpt_path=path)`` with a larger ``max_epochs`` continues exactly.
@@ -356,7 +356,7 @@ class Trainer:
                 with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
                     output = self._run_fit(module, data, ckpt_path)
             else:
-                checkpoint = read_checkpoint(ckpt_path, data.datamodule)
+                checkpoint = read_checkpoint(self.strategy, ckpt_path, module, [], data.datamodule)  # weights only
                 if ckpt_path is not None:
                     restore(self, ckpt_path, model_only=True, state=checkpoint)
                 loaders, counts = evaluation_loaders(self, stage, data.loaders(STAGE_KIND[stage]))
@@ -381,7 +381,7 @@ class Trainer:
     # fit: the loop
     # =========================================================================================
     def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
-        checkpoint = read_checkpoint(ckpt_path, data.datamodule)
+        checkpoint = read_checkpoint(self.strategy, ckpt_path, module, self.optimizers, data.datamodule)
         # Made already if configure_optimizers asked for estimated_stepping_batches.
         train_loader, val_loaders = self._early_fit_data or load_fit_data(self, data)
         self._early_fit_data = None
@@ -461,6 +461,7 @@ class Trainer:
                 self._run_validation(val_loaders)
             times.ready = clock()  # the next batch is asked for now
             if self._preemption.stop_now and ends_accumulation_window(self, batch_idx, num_batches):  # a plain bool read
+                times.end_loop(self._train_batches_seen)  # the performance report counts this loop's batches
                 save_for_preemption(self)
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
             if (self.should_stop and may_stop(self)) or (self.max_steps != -1 and self.global_step >= self.max_steps):

@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from callbacks import Callback, ModelCheckpoint
-from strategies.sharded_checkpoint import STATE_FILE, is_sharded_checkpoint
-from trainer.checkpoint import check_exists
-from trainer.config_files import ConfigError
+from strategies.checkpoint import check_exists, is_checkpoint, newest_last, read_checkpoint, run_checkpoint_directories
+from trainer.cli.config_files import ConfigError
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -52,7 +51,7 @@ class SaveConfig(Callback):
         print(f"Configuration: {self.path}", file=sys.stderr, flush=True)
 
     def _save(self, directory: Path) -> Path:
-        from trainer.config import to_yaml
+        from trainer.cli.config import to_yaml
 
         first = directory / "config.yaml"
         if not first.exists():
@@ -148,7 +147,10 @@ def checkpoint_for(ckpt_path: str | None, stage: str, trainer: Trainer, model_cl
     if ckpt_path is None:
         return None
     if ckpt_path not in ("last", "best"):
-        return str(check_exists(ckpt_path))  # here, so that a wrong path is one line, not a traceback
+        try:  # here, so that a wrong path is one line, not a traceback
+            return str(check_exists(ckpt_path, hint="Check the path, or pass --ckpt_path last."))
+        except ValueError as error:  # an incomplete sharded checkpoint
+            raise ConfigError(f"ckpt_path: {error}", "ckpt_path") from None
     if ckpt_path == "best" and stage == "fit":
         raise ConfigError('ckpt_path: "best" is for validate, test and predict; fit resumes from "last" or a path.',
                           "ckpt_path")
@@ -168,13 +170,10 @@ def checkpoint_for(ckpt_path: str | None, stage: str, trainer: Trainer, model_cl
 def _newest_last(trainer: Trainer, model_class_path: str) -> tuple[Path | None, str]:
     directories = [Path(c.dirpath) for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath is not None]
     if directories:
-        candidates, where = [d / "last.ckpt" for d in directories], " or ".join(map(str, directories))
-    else:
-        root = Path(trainer.default_root_dir) / "cadence_logs"
-        candidates, where = sorted(root.glob("version_*/checkpoints/last.ckpt")), f"{root}/version_*/checkpoints"
-        candidates = [c for c in candidates if _model_of(c.parent.parent) in (None, model_class_path)]
-    candidates = [c for c in candidates if c.is_file() or is_sharded_checkpoint(c)]  # FSDP's: a directory
-    return (max(candidates, key=os.path.getmtime) if candidates else None), where
+        return newest_last(directories), " or ".join(map(str, directories))
+    root = Path(trainer.default_root_dir) / "cadence_logs"
+    runs = [d for d in run_checkpoint_directories(root) if _model_of(d.parent) in (None, model_class_path)]
+    return newest_last(runs), f"{root}/version_*/checkpoints"
 
 
 def _model_of(run_directory: Path) -> str | None:
@@ -186,10 +185,10 @@ def _model_of(run_directory: Path) -> str | None:
 
 
 def _best_recorded_in(last: Path, trainer: Trainer) -> Path:
-    import torch
-
-    recorded_in = last / STATE_FILE if last.is_dir() else last  # a sharded checkpoint keeps it beside the shards
-    state = torch.load(recorded_in, map_location="cpu", weights_only=True, mmap=True)  # mmap: no tensor is read
+    try:
+        state = read_checkpoint(last, weights=False)  # the callbacks' states; no tensor is read
+    except ValueError as error:  # damaged: one line, not a traceback
+        raise ConfigError(f"ckpt_path: best: {error}", "ckpt_path") from None
     recorded = {key: value for key, value in state.get("callbacks", {}).items()
                 if key.startswith("ModelCheckpoint") and value.get("best_model_path")}
     ours = trainer.checkpoint_callback.state_key if trainer.checkpoint_callback is not None else None
@@ -199,7 +198,7 @@ def _best_recorded_in(last: Path, trainer: Trainer) -> Path:
         raise ConfigError(f"ckpt_path: best: {last} does not say which checkpoint is best for {ours or 'this run'} "
                           f"(ModelCheckpoints recorded: {found}). Pass a checkpoint path.", "ckpt_path")
     best = Path(chosen["best_model_path"])
-    if not (best.is_file() or is_sharded_checkpoint(best)):
+    if not is_checkpoint(best):
         raise ConfigError(f"ckpt_path: best: the best checkpoint recorded in {last}, {best}, no longer exists. "
                           "Pass another checkpoint path, or ckpt_path: last.", "ckpt_path")
     return best

@@ -11,8 +11,8 @@ A sharded checkpoint is a directory with the same content as a one-file checkpoi
                             states ("optimizer_states", keyed by parameter name)
 
 ``torch.distributed.checkpoint`` (DCP) writes and reads the shards; a directory written by N
-ranks loads on any number (DCP reshards), in one process too (:func:`read_whole`, which
-``trainer.checkpoint.load_checkpoint`` and ``cadence convert-checkpoint`` use). DCP's own reader
+ranks loads on any number (DCP reshards), in one process too (:func:`read_whole_shards`, what
+:func:`strategies.checkpoint.read_checkpoint` reads by default). DCP's own reader
 unpickles ``.metadata`` and non-tensor values with plain ``pickle``; here the index goes through
 an unpickler that builds only DCP's metadata classes, and values through ``weights_only=True``, so
 reading a checkpoint never runs code from it. Every failure names the checkpoint directory.
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from strategies.checkpoint_files import corrupted, read_file
+from strategies.checkpoint.files import corrupted
 
 #: The file of a sharded checkpoint that holds its plain data.
 STATE_FILE = "state.pt"
@@ -200,18 +200,15 @@ def _set_nested(root: dict[str, Any], path: tuple, value: Any) -> None:
     node[path[-1]] = value
 
 
-def read_whole(path: Path) -> dict[str, Any]:
-    """The whole checkpoint in this process, in the one-file layout: full tensors on the CPU, the
-    optimizer states keyed by parameter index as ``optimizer.state_dict()`` has them."""
-    state = read_file(path / STATE_FILE)
-    if not isinstance(state, dict):
-        raise corrupted(path, TypeError(f"{STATE_FILE} holds a {type(state).__name__}"))
+def read_whole_shards(path: Path) -> dict[str, Any]:
+    """The sharded parts of the checkpoint directory ``path`` (:data:`SHARDED_KEYS`), whole, in this
+    process, in the one-file layout: full tensors on the CPU, the optimizer states keyed by
+    parameter index as ``optimizer.state_dict()`` has them."""
     template = template_from_metadata(read_metadata(path), lambda _, entry: torch.empty(
         entry.size, dtype=entry.properties.dtype))
     read_shards(template, path, no_dist=True)
-    state["state_dict"] = template.get("state_dict", {})
-    state["optimizer_states"] = [by_index(optimizer) for optimizer in template.get("optimizer_states", [])]
-    return state
+    return {"state_dict": template.get("state_dict", {}),
+            "optimizer_states": [by_index(optimizer) for optimizer in template.get("optimizer_states", [])]}
 
 
 # =============================================================================================
@@ -268,12 +265,3 @@ def write_shards(state: dict[str, Any], directory: Path, process_group: Any = No
     except dcp.api.CheckpointException as error:  # a BaseException naming no path
         failure = _first_failure(error)
         raise OSError(getattr(failure, "errno", None), f"{type(failure).__name__}: {failure}") from None
-
-
-def read_checkpoint(path: Path, map_location: Any = "cpu") -> Any:
-    """The checkpoint at ``path``, whole, in this process: a file as ``torch.load(weights_only=True)``
-    reads it, a sharded directory gathered into the same layout (:func:`read_whole`, on the CPU)."""
-    if path.is_dir():
-        check_complete(path)
-        return read_whole(path)
-    return read_file(path, map_location)

@@ -1,16 +1,16 @@
-"""What a checkpoint must hold, which one ``ckpt_path`` names, and loading it with clear errors.
+"""The checkpoint format: what a Cadence checkpoint file must look like, and whether it fits a model.
 
-How checkpoints lie on disk (one file written atomically by rank zero, or a directory of shards
-under FSDP) is the strategy's (``Strategy.save_checkpoint``/``load_checkpoint``, with the storage in
-``strategies/checkpoint_files.py`` and ``strategies/sharded_checkpoint.py``); both layouts load
-without executing code. Here: the format version, resolving ``"last"``, checking that a checkpoint
-can resume training and fits the model, with every failure naming the checkpoint and what to do.
+A checkpoint is a dict of tensors and plain data (``trainer/state.py`` says what the Trainer puts
+in it): the weights (``state_dict``), the training state (:data:`TRAINING_STATE_KEYS`), the
+hyperparameters as plain data (:func:`plain_hyperparameters`), and the :data:`FORMAT_VERSION`
+that wrote it. :func:`check_format` runs on every read (``strategies.checkpoint.read_checkpoint``);
+the checks that it fits a model and its optimizers (:func:`check_weights`,
+:func:`load_optimizers`) name the checkpoint and every key or shape that differs.
 """
 
 from __future__ import annotations
 
 import enum
-import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path, PurePath
@@ -18,10 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-# save_atomic and check_plain are part of this module's interface (writing a file by hand).
-from strategies.checkpoint_files import check_plain, recover_interrupted_replace, save_atomic  # noqa: F401
-from strategies.sharded_checkpoint import check_complete, is_sharded_checkpoint, read_checkpoint
 
 #: Bumped when the layout of a checkpoint changes, so an old reader can refuse a newer file.
 FORMAT_VERSION = 1
@@ -75,26 +71,12 @@ def _plain(value: Any) -> Any:
 
 
 # =============================================================================================
-# Reading
+# Checks: is it a checkpoint this Cadence reads, can it resume, does it fit the model
 # =============================================================================================
-def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
-    """Read a whole checkpoint in this process: a file with ``weights_only=True``, or a sharded
-    directory gathered into the same layout (on the CPU). Every failure names it and the fix.
-
-    Raises:
-        FileNotFoundError: nothing at ``path``.
-        ValueError: it would run code when unpickled, is truncated, incomplete or corrupted, is not
-            a Cadence checkpoint, or was written by a newer Cadence.
-    """
-    path = check_exists(path)
-    state = read_checkpoint(path, map_location)
-    check_format(state, path)
-    return state
-
-
-def check_format(state: Any, path: Path) -> None:
-    """Raise unless ``state`` is a Cadence checkpoint this version reads."""
-    if not isinstance(state, dict) or "state_dict" not in state:
+def check_format(state: Any, path: Path, weights: bool = True) -> None:
+    """Raise unless ``state`` is a Cadence checkpoint this version reads (with its weights, unless
+    ``weights`` is False: a sharded checkpoint's state file, read without its shards)."""
+    if not isinstance(state, dict) or (weights and "state_dict" not in state):
         what = f"a dict with keys {sorted(map(str, state))[:8]}" if isinstance(state, dict) else type(state).__name__
         raise ValueError(
             f"{path} is not a Cadence checkpoint: it has no 'state_dict' (it holds {what}). To start "
@@ -106,72 +88,6 @@ def check_format(state: Any, path: Path) -> None:
             f"({FORMAT_VERSION}); it was written by Cadence {state.get('versions', {}).get('cadence')}. "
             "Upgrade torchcadence."
         )
-
-
-def check_exists(path: str | os.PathLike) -> Path:
-    """``path`` as a Path if it is a checkpoint file or a whole sharded checkpoint directory; else a
-    FileNotFoundError that says what is there (or a ValueError naming what a directory lacks)."""
-    path = Path(path)
-    if path.is_dir():
-        if not is_sharded_checkpoint(path):
-            raise FileNotFoundError(f"Checkpoint {path} is a directory but not a sharded checkpoint; pass the path "
-                                    "of a .ckpt file inside it.")
-        check_complete(path)
-        return path
-    if not path.is_file():
-        raise FileNotFoundError(f"Checkpoint {path} does not exist. Check the path, or pass ckpt_path=\"last\".")
-    return path
-
-
-def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], versions: Path, warn: bool,
-                      best: str | None = None) -> Path | None:
-    """The checkpoint ``Trainer.<stage>(ckpt_path=...)`` loads, checked before anything starts.
-
-    ``"last"`` is the newest ``last.ckpt`` (a file, or a sharded directory) in ``checkpoint_dirs``
-    (the ModelCheckpoints' explicit dirpaths) if there are any, else under
-    ``<versions>/version_*/checkpoints/`` (``versions``: the run's ``<default_root_dir>/cadence_logs``,
-    or its first logger's ``<save_dir>/<name>``). When there is none, ``fit`` starts from scratch
-    (returns None, with a warning if ``warn``), so one command both starts a run and resumes it;
-    the other stages need a checkpoint. ``"best"`` (validate, test, predict) is ``best``, the
-    ModelCheckpoint's ``best_model_path`` (None: there is no ModelCheckpoint).
-    """
-    if not isinstance(ckpt_path, (str, os.PathLike)):
-        names = '"last"' if stage == "fit" else '"last", "best"'
-        raise TypeError(f"Trainer.{stage}(ckpt_path={ckpt_path!r}): pass a checkpoint path, {names} or None.")
-    if str(ckpt_path) == "best":
-        return _best(stage, best)
-    if str(ckpt_path) != "last":
-        recover_interrupted_replace(Path(ckpt_path))
-        return check_exists(ckpt_path)
-    if checkpoint_dirs:
-        candidates, where = [d / "last.ckpt" for d in checkpoint_dirs], " or ".join(map(str, checkpoint_dirs))
-    else:
-        candidates = list(versions.glob("version_*/checkpoints/last.ckpt"))
-        candidates += [path.with_name("last.ckpt") for path in versions.glob("version_*/checkpoints/.last.ckpt.*.old")]
-        where = f"{versions}/version_*/checkpoints"
-    for candidate in candidates:
-        recover_interrupted_replace(candidate)
-    candidates = [candidate for candidate in set(candidates) if candidate.is_file() or is_sharded_checkpoint(candidate)]
-    if candidates:
-        return check_exists(max(candidates, key=os.path.getmtime))
-    if stage != "fit":
-        raise FileNotFoundError(f"Trainer.{stage}(ckpt_path=\"last\") found no last.ckpt in {where}. Pass a checkpoint path.")
-    if warn:
-        warnings.warn(f"fit(ckpt_path=\"last\") found no last.ckpt in {where}; training starts from scratch.", stacklevel=5)
-    return None
-
-
-def _best(stage: str, best: str | None) -> Path:
-    if stage == "fit":
-        raise ValueError('Trainer.fit(ckpt_path="best"): fit continues from "last" or a checkpoint file; "best" '
-                         "loads the best weights into validate, test or predict.")
-    if best is None:
-        raise ValueError(f'Trainer.{stage}(ckpt_path="best") loads the best checkpoint of a callbacks.ModelCheckpoint, '
-                         'and this Trainer has none. Pass ckpt_path="last" or a path.')
-    if not best:
-        raise FileNotFoundError(f'Trainer.{stage}(ckpt_path="best"): the ModelCheckpoint has saved no ranked checkpoint '
-                                'yet (no fit ran with it, or save_top_k=0). Pass ckpt_path="last" or a path.')
-    return check_exists(best)
 
 
 def check_resumable(state: dict[str, Any], path: Path) -> None:
@@ -257,24 +173,3 @@ def load_optimizers(optimizers: list[torch.optim.Optimizer], schedulers: list[An
 def _few(items: list[str], limit: int = 8) -> str:
     shown = ", ".join(items[:limit]) or "none"
     return f"[{shown}{f', ... ({len(items) - limit} more)' if len(items) > limit else ''}]"
-
-
-def convert_checkpoint(source: str | os.PathLike, target: str | os.PathLike) -> Path:
-    """Write the checkpoint ``source`` (a sharded directory written under FSDP) as one file at
-    ``target``: a plain Cadence checkpoint with the whole weights, the optimizer states by parameter
-    index and the rest of the training state. It loads into the module on one device
-    (``model.load_state_dict(torch.load(target, weights_only=True)["state_dict"])``) and resumes
-    ``fit`` under any strategy. Needs memory for the whole model, in this one process.
-
-    Raises:
-        FileNotFoundError, ValueError: as :func:`load_checkpoint`; ValueError when ``target`` is ``source``.
-        OSError: the file could not be written (any previous file at ``target`` is intact).
-    """
-    target = Path(target)
-    if target.exists() and target.resolve() == Path(source).resolve():
-        raise ValueError(f"convert_checkpoint({str(source)!r}, {str(target)!r}): the target is the source; "
-                         "name a new file, e.g. model.ckpt.")
-    if target.is_dir():
-        raise ValueError(f"convert_checkpoint: the target {target} is a directory; name the file to write, "
-                         f"e.g. {target / 'model.ckpt'}.")
-    return save_atomic(load_checkpoint(source), target)

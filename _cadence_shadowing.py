@@ -5,7 +5,11 @@ Python puts the script's directory (or the current one) first on ``sys.path``, s
 Cadence's package of that name, and the first import of it fails far from the cause
 (``ImportError: cannot import name 'Callback' from 'callbacks'``). Each of Cadence's three
 packages calls :func:`check_packages` before it imports anything else, so the error names the
-file and says to rename it. This module sits beside the packages, under a name no script uses.
+file and says to rename it.
+
+This module sits beside the packages, not inside one: it must be importable before any of them,
+and when a user's file shadows a package, nothing inside that package can be imported. The
+leading underscore says it is not an API, and no script is named like it.
 """
 
 from __future__ import annotations

@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any, Callable
 
-from trainer.config_files import ConfigError
+from trainer.cli.config_files import ConfigError
 
 #: Where a class_path without a dot is looked up, in this order.
 SHORT_NAME_MODULES = ("callbacks", "strategies", "torch.optim", "torch.optim.lr_scheduler")
-#: Where code that is not the user's lives: Cadence's packages, the standard library, installed packages.
-_NOT_YOURS = tuple({*(str(Path(__file__).resolve().parents[1] / name) + os.sep for name in ("trainer", "strategies", "callbacks")),
+#: Where code that is not the user's lives: Cadence's packages (beside trainer/, which holds this
+#: file as trainer/cli/specs.py), the standard library, installed packages.
+_NOT_YOURS = tuple({*(str(Path(__file__).resolve().parents[2] / name) + os.sep for name in ("trainer", "strategies", "callbacks")),
                     *(str(Path(path).resolve()) + os.sep for key, path in sysconfig.get_paths().items()
                       if key in ("stdlib", "platstdlib", "purelib", "platlib"))})
 

@@ -1,16 +1,21 @@
-"""Checkpoints on disk: one file, or a directory of shards; written atomically, read safely.
+"""Checkpoint files on disk: written atomically, read safely; one file, or a directory of shards.
 
 A checkpoint holds only tensors and plain Python data, so ``torch.load(weights_only=True)`` reads
-it by construction; :func:`check_plain` refuses anything else before a byte is written. A file is
-written to a temporary file in the target's directory, flushed and fsynced, then renamed over the
-target: a kill at any instant leaves the previous file whole, and a failed write (a full disk)
-says that it did. A checkpoint directory (FSDP's shards, :mod:`strategies.sharded_checkpoint`) is
-written under a temporary name and swapped into place by :func:`replace_atomic`. Files and
-directories are created with the user's umask, like any other file they write.
+it by construction. Writing one file is two steps, so that the second can run in the background
+while training goes on:
 
-The strategies write through these functions (``Strategy.save_checkpoint``); the Trainer's
-``trainer/checkpoint.py`` says what a checkpoint must hold, and ``ModelCheckpoint`` links and
-prunes them with :func:`link_checkpoint` and :func:`remove_checkpoint`.
+- :func:`snapshot` checks that the state is plain data (a TypeError names the first value that is
+  not, before a byte is written) and, with ``to_host=True``, copies its tensors off the device;
+- :func:`write_file` serializes it to a temporary file in the target's directory, flushes and
+  fsyncs it, then renames it over the target: a kill at any instant leaves the previous file
+  whole, and a failed write (a full disk) says that it did.
+
+:func:`save_atomic` is the two in a row. A checkpoint directory (FSDP's shards,
+:mod:`strategies.checkpoint.sharded`) is written under a temporary name (:func:`staging_directory`)
+and swapped into place by :func:`replace_atomic`. Files and directories are created with the
+user's umask, like any other file they write. ``ModelCheckpoint`` links and prunes checkpoints
+with :func:`link_checkpoint` and :func:`remove_checkpoint`. :func:`read_file` is the one
+``torch.load`` of the project's checkpoints; :func:`strategies.checkpoint.read_checkpoint` calls it.
 """
 
 from __future__ import annotations
@@ -36,20 +41,51 @@ _PLAIN_LEAVES = (str, bytes, bytearray, int, float, bool, complex, type(None), t
 
 
 # =============================================================================================
-# Writing one file
+# Writing one file: a snapshot, then the write
 # =============================================================================================
-def save_atomic(state: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Write ``state`` to ``path`` so that ``path`` is always either the old file or the new one.
+def snapshot(state: dict[str, Any], to_host: bool = False) -> dict[str, Any]:
+    """``state`` as a checkpoint will hold it: checked to be tensors and plain data only.
 
     Args:
-        state: tensors and plain data only (checked first; a TypeError names the offending key).
-        path: the target file; its directory is created if needed.
+        state: the checkpoint's content (``trainer/state.py`` gathers it).
+        to_host: copy every tensor (detached) into CPU memory, so that training may go on changing
+            the originals while :func:`write_file` writes the copy (in another thread, say).
+            Without it nothing is copied, and the state must be written before training goes on.
+            Tensors shared within ``state`` stay shared in the copy. The file then records the
+            tensors on the CPU (``load_from_checkpoint(map_location=None)`` keeps them there),
+            where a synchronous save records the device they were on.
+
+    Raises:
+        TypeError: a value that ``torch.load(weights_only=True)`` would refuse, named by its key.
+    """
+    check_plain(state)
+    return _copied_to_host(state, {}) if to_host else state
+
+
+def _copied_to_host(value: Any, copies: dict[int, torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor):
+        if id(value) not in copies:
+            # TODO(#18): on CUDA, pinned host buffers kept across saves and a non_blocking copy.
+            copies[id(value)] = value.detach().to("cpu", copy=True)
+        return copies[id(value)]
+    if isinstance(value, dict):  # dict and OrderedDict (check_plain allows no other mapping)
+        return type(value)((key, _copied_to_host(item, copies)) for key, item in value.items())
+    if isinstance(value, (list, tuple, set)):
+        return type(value)(_copied_to_host(item, copies) for item in value)
+    return value  # immutable plain data
+
+
+def write_file(state: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write ``state`` (from :func:`snapshot`) to ``path`` so that ``path`` is always either the
+    old file or the new one: a temporary file beside it, flushed, fsynced, renamed over it.
+
+    It touches only ``state`` and the file system, so it may run in a thread of its own while
+    training goes on, given a ``snapshot(state, to_host=True)``.
 
     Raises:
         OSError: the write failed (a full disk, no permission). The error says whether a previous
             checkpoint at ``path`` is intact; no temporary file is left behind.
     """
-    check_plain(state)
     path = Path(path)
     temporary = None
     try:
@@ -68,6 +104,16 @@ def save_atomic(state: dict[str, Any], path: str | os.PathLike) -> Path:
             raise _write_error(error, path) from error
         raise
     return path
+
+
+def save_atomic(state: dict[str, Any], path: str | os.PathLike) -> Path:
+    """:func:`snapshot` then :func:`write_file`, in this thread: a synchronous, atomic save.
+
+    Raises:
+        TypeError: ``state`` holds a value that is not tensors or plain data (nothing is written).
+        OSError: as :func:`write_file`.
+    """
+    return write_file(snapshot(state), path)
 
 
 def _create_temporary(path: Path) -> tuple[int, str]:
@@ -222,10 +268,13 @@ def check_plain(value: Any, where: str = "checkpoint") -> None:
     )
 
 
-def read_file(path: Path, map_location: Any = "cpu", what: str = "Checkpoint") -> Any:
-    """``torch.load(path, weights_only=True)``; every failure is a ValueError naming ``what`` and the fix."""
+def read_file(path: Path, map_location: Any = "cpu", what: str = "Checkpoint", mmap: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)``; every failure is a ValueError naming ``what`` and the fix.
+
+    ``mmap``: map the file instead of reading it; a tensor's bytes are read only when it is used
+    (to read a checkpoint's counters and callback states without its weights)."""
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as error:
         unsafe = re.search(r"GLOBAL ([\w.]+)", str(error))
         if unsafe:
@@ -242,9 +291,18 @@ def read_file(path: Path, map_location: Any = "cpu", what: str = "Checkpoint") -
 
 def corrupted(path: Path, error: BaseException, what: str = "Checkpoint") -> ValueError:
     """The error for a checkpoint that cannot be read: it names the checkpoint and the cause."""
-    detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return ValueError(
-        f"{what} {path} is truncated or corrupted ({detail}). Use an earlier checkpoint; Cadence "
+        f"{what} {path} is truncated or corrupted ({_cause(error)}). Use an earlier checkpoint; Cadence "
         "writes checkpoints atomically, so this one was damaged after it was written or was not "
         "written by Cadence."
     )
+
+
+def _cause(error: BaseException) -> str:
+    """The first line of ``error`` that says what is wrong. torch's weights-only refusal opens with
+    advice to load the file with ``weights_only=False``, which would run any code in it: that
+    advice is never passed on, only the unpickler's own finding after it."""
+    text = str(error).strip()
+    text = text.partition("WeightsUnpickler error:")[2].strip() or text
+    line = text.splitlines()[0].strip() if text else ""
+    return line if line and "weights_only" not in line else type(error).__name__

@@ -11,9 +11,9 @@ the function that carries it out; ``build_parser`` lists them::
     cadence convert-checkpoint cadence_logs/version_0/checkpoints/last.ckpt model.ckpt
     cadence env --json
 
-``fit``, ``validate``, ``test`` and ``predict`` read one or more YAML files (trainer/config.py),
+``fit``, ``validate``, ``test`` and ``predict`` read one or more YAML files (trainer/cli/config.py),
 merged in order, then the ``--section.key=value`` overrides; each saves the run's resolved
-configuration as ``config.yaml`` in its log directory (trainer/runs.py).
+configuration as ``config.yaml`` in its log directory (trainer/cli/runs.py).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def add_stage_command(commands: Any, stage: str) -> None:
     command = commands.add_parser(
         stage, help=STAGE_HELP[stage], allow_abbrev=False,
         description=f"{STAGE_HELP[stage][0].upper()}{STAGE_HELP[stage][1:]}. The files hold seed_everything, "
-                    "trainer, model, data, optimizer, lr_scheduler and ckpt_path (see trainer/config.py); any "
+                    "trainer, model, data, optimizer, lr_scheduler and ckpt_path (see trainer/cli/config.py); any "
                     "key can be overridden after them: --trainer.max_epochs=5 --model.init_args.lr=1.0e-3 "
                     "--trainer.callbacks[0].init_args.patience=3, or appended to a list: --trainer.callbacks+=...",
     )
@@ -72,9 +72,9 @@ def add_stage_command(commands: Any, stage: str) -> None:
 
 def run_stage_command(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `cadence --help` and `cadence diagnose` stay fast.
-    from trainer.config import BuildError, load_run, stage_arguments, to_yaml
-    from trainer.config_files import ConfigError
-    from trainer.runs import SaveConfig, checkpoint_for, note
+    from trainer.cli.config import BuildError, load_run, stage_arguments, to_yaml
+    from trainer.cli.config_files import ConfigError
+    from trainer.cli.runs import SaveConfig, checkpoint_for, note
 
     stage = args.stage
     if not args.config and not args.overrides:
@@ -115,7 +115,7 @@ def report(stage: str, trainer: Any, output: Any) -> None:
             if best:
                 print(f"Best checkpoint ({type(callback).__name__}): {best}", file=sys.stderr)
     elif stage == "predict":
-        from trainer.checkpoint import save_atomic
+        from strategies.checkpoint import save_atomic
 
         path = save_atomic({"predictions": output}, trainer.log_dir / "predictions.pt")
         print(f"Predictions ({len(output)} batches; torch.load(path)['predictions']): {path}", file=sys.stderr)
@@ -197,7 +197,7 @@ def add_convert_checkpoint_command(commands: Any) -> None:
 
 
 def run_convert_checkpoint(args: argparse.Namespace) -> int:
-    from trainer.checkpoint import convert_checkpoint
+    from strategies.checkpoint import convert_checkpoint
 
     try:
         written = convert_checkpoint(args.source, args.target)

@@ -31,14 +31,13 @@ looked up in ``callbacks``, ``strategies``, ``torch.optim`` and ``torch.optim.lr
 
 from __future__ import annotations
 
-import inspect
 import os
 import random
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trainer.config_files import ConfigError, read_config
-from trainer.specs import BuildError, Spec, building, checked_kwargs, did_you_mean, make_spec, name_of
+from trainer.cli.config_files import ConfigError, read_config
+from trainer.cli.specs import BuildError, Spec, building, checked_kwargs, did_you_mean, make_spec, name_of
 
 #: The top-level keys, in the order a resolved configuration lists them (Lightning's).
 SECTIONS = ("seed_everything", "trainer", "model", "data", "optimizer", "lr_scheduler", "ckpt_path")

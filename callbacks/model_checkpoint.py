@@ -25,7 +25,7 @@ import torch
 from callbacks.base import Callback
 from callbacks.checkpoint_names import check_arguments, format_name, resolve_triggers
 from callbacks.console import epoch_label, warn, write_line
-from strategies.checkpoint import link_checkpoint, remove_checkpoint
+from strategies.checkpoint import link_checkpoint, remove_checkpoint, symlink_checkpoint
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -325,7 +325,7 @@ class ModelCheckpoint(Callback):
         error = None
         if trainer.is_global_zero:
             try:
-                _symlink(ranked, last) if self.save_last == "link" else link_checkpoint(ranked, last)
+                (symlink_checkpoint if self.save_last == "link" else link_checkpoint)(ranked, last)
             except OSError as failure:
                 error = failure
         if trainer.strategy.reduce_any(error is not None):
@@ -432,16 +432,6 @@ def _validates_next(trainer: Trainer, batch_idx: int) -> bool:
     every = trainer.check_val_every_n_epoch
     return (batch_idx + 1 == trainer.num_training_batches and sum(trainer.num_val_batches) > 0
             and (every is None or (trainer.current_epoch + 1) % every == 0))
-
-
-def _symlink(target: Path, link: Path) -> None:
-    """Point ``link`` at ``target`` (relative, so the directory can move), replacing it atomically."""
-    temporary = link.with_name(f".{link.name}.{os.getpid()}.symlink.tmp")
-    remove_checkpoint(temporary)
-    os.symlink(os.path.relpath(target, link.parent), temporary)
-    if link.is_dir() and not link.is_symlink():  # a sharded last.ckpt directory written before
-        remove_checkpoint(link)
-    os.replace(temporary, link)
 
 
 def _tensor_or_none(value: Any) -> torch.Tensor | None:

@@ -41,7 +41,9 @@ __all__ = [
 
 
 def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_checkpointing: bool, logger: Any) -> list[Callback]:
-    """The user's callbacks, in order, plus the defaults the Trainer's flags ask for."""
+    """The user's callbacks, in order, plus the defaults the Trainer's flags ask for. As in Lightning,
+    ``ModelCheckpoint``s move behind the user's other callbacks, so that a checkpoint holds the state
+    they reached at the same moment (EarlyStopping's count after this epoch's check, say)."""
     if callbacks is None:
         callbacks = []
     elif isinstance(callbacks, Callback):
@@ -53,6 +55,8 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
                 f"Trainer(callbacks=[...]) item {index} is {type(callback).__name__}, not a "
                 "callbacks.Callback. Subclass Callback and pass an instance."
             )
+    callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)] + [
+        c for c in callbacks if isinstance(c, ModelCheckpoint)]
     if logger is True:
         callbacks += default_loggers()
     elif isinstance(logger, Callback):

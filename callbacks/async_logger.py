@@ -17,14 +17,14 @@ import os
 import queue
 import threading
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from callbacks.logging import Logger, metric_number, write_hparams
+from callbacks.console import warn
+from callbacks.logging import Logger, hyperparameters_to_log, metric_number, write_hparams
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -56,6 +56,8 @@ class AsyncLogger(Logger):
 
     #: Seconds between two hand-overs of logged values to the writer thread.
     handover_seconds: float = 1.0
+    #: The least time between two hand-overs that ``flush_every_n_steps`` asks for.
+    min_handover_seconds: float = 0.1
 
     def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "cadence_logs",
                  version: int | str | None = None, prefix: str = "") -> None:
@@ -83,6 +85,10 @@ class AsyncLogger(Logger):
         self._error: BaseException | None = None
         self._written: set[Path] = set()  # directories this logger wrote in this process
         self._last_step = 0
+        self._opened = threading.Event()  # the writer thread has opened its files (experiment waits for it)
+        #: Hand the logged values over at least every this many steps (CSVLogger's flush_logs_every_n_steps).
+        self.flush_every_n_steps: int | None = None
+        self._handed_over_step = 0
 
     @property
     def state_key(self) -> str:
@@ -119,10 +125,15 @@ class AsyncLogger(Logger):
         return self._version
 
     @property
-    def log_dir(self) -> str:
+    def version_dir(self) -> str:
         """``<save_dir>/<name>/version_<N>`` (or the str version): this run's directory."""
         version = self.version
         return str(Path(self.root_dir) / (version if isinstance(version, str) else f"version_{version}"))
+
+    @property
+    def log_dir(self) -> str:
+        """Where this logger's files go: the run's directory (``version_dir``)."""
+        return self.version_dir
 
     @staticmethod
     def next_version(root: Path) -> int:
@@ -138,18 +149,18 @@ class AsyncLogger(Logger):
             self._save_dir = Path(default_root_dir)
         if self._version is None and version is not None:
             self._version = version
-        return Path(self.log_dir)
+        return Path(self.version_dir)
 
     def log_metrics(self, metrics: Mapping[str, float | torch.Tensor], step: int | None = None) -> None:
         """Write ``metrics`` at ``step`` (default: the last step written). Rank zero only; a
         tensor value is read to the host here (that is a device sync: pass floats in loops)."""
         if not self._rank_zero:
             return
-        values = {f"{self.prefix}-{key}" if self.prefix and key != "epoch" else key: metric_number(key, value)
-                  for key, value in metrics.items()}
+        values = self._prefixed({key: metric_number(key, value) for key, value in metrics.items()})
         if step is not None:
             self._last_step = int(step)
         self._add(self.write, values, self._last_step)
+        self._flush_if_due(self._last_step)
 
     def log_hyperparams(self, params: Mapping[str, Any] | Any, *args: Any, **kwargs: Any) -> None:
         """Keep ``params`` (a dict or an argparse Namespace) in ``hparams.yaml`` (and TensorBoard's
@@ -175,13 +186,14 @@ class AsyncLogger(Logger):
         self._thread.join()
         self._thread = self._queue = None
         if self._error is not None:
-            warnings.warn(f"{type(self).__name__} could not write to {self.log_dir}: {self._error}", stacklevel=2)
+            warn(f"{type(self).__name__} could not write to {self.log_dir}: {self._error}")
 
     # --- the callback side -----------------------------------------------------------------
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
         self._rank_zero = trainer.is_global_zero
+        params = hyperparameters_to_log(trainer, module)  # on every rank: a conflict fails them all
         if self._rank_zero:
-            self.hparams.update(module.hparams)
+            self.hparams.update(params)
             if stage != "fit":  # fit starts the writer once a checkpoint is restored (on_fit_start)
                 self._start(Path(self.log_dir), resume_step=None)
 
@@ -191,12 +203,28 @@ class AsyncLogger(Logger):
 
     def on_log(self, trainer: Trainer, module: TrainingModule, metrics: dict[str, float], step: int) -> None:
         if self._rank_zero:
-            self._add(self.write, {**metrics, "epoch": trainer.current_epoch}, step)
+            self._add(self.write, {**self._prefixed(metrics), "epoch": trainer.current_epoch}, step)
             self._last_step = step
+            self._flush_if_due(step)
+
+    def _prefixed(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Lightning's ``prefix``: ``"train"`` logs ``loss`` as ``train-loss`` (the ``epoch`` column stays)."""
+        if not self.prefix:
+            return metrics
+        return {f"{self.prefix}-{key}" if key != "epoch" else key: value for key, value in metrics.items()}
+
+    def _flush_if_due(self, step: int) -> None:
+        """``flush_every_n_steps``: hand over once that many steps were logged since the last time, but
+        not within ``min_handover_seconds`` of it (a fast loop would otherwise pay a thread switch
+        every few milliseconds)."""
+        if (self.flush_every_n_steps is not None and step - self._handed_over_step >= self.flush_every_n_steps
+                and time.monotonic() - self._handed_over_at >= self.min_handover_seconds):
+            self._handed_over_step = step
+            self._hand_over(force=True)
 
     def teardown(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
         if self._rank_zero and stage == "fit" and self._thread is not None and self._error is None:
-            final = {key: float(value) for key, value in trainer.callback_metrics.items()}
+            final = self._prefixed({key: float(value) for key, value in trainer.callback_metrics.items()})
             self._add(self.write_final, dict(self.hparams), final)
         self.finalize("success")
 
@@ -228,6 +256,7 @@ class AsyncLogger(Logger):
             resume_step = None  # our own files from an earlier stage of this run: append
         self._written.add(directory)
         self._queue, self._error = queue.Queue(), None
+        self._opened.clear()
         self._thread = threading.Thread(target=self._drain, args=(directory, resume_step, dict(self.hparams)),
                                         name=f"cadence-{type(self).__name__}", daemon=True)
         self._thread.start()
@@ -235,8 +264,11 @@ class AsyncLogger(Logger):
 
     def _drain(self, directory: Path, resume_step: int | None, hparams: dict[str, Any]) -> None:
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            self.open(directory, resume_step)
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+                self.open(directory, resume_step)
+            finally:
+                self._opened.set()
             if hparams:
                 self.write_hyperparams(hparams)
             while (batch := self._queue.get()) is not None:
@@ -272,5 +304,9 @@ class AsyncLogger(Logger):
     def __getstate__(self) -> dict[str, Any]:
         # Sent to spawned processes before any thread runs; never the thread, queue or open files.
         state = dict(self.__dict__)
-        state.update(_queue=None, _thread=None, _pending=[])
+        state.update(_queue=None, _thread=None, _pending=[], _opened=None)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._opened = threading.Event()

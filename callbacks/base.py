@@ -43,6 +43,9 @@ class Callback:
     owns_backward: bool = False
     #: Set to True by a callback that implements :meth:`optimizer_step`.
     owns_optimizer_step: bool = False
+    #: True for callbacks that act on logged metrics (EarlyStopping, ModelCheckpoint): as in Lightning,
+    #: their ``on_train_epoch_end`` runs after the module's, so that a metric it logs counts.
+    monitors_metrics: bool = False
 
     @property
     def state_key(self) -> str:
@@ -87,7 +90,9 @@ class Callback:
     def on_log(self, trainer: Trainer, module: TrainingModule, metrics: dict[str, float], step: int) -> None:
         """Host values of the metrics logged since the last log step (loggers write them)."""
 
-    def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None: ...
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        """At the end of a training epoch (after its last validation); ``trainer.callback_metrics``
+        holds the epoch's values. A callback with ``monitors_metrics`` runs after the module's hook."""
 
     def on_validation_start(self, trainer: Trainer, module: TrainingModule) -> None: ...
 

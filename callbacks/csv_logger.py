@@ -30,13 +30,23 @@ FIXED_COLUMNS = ["epoch", "step"]
 class CSVLogger(AsyncLogger):
     """``<save_dir>/<name>/version_<N>/metrics.csv`` (wide) and ``hparams.yaml``.
 
-    Arguments as Lightning's ``CSVLogger(save_dir, name, version, prefix)``; see
-    :class:`~callbacks.logging.AsyncLogger`.
+    Arguments as Lightning's ``CSVLogger(save_dir, name, version, prefix, flush_logs_every_n_steps)``;
+    see :class:`~callbacks.async_logger.AsyncLogger`. Rows reach the file at most a second after
+    they are logged, and at most ``flush_logs_every_n_steps`` steps after, unless that many steps
+    take under 0.1 s (Lightning writes them every that many steps, from the training loop).
 
     Example::
 
         Trainer(logger=CSVLogger("logs", name="mnist"))  # logs/mnist/version_0/metrics.csv
     """
+
+    def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "cadence_logs",
+                 version: int | str | None = None, prefix: str = "", flush_logs_every_n_steps: int = 100) -> None:
+        if isinstance(flush_logs_every_n_steps, bool) or not isinstance(flush_logs_every_n_steps, int) or (
+                flush_logs_every_n_steps < 1):
+            raise ValueError(f"CSVLogger(flush_logs_every_n_steps={flush_logs_every_n_steps!r}): use an int >= 1.")
+        super().__init__(save_dir, name, version, prefix)
+        self.flush_every_n_steps = flush_logs_every_n_steps
 
     @property
     def experiment(self) -> _CSVExperiment:

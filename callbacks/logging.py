@@ -67,10 +67,14 @@ class Logger(Callback):
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None: ...
 
+    def log_graph(self, model: torch.nn.Module, input_array: Any = None) -> None:
+        """Record the model's graph, traced on ``input_array`` (default ``model.example_input_array``)."""
+
     # --- the callback side -----------------------------------------------------------------
     def on_fit_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        if trainer.is_global_zero and module.hparams:
-            self.log_hyperparams(dict(module.hparams))
+        params = hyperparameters_to_log(trainer, module)
+        if trainer.is_global_zero and params:
+            self.log_hyperparams(params)
 
     def on_log(self, trainer: Trainer, module: TrainingModule, metrics: dict[str, float], step: int) -> None:
         if trainer.is_global_zero:
@@ -83,6 +87,25 @@ class Logger(Callback):
     def on_exception(self, trainer: Trainer, module: TrainingModule, error: BaseException) -> None:
         if trainer.is_global_zero:
             self.finalize("failed")
+
+
+def hyperparameters_to_log(trainer: Trainer, module: TrainingModule) -> dict[str, Any]:
+    """What the loggers get, as in Lightning: the module's and the DataModule's hyperparameters
+    (``save_hyperparameters``), each unless saved with ``logger=False``, merged; a name both hold with
+    different values is an error."""
+    datamodule = trainer.datamodule
+    sources = [obj for obj in (module, datamodule) if obj is not None and getattr(obj, "_log_hyperparams", True)]
+    merged: dict[str, Any] = {}
+    for obj in sources:
+        for name, value in obj.hparams.items():
+            if name in merged and (type(merged[name]) is not type(value) or merged[name] is not value
+                                   and (isinstance(value, torch.Tensor) or merged[name] != value)):
+                raise RuntimeError(
+                    f"{type(module).__name__} and {type(datamodule).__name__} both save the hyperparameter {name!r}, "
+                    f"with different values ({merged[name]!r} and {value!r}), so the loggers cannot record one. "
+                    "Rename one, or pass logger=False to one's save_hyperparameters.")
+            merged[name] = value
+    return merged
 
 
 def metric_number(key: str, value: Any) -> float:
@@ -118,7 +141,7 @@ def write_hparams(directory: Path, hparams: Mapping[str, Any]) -> None:
 
     directory.mkdir(parents=True, exist_ok=True)
     temporary = directory / f".hparams.yaml.{threading.get_ident()}.tmp"
-    temporary.write_text(yaml.safe_dump(plain_hparams(hparams), sort_keys=True))
+    temporary.write_text(yaml.safe_dump(plain_hparams(hparams), sort_keys=False))  # in the order saved, as Lightning
     os.replace(temporary, directory / "hparams.yaml")
 
 

@@ -1,13 +1,14 @@
-"""ModelCheckpoint: save the whole training state on a schedule, keep the best k and the last.
+"""ModelCheckpoint: Lightning's callback of that name, with its arguments, file names and triggers.
 
 Files are written through ``trainer.save_checkpoint`` (atomic; rank zero writes, every rank
-waits). A checkpoint is written only after an optimizer step, never in the middle of a gradient
-accumulation window, so resuming from it is exact. The top-k bookkeeping is part of this
-callback's state and is updated *before* the files are written, so each file records itself and
-the bookkeeping survives a restart; ``last.ckpt`` is a hard link to the ranked file of the same
-moment when there is one (one serialization, not two). Under FSDP each checkpoint is a directory
-of shards (``strategies/checkpoint/sharded.py``): ``last.ckpt`` is then a directory of hard links
-to the ranked one's files, and pruning removes whole directories.
+waits). A checkpoint is written only after an optimizer step, never inside a gradient
+accumulation window, so resuming from it is exact. The top-k bookkeeping is updated *before* a
+file is written, so each file records itself and the bookkeeping survives a restart. ``last.ckpt``
+is refreshed at every trigger, ranked or not, so it always holds the newest state; it is a hard
+link to the ranked file of the same moment when there is one (one serialization, not two), or
+with ``save_last="link"`` a symbolic link to the newest ranked file, as in Lightning. Under FSDP
+each checkpoint is a directory of shards (``strategies/checkpoint/sharded.py``), linked and
+pruned whole. Names and arguments are checked in ``callbacks/checkpoint_names.py``.
 """
 
 from __future__ import annotations
@@ -15,76 +16,106 @@ from __future__ import annotations
 import math
 import os
 import time
-import warnings
+from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
 
 from callbacks.base import Callback
-from strategies.checkpoint import link_checkpoint, remove_checkpoint
+from callbacks.checkpoint_names import check_arguments, format_name, resolve_triggers
+from callbacks.console import epoch_label, warn, write_line
+from strategies.checkpoint import link_checkpoint, remove_checkpoint, symlink_checkpoint
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
 
 
 class ModelCheckpoint(Callback):
-    """Save checkpoints during ``fit``.
+    """Save checkpoints during ``fit``; arguments, defaults and file names as in Lightning 2.6.
 
     Args:
-        dirpath: the directory; default ``<log_dir>/checkpoints``.
-        filename: a format string over ``epoch``, ``step`` and logged metrics, e.g.
-            ``"{epoch}-{val/loss:.3f}"``; default ``"epoch={epoch}-step={step}"``.
-        monitor: the metric that ranks checkpoints; None keeps the most recent ``save_top_k``.
+        dirpath: the directory; default ``<trainer.log_dir>/checkpoints``.
+        filename: a format string over ``epoch``, ``step`` and logged metrics; ``"{epoch}-{val_loss:.3f}"``
+            names a file ``epoch=14-val_loss=0.012.ckpt``. Default ``"{epoch}-{step}"``.
+        monitor: the metric that ranks checkpoints; None keeps the newest one (``save_top_k=1``) or all (-1).
+        verbose: say on stderr (above the progress bar) what was saved and why.
+        save_last: refresh ``last.ckpt`` at every trigger and when training ends (``fit(ckpt_path="last")``
+            resumes from it); ``"link"``: a symbolic link to the newest ranked file; False or None: none.
+        save_top_k: keep the best k ranked files; -1 all, 0 none.
+        save_on_exception: when ``fit`` fails, save the state it failed in (one process only).
+        save_weights_only: files hold the weights (and hyperparameters) only: ``load_from_checkpoint`` and
+            ``validate/test(ckpt_path=...)`` read them; ``fit`` cannot resume from them.
         mode: ``"min"`` or ``"max"``: which values of ``monitor`` are better.
-        save_top_k: how many ranked checkpoints to keep; -1 keeps all, 0 none (``last`` only).
-        save_last: also keep ``last.ckpt``, the state ``fit(ckpt_path="last")`` resumes from.
-        every_n_train_steps: save every this many optimizer steps.
-        every_n_epochs: save at the end of every this many epochs (after that epoch's validation).
-        train_time_interval: save when this many seconds passed since the last save. Checked at
-            log steps (``Trainer(log_every_n_steps)``), where under DDP the ranks agree.
+        auto_insert_metric_name: ``{epoch}`` in ``filename`` becomes ``epoch=3``; False: ``3``. A metric name
+            with ``/`` then makes a subdirectory, as in Lightning.
+        every_n_train_steps: save every this many optimizer steps (0 or None: not by steps).
+        train_time_interval: save once this much training time passed (a ``timedelta``, or seconds), checked
+            after every optimizer step with the host clock (no device sync): at most that much is lost.
+        every_n_epochs: save every this many epochs; None: 1 unless another trigger is set; 0: never.
+        save_on_train_epoch_end: save at the end of the training epoch (True) or after validation
+            (False); None decides as Lightning: after validation when it runs other than once per epoch.
+        enable_version_counter: a name already on disk gets ``-v1``, ``-v2``, ... instead of being
+            overwritten (``last.ckpt`` is always replaced: it is the state to resume from).
 
     Example::
 
-        ModelCheckpoint(monitor="val/acc", mode="max", save_top_k=3, every_n_train_steps=1000)
+        ModelCheckpoint(monitor="val_loss", filename="{epoch}-{val_loss:.3f}", save_top_k=3)
     """
 
-    def __init__(self, dirpath: str | os.PathLike | None = None, filename: str | None = None,
-                 monitor: str | None = None, mode: str = "min", save_top_k: int = 1, save_last: bool = True,
-                 every_n_train_steps: int | None = None, every_n_epochs: int | None = 1,
-                 train_time_interval: float | None = None) -> None:
-        if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
-            raise ValueError(f"ModelCheckpoint(dirpath={dirpath!r}): use a directory path or None.")
-        if filename is not None and (not isinstance(filename, str) or not filename):
-            raise ValueError(f"ModelCheckpoint(filename={filename!r}): use a format string like \"{{epoch}}-{{step}}\".")
-        if monitor is not None and (not isinstance(monitor, str) or not monitor):
-            raise ValueError(f"ModelCheckpoint(monitor={monitor!r}): use the name of a logged metric, or None.")
-        if mode not in ("min", "max"):
-            raise ValueError(f'ModelCheckpoint(mode="{mode}"): use "min" or "max".')
-        if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < -1:
-            raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}): use -1 (all), 0, or a positive int.")
-        for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"ModelCheckpoint({name}={value!r}): use an int >= 1 or None.")
-        if train_time_interval is not None and (isinstance(train_time_interval, bool) or not (
-                isinstance(train_time_interval, (int, float)) and train_time_interval > 0)):
-            raise ValueError(f"ModelCheckpoint(train_time_interval={train_time_interval!r}): use seconds > 0 or None.")
-        self.dirpath = Path(dirpath) if dirpath is not None else None
-        self.filename = filename or "epoch={epoch}-step={step}"
-        self.monitor, self.mode, self.save_top_k, self.save_last = monitor, mode, save_top_k, save_last
-        self.every_n_train_steps, self.every_n_epochs = every_n_train_steps, every_n_epochs
-        self.train_time_interval = train_time_interval
-        self.best_k_models: dict[str, float] = {}  # path -> score, the files kept on disk
+    monitors_metrics = True  # its on_train_epoch_end sees what the module's logged
+    CHECKPOINT_JOIN_CHAR = "-"
+    CHECKPOINT_EQUALS_CHAR = "="
+    CHECKPOINT_NAME_LAST = "last"
+    FILE_EXTENSION = ".ckpt"
+    STARTING_VERSION = 1
+
+    def __init__(self, dirpath: str | os.PathLike | None = None, filename: str | None = None, monitor: str | None = None,
+                 verbose: bool = False, save_last: bool | Literal["link"] | None = True, save_top_k: int = 1,
+                 save_on_exception: bool = False, save_weights_only: bool = False, mode: str = "min",
+                 auto_insert_metric_name: bool = True, every_n_train_steps: int | None = None,
+                 train_time_interval: timedelta | float | None = None, every_n_epochs: int | None = None,
+                 save_on_train_epoch_end: bool | None = None, enable_version_counter: bool = True) -> None:
+        check_arguments(dirpath=dirpath, filename=filename, monitor=monitor, verbose=verbose, save_last=save_last,
+                        save_top_k=save_top_k, save_on_exception=save_on_exception,
+                        save_weights_only=save_weights_only, mode=mode, auto_insert_metric_name=auto_insert_metric_name,
+                        save_on_train_epoch_end=save_on_train_epoch_end, enable_version_counter=enable_version_counter)
+        steps, epochs, interval = resolve_triggers(every_n_train_steps, every_n_epochs, train_time_interval)
+        self._every_n_train_steps, self._every_n_epochs, self._train_time_interval = steps, epochs, interval
+        self.dirpath = Path(os.path.realpath(os.path.expanduser(dirpath))) if dirpath else None
+        self.filename = filename or None
+        self.monitor, self.verbose, self.save_last, self.save_top_k = monitor, verbose, save_last, save_top_k
+        self.mode, self.save_on_exception, self.save_weights_only = mode, save_on_exception, save_weights_only
+        self.auto_insert_metric_name = auto_insert_metric_name
+        self._save_on_train_epoch_end = save_on_train_epoch_end
+        self._enable_version_counter = enable_version_counter
+        self.best_k_models: dict[str, torch.Tensor] = {}  # path -> score, the ranked files kept on disk
+        self.kth_best_model_path = ""
+        self.kth_value = torch.tensor(math.inf if mode == "min" else -math.inf)
         self.best_model_path = ""
-        self.best_model_score: float | None = None
+        self.best_model_score: torch.Tensor | None = None
+        self.current_score: torch.Tensor | None = None
         self.last_model_path = ""
-        self._last_saved_step = -1
-        self._last_save_time = time.monotonic()
+        self._last_checkpoint_saved = ""  # the newest ranked file (what save_last="link" points at)
+        self._last_global_step_saved = 0  # nothing to save before the first step, as in Lightning
         self._step_at_last_batch = 0
+        self._last_time_checked, self._step_of_time_check = time.monotonic(), 0  # train_time_interval's clock
+        self._next_time_check = 0  # several processes: the optimizer step at which they next compare clocks
+        self._defer_save_until_validation = False  # a step/time trigger waits for the monitored metric
         self._validated = False  # a validation ran in this fit: a missing monitor is then an error
-        self._warned_missing = False
+        self._warned: set[str] = set()
+
+    @property
+    def every_n_epochs(self) -> int:
+        return self._every_n_epochs
 
     @property
     def state_key(self) -> str:
-        return f"ModelCheckpoint{{monitor={self.monitor!r}, mode={self.mode!r}}}"
+        """Lightning's key, so that two ModelCheckpoints differing in monitor, mode or trigger keep
+        separate state, and a Lightning checkpoint's state is found."""
+        key = {"monitor": self.monitor, "mode": self.mode, "every_n_train_steps": self._every_n_train_steps,
+               "every_n_epochs": self._every_n_epochs, "train_time_interval": self._train_time_interval}
+        return f"{type(self).__qualname__}{key!r}"
 
     # --- when to save ---------------------------------------------------------------------
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
@@ -92,145 +123,316 @@ class ModelCheckpoint(Callback):
             self.dirpath = Path(trainer.log_dir) / "checkpoints"
         if self.dirpath.exists() and not self.dirpath.is_dir():
             raise ValueError(f"ModelCheckpoint(dirpath={str(self.dirpath)!r}) is a file; use a directory.")
-        self._last_save_time = time.monotonic()
         if stage == "fit":  # before a checkpoint is restored, which may set it again
-            self._validated = False
+            self._validated, self._defer_save_until_validation = False, False
+            if self.save_on_exception and trainer.world_size > 1:
+                raise ValueError(
+                    f"ModelCheckpoint(save_on_exception=True) with {trainer.world_size} processes: an error reaches "
+                    "only the process it happened in, and the others cannot join in writing a checkpoint then. Save "
+                    "periodically instead (every_n_train_steps or train_time_interval); a SIGTERM saves last.ckpt.")
+
+    def on_fit_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        # As Lightning, say when the files of another run are there (unless this run continues it).
+        ours = any(path and self.dirpath in Path(path).parents for path in (self.last_model_path, self.best_model_path))
+        if (trainer.is_global_zero and self.save_top_k != 0 and not ours and self.dirpath.is_dir()
+                and any(self.dirpath.iterdir())):
+            warn(f"Checkpoint directory {self.dirpath} exists and is not empty.")
 
     def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._step_at_last_batch = trainer.global_step
+        self._step_at_last_batch = self._next_time_check = trainer.global_step
+        self._restart_clock(trainer)
 
     def on_train_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if not self._every_n_train_steps and self._train_time_interval is None:
+            return
         stepped = trainer.global_step != self._step_at_last_batch
         self._step_at_last_batch = trainer.global_step
         if not stepped:  # mid accumulation window: a checkpoint would lose the partial gradients
             return
-        due = self.every_n_train_steps is not None and trainer.global_step % self.every_n_train_steps == 0
-        if self.train_time_interval is not None and trainer.global_step % trainer.log_every_n_steps == 0:
-            # Each rank reads its own clock; they agree here, every log_every_n_steps steps, not per step.
-            elapsed = time.monotonic() - self._last_save_time >= self.train_time_interval
-            due = trainer.strategy.reduce_any(elapsed) or due
-        if due and trainer.global_step != self._last_saved_step:
-            self.save(trainer)
+        due = self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0
+        if self._train_time_interval is not None and self._time_is_due(trainer):
+            due = True
+            self._restart_clock(trainer)
+        if not due or trainer.global_step == self._last_global_step_saved:
+            return
+        metrics = self._monitor_candidates(trainer)
+        missing = self.monitor is not None and self.monitor not in metrics
+        stale = self.monitor is not None and not self._saves_on_train_epoch_end(trainer) and _validates_next(trainer, batch_idx)
+        if missing or stale:  # rank after the validation that logs it; keep the state meanwhile
+            self._defer_save_until_validation = True
+            if self.save_last:
+                self._save_last(trainer, metrics)
+            return
+        self._save_topk_and_last(trainer, metrics)
+
+    def _time_is_due(self, trainer: Trainer) -> bool:
+        """One clock read per optimizer step. With several processes each reads its own clock, so they
+        compare at steps planned ahead from the step time (at most a twentieth of the interval
+        apart, one small CPU collective each); the save is then at most that much late."""
+        interval, elapsed = self._train_time_interval.total_seconds(), time.monotonic() - self._last_time_checked
+        if trainer.world_size == 1:
+            return elapsed >= interval
+        if trainer.global_step < self._next_time_check:
+            return False
+        seconds_per_step = elapsed / max(1, trainer.global_step - self._step_of_time_check)
+        ahead = max(1, int(interval / 20 / seconds_per_step)) if seconds_per_step > 0 else 1
+        agreed = trainer.strategy.all_reduce(torch.tensor([float(elapsed >= interval), float(trainer.global_step + ahead)]),
+                                             op="max")
+        self._next_time_check = int(agreed[1])
+        return bool(agreed[0])
+
+    def _restart_clock(self, trainer: Trainer) -> None:
+        self._last_time_checked, self._step_of_time_check = time.monotonic(), trainer.global_step
 
     def on_validation_end(self, trainer: Trainer, module: TrainingModule) -> None:
-        if not trainer.sanity_checking and trainer.stage == "fit":
-            self._validated = True
+        if trainer.sanity_checking or trainer.stage != "fit":
+            return
+        self._validated = True
+        if self._defer_save_until_validation:
+            self._defer_save_until_validation = False
+            self._save_topk_and_last(trainer, self._monitor_candidates(trainer))
+        elif not self._saves_on_train_epoch_end(trainer):
+            self._save_on_epoch_trigger(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
-        if self.every_n_epochs is not None and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
-            self.save(trainer)
+        if self._saves_on_train_epoch_end(trainer):
+            self._save_on_epoch_trigger(trainer)
+
+    def on_train_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        if self._defer_save_until_validation and self.monitor not in trainer.callback_metrics and trainer.is_global_zero:
+            warn(f"ModelCheckpoint(monitor={self.monitor!r}) never found its metric: no validation logged it "
+                 f"(logged: {sorted(trainer.callback_metrics)}), so no checkpoint was ranked; "
+                 f"{'only last.ckpt was written' if self.save_last else 'nothing was saved'}.")
+        if self.save_last and trainer.global_step != self._last_global_step_saved:
+            self._save_last(trainer, self._monitor_candidates(trainer))  # the end of training, whatever the triggers
+
+    def on_exception(self, trainer: Trainer, module: TrainingModule, error: BaseException) -> None:
+        if (not self.save_on_exception or trainer.stage != "fit" or trainer.sanity_checking or trainer.module is None
+                or trainer.global_step == self._last_global_step_saved):
+            return
+        metrics = self._monitor_candidates(trainer)
+        path = Path(self.format_checkpoint_name(metrics))
+        try:
+            self._write(trainer, path, ranked=True)
+            if self.save_last:
+                self._save_last(trainer, metrics, path)
+        except Exception as failure:  # the run's own error is what the user must see
+            warn(f"ModelCheckpoint(save_on_exception=True) could not save {path}: {failure}")
+            return
+        write_line(trainer, f"An {type(error).__name__} was raised with message: {error}, saved checkpoint to {path}")
+
+    def _save_on_epoch_trigger(self, trainer: Trainer) -> None:
+        if (self._every_n_epochs >= 1 and (trainer.current_epoch + 1) % self._every_n_epochs == 0
+                and trainer.global_step != self._last_global_step_saved):
+            self._save_topk_and_last(trainer, self._monitor_candidates(trainer))
+
+    def _saves_on_train_epoch_end(self, trainer: Trainer) -> bool:
+        if self._save_on_train_epoch_end is not None:
+            return self._save_on_train_epoch_end
+        if trainer.check_val_every_n_epoch != 1:
+            return False  # validation does not follow every epoch: save when it runs
+        if sum(trainer.num_val_batches) == 0:
+            return True  # no validation
+        return trainer.val_check_interval == 1.0  # several validations an epoch: save after each
 
     # --- saving ---------------------------------------------------------------------------
-    def save(self, trainer: Trainer) -> None:
-        """Write a checkpoint now: rank it by ``monitor`` (keeping ``save_top_k``), refresh ``last.ckpt``."""
-        self._last_save_time = time.monotonic()
-        self._last_saved_step = trainer.global_step
-        # Rank zero's values decide, so every rank takes the same branch (and meets the same barrier).
+    def _monitor_candidates(self, trainer: Trainer) -> dict[str, Any]:
+        """Rank zero's metrics (so every rank takes the same branch), with ``epoch`` and ``step``."""
         metrics = trainer.strategy.broadcast_object({k: float(v) for k, v in trainer.callback_metrics.items()})
-        score = self._score(metrics, trainer)
-        if self.save_top_k == 0 or score is None or not self._improves(score):
-            if self.save_last:
-                self.write_last(trainer)
-            if score is None and self._validated and self.save_top_k != 0:
-                raise RuntimeError(
-                    f"ModelCheckpoint(monitor={self.monitor!r}) found no such metric after validation; logged "
-                    f"metrics are {sorted(metrics)}. {'last.ckpt was saved. ' if self.save_last else ''}Log it "
-                    "with self.log or fix monitor, then resume with fit(..., ckpt_path=\"last\")."
-                )
-            return
-        path = self.dirpath / (self._format_name(trainer, metrics) + ".ckpt")
-        before = self.state_dict()
-        self.best_k_models[str(path)] = score
-        pruned = self._rank()
+        metrics["epoch"] = int(metrics["epoch"]) if "epoch" in metrics else trainer.current_epoch
+        metrics["step"] = int(metrics["step"]) if "step" in metrics else trainer.global_step
+        return metrics
+
+    def _save_topk_and_last(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        ranked = self._save_topk(trainer, metrics) if self.save_top_k != 0 else None
         if self.save_last:
-            self.last_model_path = str(self.dirpath / "last.ckpt")
-        try:
-            trainer.save_checkpoint(path)
-            if self.save_last and trainer.is_global_zero:
-                link_checkpoint(path, Path(self.last_model_path))
-        except BaseException:
-            self.load_state_dict(before)
-            raise
-        if trainer.is_global_zero:
-            for old in pruned:
-                if old != str(path):
-                    remove_checkpoint(old)
+            self._save_last(trainer, metrics, ranked)
+
+    def _save_topk(self, trainer: Trainer, metrics: dict[str, Any]) -> Path | None:
+        """Write a ranked checkpoint if it makes the top k; return its path (None: it did not)."""
+        if self.monitor is None:
+            path = self._free_path(trainer, metrics, keep=self.best_model_path)
+            previous, self.best_model_path = self.best_model_path, str(path)
+            self._write(trainer, path, restore={"best_model_path": previous}, ranked=True)
+            if self.save_top_k == 1 and previous and previous != str(path):
+                self._remove(trainer, previous)
+            return path
+        if self.monitor not in metrics:
+            if self._validated:
+                if self.save_last:
+                    self._save_last(trainer, metrics)
+                raise RuntimeError(
+                    f"ModelCheckpoint(monitor={self.monitor!r}) found no such metric after validation; logged metrics "
+                    f"are {sorted(set(metrics) - {'epoch', 'step'})}. {'last.ckpt was saved. ' if self.save_last else ''}"
+                    f"Log it with self.log or fix monitor, then resume with fit(..., ckpt_path=\"last\").")
+            return None
+        current = torch.tensor(metrics[self.monitor])
+        if torch.isnan(current):  # NaN is the worst score, never the best
+            current = torch.tensor(math.inf if self.mode == "min" else -math.inf)
+        k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
+        worst = max if self.mode == "min" else min
+        dropped = worst(self.best_k_models, key=self.best_k_models.get) if len(self.best_k_models) >= k else None
+        if dropped is not None and not (current < self.best_k_models[dropped] if self.mode == "min"
+                                        else current > self.best_k_models[dropped]):
+            if self.verbose and trainer.is_global_zero:
+                write_line(trainer, f"{epoch_label(trainer)}, global step {trainer.global_step}: {self.monitor!r} was "
+                                    f"not in top {self.save_top_k}")
+            return None
+        before = self.state_dict()
+        self.best_k_models.pop(dropped, None)
+        path = self._free_path(trainer, metrics, keep=dropped)
+        self.current_score, self.best_k_models[str(path)] = current, current
+        if len(self.best_k_models) == k:
+            self.kth_best_model_path = worst(self.best_k_models, key=self.best_k_models.get)
+            self.kth_value = self.best_k_models[self.kth_best_model_path]
+        self.best_model_path = (min if self.mode == "min" else max)(self.best_k_models, key=self.best_k_models.get)
+        self.best_model_score = self.best_k_models[self.best_model_path]
+        if self.verbose and trainer.is_global_zero:
+            write_line(trainer, f"{epoch_label(trainer)}, global step {trainer.global_step}: {self.monitor!r} reached "
+                                f"{current:0.5f} (best {self.best_model_score:0.5f}), saving model to {str(path)!r} as top {k}")
+        self._write(trainer, path, restore=before, ranked=True)
+        if dropped and dropped != str(path):
+            self._remove(trainer, dropped)
+        return path
 
     def write_last(self, trainer: Trainer) -> Path:
-        """Write ``<dirpath>/last.ckpt`` now (also used by the Trainer when preempted); return its path."""
-        last = self.dirpath / "last.ckpt"
+        """Write the whole training state to ``last.ckpt`` now (the Trainer does when preempted, also
+        with ``save_weights_only``, so that the run resumes); return its path."""
+        return self._save_last(trainer, self._monitor_candidates(trainer), whole=True)
+
+    def _save_last(self, trainer: Trainer, metrics: dict[str, Any], ranked: Path | None = None,
+                   whole: bool = False) -> Path:
+        """Refresh ``last.ckpt``: a hard link to ``ranked`` (the ranked file of this moment), with
+        ``save_last="link"`` a symbolic link to the newest ranked file, or else written."""
+        last = Path(self.format_checkpoint_name(metrics, self.CHECKPOINT_NAME_LAST))
         previous, self.last_model_path = self.last_model_path, str(last)
+        if self.save_last == "link" and self.save_top_k != 0 and self._last_checkpoint_saved:
+            ranked = Path(self._last_checkpoint_saved)
         try:
-            trainer.save_checkpoint(last)
+            if ranked is None or whole:
+                self._write(trainer, last, weights_only=False if whole else None)
+            else:
+                self._link(trainer, ranked, last)
         except BaseException:
             self.last_model_path = previous
             raise
+        if previous and previous != str(last):  # CHECKPOINT_NAME_LAST with a format field
+            self._remove(trainer, previous)
         return last
 
-    def _score(self, metrics: dict[str, float], trainer: Trainer) -> float | None:
-        if self.monitor is None:
-            return float(trainer.global_step)  # no monitor: the newest checkpoints are "best"
-        score = metrics.get(self.monitor)
-        if score is None:
-            if not self._validated and not self._warned_missing and trainer.is_global_zero:
-                self._warned_missing = True
-                warnings.warn(
-                    f"ModelCheckpoint(monitor={self.monitor!r}) found no such metric at step {trainer.global_step} "
-                    f"(logged: {sorted(metrics)}); this checkpoint is not ranked, only last.ckpt is written. "
-                    "It is an error once a validation has run.", stacklevel=3)
-            return None
-        if math.isnan(score):  # NaN is the worst score, never the best
-            return math.inf if self.mode == "min" else -math.inf
-        return score
+    def _link(self, trainer: Trainer, ranked: Path, last: Path) -> None:
+        """Rank zero links; every rank learns whether it could, so all raise together or none."""
+        error = None
+        if trainer.is_global_zero:
+            try:
+                (symlink_checkpoint if self.save_last == "link" else link_checkpoint)(ranked, last)
+            except OSError as failure:
+                error = failure
+        if trainer.strategy.reduce_any(error is not None):
+            raise error or OSError(f"Rank zero could not update {last}; see its error.")
+        self._last_global_step_saved = trainer.global_step
 
-    def _improves(self, score: float) -> bool:
-        if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
-            return True
-        scores = self.best_k_models.values()
-        return score < max(scores) if self._mode == "min" else score > min(scores)
-
-    @property
-    def _mode(self) -> str:
-        return self.mode if self.monitor is not None else "max"
-
-    def _rank(self) -> list[str]:
-        """Update best_model_path/score; return the paths that fall out of the top k."""
-        ranked = sorted(self.best_k_models, key=self.best_k_models.get, reverse=(self._mode == "max"))
-        self.best_model_path = ranked[0]
-        self.best_model_score = self.best_k_models[ranked[0]]
-        if self.save_top_k == -1:
-            return []
-        for path in ranked[self.save_top_k:]:
-            del self.best_k_models[path]
-        return ranked[self.save_top_k:]
-
-    def _format_name(self, trainer: Trainer, metrics: dict[str, float]) -> str:
-        values = {"epoch": trainer.current_epoch, "step": trainer.global_step}
-        values.update({k.replace("/", "_"): v for k, v in metrics.items()})
-        template = self.filename.replace("/", "_")
+    def _write(self, trainer: Trainer, path: Path, restore: dict[str, Any] | None = None,
+               weights_only: bool | None = None, ranked: bool = False) -> None:
+        """``trainer.save_checkpoint`` on every rank; on failure, the bookkeeping goes back to ``restore``."""
         try:
-            return template.format(**values)
-        except (KeyError, ValueError, IndexError) as error:
-            raise ValueError(f"ModelCheckpoint(filename={self.filename!r}) names {error}, which is not "
-                             f"among epoch, step and the logged metrics {sorted(metrics)}.") from None
+            trainer.save_checkpoint(path, weights_only=self.save_weights_only if weights_only is None else weights_only)
+        except BaseException:
+            if restore is not None:
+                self.load_state_dict({**self.state_dict(), **restore})
+            raise
+        self._restart_clock(trainer)
+        self._last_global_step_saved = trainer.global_step
+        if ranked:
+            self._last_checkpoint_saved = str(path)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(self)
+
+    def _free_path(self, trainer: Trainer, metrics: dict[str, Any], keep: str | None) -> Path:
+        """The checkpoint's name; with the version counter, ``-v1``, ``-v2``... while the name is taken
+        (on rank zero's disk, so every rank uses the same name), unless by ``keep``, about to go."""
+        path = self.format_checkpoint_name(metrics)
+        if self._enable_version_counter:
+            version = self.STARTING_VERSION
+            if trainer.is_global_zero:
+                while os.path.lexists(path) and path != keep:
+                    path, version = self.format_checkpoint_name(metrics, ver=version), version + 1
+            path = trainer.strategy.broadcast_object(path)
+        return Path(path)
+
+    def _remove(self, trainer: Trainer, path: str) -> None:
+        """Delete a checkpoint this callback wrote (only inside its directory, never ``last.ckpt``)."""
+        if (trainer.is_global_zero and self.dirpath in Path(path).parents and path != self.last_model_path
+                and path not in self.best_k_models):
+            remove_checkpoint(path)
+
+    # --- names ------------------------------------------------------------------------------
+    def format_checkpoint_name(self, metrics: dict[str, Any], filename: str | None = None, ver: int | None = None,
+                               prefix: str | None = None) -> str:
+        """The path of a checkpoint for ``metrics`` (Lightning's): ``{epoch}`` becomes ``epoch=3``, ``-v2``
+        is appended for ``ver``, in ``dirpath``."""
+        name = self._format_checkpoint_name(filename or self.filename, dict(metrics), prefix,
+                                            self.auto_insert_metric_name)
+        if ver is not None:
+            name = self.CHECKPOINT_JOIN_CHAR.join((name, f"v{ver}"))
+        name += self.FILE_EXTENSION
+        return str(self.dirpath / name) if self.dirpath else name
+
+    def _format_checkpoint_name(self, filename: str | None, metrics: dict[str, Any], prefix: str | None = None,
+                                auto_insert_metric_name: bool = True) -> str:
+        logged = sorted(set(metrics) - {"epoch", "step"})
+        name, missing = format_name(filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}", metrics,
+                                    auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
+        for field in missing - self._warned:
+            self._warned.add(field)
+            warn(f"ModelCheckpoint(filename={filename!r}) names {field!r}, which is not among the logged "
+                 f"metrics {logged}: it is 0 in the file name, as in "
+                 "Lightning. Log it with self.log, or fix the filename.")
+        return self.CHECKPOINT_JOIN_CHAR.join([prefix, name]) if prefix is not None else name
 
     # --- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"best_k_models": dict(self.best_k_models), "best_model_path": self.best_model_path,
-                "best_model_score": self.best_model_score, "last_model_path": self.last_model_path,
-                "last_saved_step": self._last_saved_step, "validated": self._validated,
-                "dirpath": str(self.dirpath) if self.dirpath is not None else None}
+        return {"monitor": self.monitor, "best_model_score": self.best_model_score, "best_model_path": self.best_model_path,
+                "current_score": self.current_score, "dirpath": str(self.dirpath) if self.dirpath else None,
+                "best_k_models": dict(self.best_k_models), "kth_best_model_path": self.kth_best_model_path,
+                "kth_value": self.kth_value, "last_model_path": self.last_model_path,
+                "last_global_step_saved": self._last_global_step_saved, "validated": self._validated}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._last_saved_step = state_dict.get("last_saved_step", -1)
-        self._validated = state_dict.get("validated", False)
-        if self.dirpath is not None and state_dict.get("dirpath") not in (None, str(self.dirpath)):
-            # Lightning does the same: ranking files in another directory could delete them.
-            warnings.warn(
-                f"ModelCheckpoint's dirpath changed from {state_dict['dirpath']} to {self.dirpath}; the "
-                "top-k bookkeeping of the old directory is not restored.", stacklevel=2)
-            return
-        self.best_k_models = {path: score for path, score in state_dict["best_k_models"].items() if Path(path).exists()}
         self.best_model_path = state_dict["best_model_path"]
-        self.best_model_score = state_dict.get("best_model_score")
-        self.last_model_path = state_dict["last_model_path"]
+        self._last_global_step_saved = state_dict.get("last_global_step_saved", state_dict.get("last_saved_step", 0))
+        self._validated = state_dict.get("validated", False)
+        saved_in = state_dict.get("dirpath")
+        if self.dirpath is None and saved_in is not None:  # the caller of a spawned fit: where the workers saved
+            self.dirpath = Path(saved_in)
+        elif self.dirpath is not None and saved_in is not None and Path(saved_in) != self.dirpath:
+            # As Lightning: ranking files in another directory could delete them.
+            warn(f"ModelCheckpoint's dirpath changed from {saved_in} to {self.dirpath}; only best_model_path "
+                 "is restored, not the top-k bookkeeping of the old directory.")
+            return
+        self.best_k_models = {path: torch.as_tensor(score) for path, score in state_dict["best_k_models"].items()
+                              if os.path.lexists(path)}
+        self.best_model_score = _tensor_or_none(state_dict.get("best_model_score"))
+        self.current_score = _tensor_or_none(state_dict.get("current_score"))
+        self.kth_best_model_path = state_dict.get("kth_best_model_path", "")
+        self.kth_value = torch.as_tensor(state_dict.get("kth_value", self.kth_value))
+        self.last_model_path = state_dict.get("last_model_path", "")
+
+    def on_load_checkpoint(self, trainer: Trainer, module: TrainingModule, checkpoint: dict[str, Any]) -> None:
+        # Checkpoints of Cadence before Lightning's state keys name this callback by monitor and mode.
+        states = checkpoint.get("callbacks", {})
+        legacy = f"ModelCheckpoint{{monitor={self.monitor!r}, mode={self.mode!r}}}"
+        if self.state_key not in states and legacy in states:
+            states[self.state_key] = states.pop(legacy)
+
+
+def _validates_next(trainer: Trainer, batch_idx: int) -> bool:
+    """The epoch's last batch ran, and an end-of-epoch validation follows it (Lightning defers then)."""
+    every = trainer.check_val_every_n_epoch
+    return (batch_idx + 1 == trainer.num_training_batches and sum(trainer.num_val_batches) > 0
+            and (every is None or (trainer.current_epoch + 1) % every == 0))
+
+
+def _tensor_or_none(value: Any) -> torch.Tensor | None:
+    return None if value is None else torch.as_tensor(value)

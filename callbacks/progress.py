@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
+from callbacks.console import epoch_label
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -63,9 +64,8 @@ class ProgressBar(Callback):
         if not (self.enabled and self.interactive):
             return
         total = self._total(trainer.num_training_batches)
-        epochs = f"/{trainer.max_epochs}" if trainer.max_epochs not in (None, -1) else ""
-        self._bar = self._tqdm(total=total, desc=f"Epoch {trainer.current_epoch + 1}{epochs}",
-                               leave=self.leave, dynamic_ncols=True, file=sys.stderr)
+        self._bar = self._tqdm(total=total, desc=epoch_label(trainer), leave=self.leave, dynamic_ncols=True,
+                               file=sys.stderr)
 
     def on_train_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         bar = self._bar
@@ -85,9 +85,8 @@ class ProgressBar(Callback):
             self._bar.close()
             self._bar = None
         elif not self.interactive:
-            epochs = f"/{trainer.max_epochs}" if trainer.max_epochs not in (None, -1) else ""
             metrics = _format(trainer.progress_bar_metrics)
-            print(f"Epoch {trainer.current_epoch + 1}{epochs}: step {trainer.global_step}"
+            print(f"{epoch_label(trainer)}: step {trainer.global_step}"
                   + (f", {metrics}" if metrics else ""), file=sys.stderr, flush=True)
 
     # --- evaluation --------------------------------------------------------------------------

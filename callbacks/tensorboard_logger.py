@@ -5,57 +5,96 @@ Scalars go to the event file from the writer thread. ``logger.experiment`` is th
 ``add_histogram``, ``add_figure``) from the training thread on rank zero; on the other ranks it
 is an object whose methods do nothing (as in Lightning), so such calls need no rank check.
 At the end of ``fit`` the hyperparameters are written with the final metrics (TensorBoard's
-HParams tab), and to ``hparams.yaml``.
+HParams tab), and to ``hparams.yaml``. With ``log_graph=True`` the module's graph, traced on its
+``example_input_array``, is written when a stage starts.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from callbacks.async_logger import AsyncLogger
-from callbacks.logging import do_nothing, plain_hparams
+from callbacks.console import warn
+from callbacks.logging import do_nothing, metric_number, plain_hparams
+from strategies.transfer import move_to_device
+
+if TYPE_CHECKING:
+    from trainer import Trainer, TrainingModule
 
 #: SummaryWriter arguments a TensorBoardLogger passes on (log_dir and purge_step are its own).
 WRITER_ARGUMENTS = ("comment", "max_queue", "flush_secs", "filename_suffix")
 
 
 class TensorBoardLogger(AsyncLogger):
-    """TensorBoard event files in ``<save_dir>/<name>/version_<N>``.
+    """TensorBoard event files in ``<save_dir>/<name>/version_<N>[/<sub_dir>]``.
 
-    Arguments as Lightning's ``TensorBoardLogger(save_dir, name, version, prefix, **kwargs)``;
-    ``kwargs`` go to ``torch.utils.tensorboard.SummaryWriter`` (``max_queue``, ``flush_secs``, ...).
-    A run resumed from a checkpoint of this directory continues it: TensorBoard drops the
-    events the killed run wrote after the checkpoint's step (``purge_step``).
+    Arguments as Lightning's ``TensorBoardLogger``; ``kwargs`` go to
+    ``torch.utils.tensorboard.SummaryWriter`` (``max_queue``, ``flush_secs``, ...). A run resumed
+    from a checkpoint of this directory continues it: TensorBoard drops the events the killed run
+    wrote after the checkpoint's step (``purge_step``).
+
+    Args:
+        log_graph: write the module's graph, traced on ``example_input_array`` (a tensor, or a tuple
+            of ``forward``'s positional arguments), when a stage starts.
+        default_hp_metric: write the HParams session by itself: at the end of ``fit``, with the final
+            value of every metric (a ``hp_metric`` you log among them). False: only when you call
+            ``log_hyperparams(params, metrics)``. Lightning writes a placeholder ``hp_metric=-1`` at
+            the start instead; Cadence writes the real values at the end.
+        sub_dir: a directory under the version directory for this logger's files (checkpoints stay
+            in the version directory).
 
     Example::
 
-        logger = TensorBoardLogger("logs", name="gan")
+        logger = TensorBoardLogger("logs", name="gan", log_graph=True)
         ...
         self.logger.experiment.add_image("samples", grid, self.global_step)  # in a hook, on rank zero
     """
 
     def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "cadence_logs",
-                 version: int | str | None = None, prefix: str = "", **kwargs: Any) -> None:
+                 version: int | str | None = None, log_graph: bool = False, default_hp_metric: bool = True,
+                 prefix: str = "", sub_dir: str | os.PathLike | None = None, **kwargs: Any) -> None:
         unknown = sorted(set(kwargs) - set(WRITER_ARGUMENTS))
         if unknown:
-            lightning = {"log_graph", "default_hp_metric", "sub_dir"} & set(unknown)
-            note = (f" ({', '.join(sorted(lightning))}: Lightning options Cadence does not have; call "
-                    "logger.experiment.add_graph(...) yourself for a graph)") if lightning else ""
-            raise ValueError(f"TensorBoardLogger got {unknown}{note}. It passes on {list(WRITER_ARGUMENTS)} "
-                             "to SummaryWriter.")
+            raise ValueError(f"TensorBoardLogger got {unknown}. It takes Lightning's save_dir, name, version, log_graph, "
+                             f"default_hp_metric, prefix and sub_dir, and passes on {list(WRITER_ARGUMENTS)} to SummaryWriter.")
+        for flag, value in (("log_graph", log_graph), ("default_hp_metric", default_hp_metric)):
+            if not isinstance(value, bool):
+                raise ValueError(f"TensorBoardLogger({flag}={value!r}): use True or False.")
+        if sub_dir is not None and not isinstance(sub_dir, (str, os.PathLike)):
+            raise ValueError(f"TensorBoardLogger(sub_dir={sub_dir!r}): use a directory name, or None.")
         super().__init__(save_dir, name, version, prefix)
+        self._log_graph, self._default_hp_metric = log_graph, default_hp_metric
+        self._sub_dir = os.fspath(sub_dir) if sub_dir is not None else None
         self.writer_arguments = kwargs
         self._writer: Any = None
         self._writer_lock = threading.Lock()
+        self._session_written = False  # log_hyperparams(params, metrics) wrote the HParams session
+        self._graph_logged = False
+
+    @property
+    def sub_dir(self) -> str | None:
+        return self._sub_dir
+
+    @property
+    def log_dir(self) -> str:
+        """``<save_dir>/<name>/version_<N>``, then ``sub_dir`` if given (``~`` and ``$VARS`` expanded)."""
+        log_dir = self.version_dir if self._sub_dir is None else os.path.join(self.version_dir, self._sub_dir)
+        return os.path.expanduser(os.path.expandvars(log_dir))
 
     @property
     def experiment(self) -> Any:
         """The ``SummaryWriter`` of this run (rank zero), or a do-nothing stand-in on other ranks."""
         if not self._rank_zero:
             return _NoExperiment()
+        if self._thread is not None:  # the writer thread opens it (continuing a resumed run's events)
+            self._opened.wait()
         return self._summary_writer(purge_step=None)
 
     def _summary_writer(self, purge_step: int | None) -> Any:
@@ -66,12 +105,78 @@ class TensorBoardLogger(AsyncLogger):
                 self._writer = SummaryWriter(log_dir=self.log_dir, purge_step=purge_step, **self.writer_arguments)
             return self._writer
 
+    # --- Lightning's surface -----------------------------------------------------------------
+    def log_hyperparams(self, params: Mapping[str, Any] | Any, metrics: Mapping[str, Any] | float | None = None,
+                        step: int | None = None) -> None:
+        """Keep ``params`` (``hparams.yaml``); with ``metrics`` (a dict, or one number for ``hp_metric``),
+        also write the HParams session now, with those metrics logged at ``step``."""
+        super().log_hyperparams(params)
+        if metrics is None or not self._rank_zero:
+            return
+        values = dict(metrics) if isinstance(metrics, Mapping) else {"hp_metric": metrics}
+        values = {key: metric_number(key, value) for key, value in values.items()}
+        self.log_metrics(values, step)
+        self._session_written = True
+        self._add(self.write_session, dict(self.hparams), self._prefixed(values))
+
+    def log_graph(self, model: torch.nn.Module, input_array: Any = None) -> None:
+        """Write ``model``'s graph, traced on ``input_array`` (default: its ``example_input_array``),
+        when ``log_graph=True``. Rank zero only."""
+        if not self._log_graph or not self._rank_zero:
+            return
+        example = getattr(model, "example_input_array", None) if input_array is None else input_array
+        if example is None:
+            warn("Could not log computational graph to TensorBoard: The `model.example_input_array` attribute "
+                 "is not set or `input_array` was not given. Set self.example_input_array in the module's "
+                 "__init__ (a tensor shaped like a batch).")
+        elif not isinstance(example, (torch.Tensor, tuple)):
+            warn(f"Could not log computational graph to TensorBoard: The `input_array` or "
+                 f"`model.example_input_array` has type {type(example)} which can't be traced by TensorBoard. "
+                 "Make the input array a tuple representing the positional arguments to the model's "
+                 "`forward()` implementation.")
+        else:
+            device = next((parameter.device for parameter in model.parameters()), torch.device("cpu"))
+            self.experiment.add_graph(model, move_to_device(example, device, non_blocking=False))
+
+    # --- the callback side -------------------------------------------------------------------
+    def on_fit_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        super().on_fit_start(trainer, module)
+        self._graph_once(trainer, module)
+
+    def on_validation_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        if trainer.stage == "validate":
+            self._graph_once(trainer, module)
+
+    def on_test_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        self._graph_once(trainer, module)
+
+    def on_predict_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        self._graph_once(trainer, module)
+
+    def _graph_once(self, trainer: Trainer, module: TrainingModule) -> None:
+        if not self._log_graph or self._graph_logged or not self._rank_zero:
+            return
+        self._graph_logged = True
+        if not trainer.strategy.whole_state_on_rank_zero:
+            warn("TensorBoardLogger(log_graph=True): the module is sharded over the processes (FSDP), so rank "
+                 "zero alone cannot trace it; no graph is written. Log it from a run on one device.")
+            return
+        self.log_graph(module)
+
+    # --- the writer thread -------------------------------------------------------------------
     def open(self, directory: Path, resume_step: int | None) -> None:
         # A fit into a directory with events continues after its step: TensorBoard then shows
         # none of the earlier events from that step on (a resumed run logs them again).
         purge = None
-        if resume_step is not None and any(directory.glob("events.out.tfevents.*")):
+        earlier = list(directory.glob("events.out.tfevents.*"))
+        if resume_step is not None and earlier:
             purge = resume_step + 1 if resume_step > 0 else 0  # a new run (step 0) hides them all
+            # TensorBoard reads the files in name order, which starts with the second they were opened
+            # in: a file opened within the same second as an earlier one could be read before it.
+            opened = [path.name.split(".")[3] for path in earlier]  # events.out.tfevents.<second>.<host>...
+            newest = max((int(second) for second in opened if second.isdigit()), default=0)
+            while int(time.time()) <= newest:
+                time.sleep(0.05)
         self._summary_writer(purge_step=purge)
 
     def write(self, metrics: dict[str, float], step: int) -> None:
@@ -79,9 +184,12 @@ class TensorBoardLogger(AsyncLogger):
             self._writer.add_scalar(name, value, step)
 
     def write_final(self, params: dict[str, Any], metrics: dict[str, float]) -> None:
+        """At the end of fit, the HParams session with the final metrics (unless written already)."""
+        if params and self._default_hp_metric and not self._session_written:
+            self.write_session(params, metrics)
+
+    def write_session(self, params: dict[str, Any], metrics: dict[str, float]) -> None:
         """The HParams tab's session: the hyperparameters and the metrics to compare runs by."""
-        if not params:
-            return
         from torch.utils.tensorboard.summary import hparams
 
         values = {key: value if isinstance(value, (int, float, str, bool)) else str(value)
@@ -104,7 +212,7 @@ class TensorBoardLogger(AsyncLogger):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        super().__setstate__(state)
         self._writer_lock = threading.Lock()
 
 

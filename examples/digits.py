@@ -135,7 +135,9 @@ def train(max_epochs: int = 30, strategy: str = "auto", devices: int | str = "au
           enable_progress_bar: bool = True, seed: int = 0) -> tuple[Trainer, ModelCheckpoint, DigitsClassifier, DigitsData]:
     """Train the classifier as ``examples/digits.yaml`` does; return the trainer, the checkpoint
     callback (``best_model_path``), the trained model and the data."""
-    checkpoint = ModelCheckpoint(monitor="val/acc", mode="max", filename="{epoch}-{val/acc:.4f}")
+    # A metric name with "/" would be a subdirectory in an inserted name: spell the file name out instead.
+    checkpoint = ModelCheckpoint(monitor="val/acc", mode="max", filename="epoch={epoch}-val_acc={val/acc:.4f}",
+                                 auto_insert_metric_name=False)
     stopping = EarlyStopping(monitor="val/acc", mode="max", patience=8)
     trainer = Trainer(max_epochs=max_epochs, strategy=strategy, devices=devices, callbacks=[checkpoint, stopping],
                       seed=seed, default_root_dir=default_root_dir, enable_progress_bar=enable_progress_bar,

@@ -286,7 +286,7 @@ class FSDP(DDP):
                           "writes its own shards, so the checkpoint directory must be on a file system that all "
                           "machines share.")
         try:
-            write_shards({key: state[key] for key in SHARDED_KEYS}, staging, self._control_group)
+            write_shards({key: state[key] for key in SHARDED_KEYS if key in state}, staging, self._control_group)
             if self.is_global_zero:
                 replace_atomic(staging, path)
         except OSError as failure:

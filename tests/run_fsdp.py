@@ -180,7 +180,8 @@ def fit(out: Path, name: str, strategy: FSDP, callbacks=(), ckpt_path=None, mode
 def main(out: Path) -> None:
     torch.manual_seed(0)  # every rank builds the same model, as a torchrun script does
     model = Blocks()
-    trainer = fit(out, "plain", FSDP(), model=model)
+    weights_only = ModelCheckpoint(dirpath=out / "weights_only", save_weights_only=True, save_last=False)
+    trainer = fit(out, "plain", FSDP(), [weights_only], model=model)
     evaluated = {"validate": trainer.validate(model, DataLoader(IndexedRegression(), batch_size=8)),
                  "test": trainer.test(model, DataLoader(IndexedRegression(), batch_size=8))}
 

@@ -56,7 +56,7 @@ def test_a_users_own_progress_bar_or_checkpoint_replaces_the_default():
     bar, checkpoint = ProgressBar(refresh_rate=5), ModelCheckpoint(monitor="val/loss")
     trainer = Trainer(strategy="cpu", logger=False, callbacks=[checkpoint, bar], enable_model_summary=False,
                       report=False)
-    assert trainer.callbacks == [checkpoint, bar]
+    assert trainer.callbacks == [bar, checkpoint]  # as in Lightning, checkpoints run after the other callbacks
 
 
 def test_two_callbacks_with_the_same_state_key_are_refused():
@@ -107,7 +107,7 @@ def test_early_stopping_stops_when_the_metric_stops_improving(make_trainer, regr
     trainer = make_trainer(max_epochs=20, callbacks=[stopper], num_sanity_val_steps=0)
     trainer.fit(Flat(), regression_loader, regression_loader)
     assert trainer.current_epoch == 3  # epoch 1 sets the best; 2 and 3 do not improve
-    assert "did not improve for 2 checks" in stopper.stop_reason
+    assert "did not improve in the last 2 records" in stopper.stopping_reason_message
 
 
 def test_model_checkpoint_keeps_the_best_by_the_monitored_metric(make_trainer, regression_loader, tmp_path):
@@ -115,7 +115,8 @@ def test_model_checkpoint_keeps_the_best_by_the_monitored_metric(make_trainer, r
         def validation_step(self, batch, batch_idx):
             self.log("val/acc", [0.5, 0.9, 0.7][self.current_epoch])
 
-    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/acc", mode="max", filename="{epoch}-{val/acc:.1f}")
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/acc", mode="max", filename="{epoch}-{val/acc:.1f}",
+                                 auto_insert_metric_name=False)
     make_trainer(max_epochs=3, callbacks=[checkpoint], num_sanity_val_steps=0).fit(Scored(), regression_loader, regression_loader)
     assert checkpoint.best_model_path == str(tmp_path / "ckpt" / "1-0.9.ckpt")
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["1-0.9.ckpt", "last.ckpt"]

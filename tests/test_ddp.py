@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from callbacks import CSVLogger, Profiler
+from callbacks import CSVLogger, ModelCheckpoint, Profiler
 from linear_regression import IndexedRegression, LinearRegression
 from strategies import DDP
 from processes import free_port, run_together, torchrun
@@ -139,7 +140,10 @@ def spawned_fit(tmp_path_factory):
         strategy=DDP(devices=WORLD_SIZE), max_epochs=EPOCHS, accumulate_grad_batches=ACCUMULATE,
         default_root_dir=out, logger=CSVLogger(), log_every_n_steps=2, seed=0,
         max_time={"hours": 1},  # never reached: the ranks' Timer checks pair up at log steps, no hang
-        callbacks=[Profiler(wait=0, warmup=1, active=1, record_shapes=False, profile_memory=False)],
+        callbacks=[Profiler(wait=0, warmup=1, active=1, record_shapes=False, profile_memory=False), ModelCheckpoint(),
+                   # Always due: the ranks compare their clocks after every step and save together.
+                   ModelCheckpoint(dirpath=out / "timed", filename="{step}", save_top_k=-1, save_last=False,
+                                   train_time_interval=timedelta(0))],
     )
     with stderr_into(out / "stderr.txt"):
         trainer.fit(model, DataLoader(data, batch_size=BATCH_SIZE, shuffle=True), DataLoader(data, batch_size=8))
@@ -242,6 +246,12 @@ def test_only_rank_zero_prints_and_writes_logs_and_checkpoints(spawned_fit):
     checkpoint = torch.load(versions[0] / "checkpoints" / "last.ckpt", weights_only=True)
     assert set(checkpoint["state_dict"]) == {"layer.weight", "layer.bias"}  # no wrapper prefixes
     torch.testing.assert_close(checkpoint["state_dict"]["layer.weight"], spawned_fit.model.layer.weight)
+
+
+def test_a_train_time_interval_under_ddp_saves_on_every_rank_at_the_same_steps(spawned_fit):
+    steps = EPOCHS * SAMPLES // (WORLD_SIZE * BATCH_SIZE * ACCUMULATE)
+    assert sorted(path.name for path in (spawned_fit.out / "timed").iterdir()) == sorted(
+        f"step={step}.ckpt" for step in range(1, steps + 1))
 
 
 def test_save_checkpoint_after_a_spawned_fit_holds_the_state_the_workers_ended_with(spawned_fit):

@@ -161,3 +161,37 @@ def test_the_shuffle_order_follows_the_seed_alone_not_the_models_random_draws(ma
     assert order(extra_draws=True) == plain  # epoch 2's order did not move with the extra draws
     assert sorted(plain[:16]) == sorted(plain[16:]) == list(range(16)) and plain[:16] != plain[16:]
     assert order(extra_draws=False, seed=7) != plain
+
+
+def test_seed_everything_without_a_seed_picks_lightnings_says_which_and_returns_it(monkeypatch, capsys):
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    with pytest.warns(UserWarning, match="No seed found, seed set to 0"):
+        assert seed_everything() == 0
+    first = torch.rand(3)
+    assert "Seed set to 0" in capsys.readouterr().err
+    monkeypatch.setenv("PL_GLOBAL_SEED", "123")  # what a launcher that called seed_everything(123) leaves
+    assert seed_everything() == 123 and os.environ["PL_GLOBAL_SEED"] == "123"
+    assert capsys.readouterr().err == "Seed set to 123\n"
+    seed_everything(0, verbose=False)
+    assert torch.equal(torch.rand(3), first) and capsys.readouterr().err == ""
+    monkeypatch.setenv("PL_GLOBAL_SEED", "abc")
+    with pytest.raises(ValueError, match=r"Invalid seed specified via PL_GLOBAL_SEED: 'abc'"):
+        seed_everything()
+
+
+def test_seed_everything_with_workers_has_the_trainer_seed_each_dataloader_worker(make_trainer, monkeypatch):
+    monkeypatch.setenv("PL_SEED_WORKERS", "0")  # restored after the test
+
+    def draws(workers: bool) -> torch.Tensor:
+        seed_everything(5, workers=workers, verbose=False)
+        module = Collects()
+        make_trainer(max_epochs=1).fit(module, DataLoader(Draws(), batch_size=2, num_workers=2))
+        return torch.cat(module.draws)
+
+    seeded = draws(workers=True)
+    assert os.environ["PL_SEED_WORKERS"] == "1"
+    for column in range(3):  # torch, NumPy and Python: each worker its own numbers, the same in every run
+        assert len(set(seeded[:, column].tolist())) == 8
+    assert torch.equal(seeded, draws(workers=True))
+    # The workers were seeded by the Trainer (per worker and rank), not left to PyTorch's default.
+    assert not torch.equal(seeded[:, 1:], draws(workers=False)[:, 1:])

@@ -145,7 +145,7 @@ def test_the_digits_script_and_config_train_the_same_weights_in_two_ddp_processe
     config = yaml.safe_load((version / "config.yaml").read_text())
     assert config["trainer"]["strategy"] == "ddp" and config["trainer"]["devices"] == 2
     script_best = Path(re.search(r"Best checkpoint: (.*)", script_output).group(1))
-    config_best = Path(re.search(r"Best checkpoint \(ModelCheckpoint\): (.*/0-0\.\d+\.ckpt)", config_output).group(1))
+    config_best = Path(re.search(r"Best checkpoint \(ModelCheckpoint\): (.*/epoch=0-val_acc=0\.\d+\.ckpt)", config_output).group(1))
     assert config_best.name == script_best.name
     script_weights, config_weights = state_dict(script_best), state_dict(config_best)
     assert all(torch.equal(script_weights[key], config_weights[key]) for key in script_weights)  # still in step

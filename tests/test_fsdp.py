@@ -173,13 +173,24 @@ def test_checkpoints_are_directories_of_each_ranks_shards_pruned_and_linked_by_m
     steps, epochs = launched.out / "steps", launched.out / "epochs"
     assert sorted(path.name for path in steps.iterdir()) == ["epoch=1-step=6.ckpt", "last.ckpt"]  # step 3 pruned
     assert sorted(path.name for path in epochs.iterdir()) == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "last.ckpt"]
-    for directory in (steps / "epoch=1-step=6.ckpt", steps / "last.ckpt"):
+    for directory in (steps / "epoch=1-step=6.ckpt", steps / "last.ckpt", epochs / "last.ckpt"):
         assert sorted(path.name for path in directory.iterdir()) == SHARD_FILES
-    for name in SHARD_FILES:  # last.ckpt is the same files, hard-linked: one write, not two
-        assert (steps / "last.ckpt" / name).stat().st_ino == (steps / "epoch=1-step=6.ckpt" / name).stat().st_ino
+    for name in SHARD_FILES:  # last.ckpt of the same moment is the same files, hard-linked: one write, not two
+        assert (epochs / "last.ckpt" / name).stat().st_ino == (epochs / "epoch=1-step=8.ckpt" / name).stat().st_ino
+    # The step trigger last fired at step 6; last.ckpt was written again when training ended, at step 8.
+    assert torch.load(steps / "last.ckpt" / "state.pt", weights_only=True)["loops"]["global_step"] == 8
     umask = os.umask(0)
     os.umask(umask)
     assert (steps / "last.ckpt" / "state.pt").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_weights_only_sharded_checkpoint_loads_its_weights_and_holds_no_training_state(records, launched):
+    [directory] = (launched.out / "weights_only").iterdir()  # monitor=None, save_top_k=1: the newest
+    assert directory.name == "epoch=1-step=16.ckpt" and (directory / ".metadata").exists()  # no accumulation here
+    state = torch.load(directory / "state.pt", weights_only=True)
+    assert state["weights_only"] and "optimizer_states" not in state and "loops" not in state
+    model = Blocks.load_from_checkpoint(directory)  # the shards, gathered
+    assert_weights_close(model.state_dict(), records["plain"]["final"], atol=0)
 
 
 def test_the_command_lines_last_and_best_find_sharded_checkpoint_directories(launched):
@@ -273,7 +284,7 @@ def test_a_checkpoint_whose_swap_was_interrupted_is_found_by_last(launched, tmp_
                       callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=False, save_top_k=0)])
     with pytest.warns(UserWarning, match="resumes on 1"):
         trainer.fit(Blocks(), DataLoader(IndexedRegression(), batch_size=BATCH_SIZE), ckpt_path="last")
-    assert trainer.global_step == 6 and (tmp_path / "last.ckpt").is_dir()
+    assert trainer.global_step == 8 and (tmp_path / "last.ckpt").is_dir()  # where the copied last.ckpt ended
 
 
 # --- damaged checkpoints -----------------------------------------------------------------------

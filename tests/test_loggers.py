@@ -266,8 +266,13 @@ def test_a_logger_that_cannot_write_says_so(tmp_path):
 def test_bad_logger_arguments_are_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"CSVLogger\(version=-1\): use an int >= 0"):
         CSVLogger(version=-1)
-    with pytest.raises(ValueError, match=r"TensorBoardLogger got \['log_graph'\] \(log_graph: Lightning options"):
-        TensorBoardLogger("logs", log_graph=True)
+    with pytest.raises(ValueError, match=r"TensorBoardLogger got \['graph'\]. It takes Lightning's save_dir, .* and "
+                                         r"passes on \['comment', 'max_queue', 'flush_secs', 'filename_suffix'\]"):
+        TensorBoardLogger("logs", graph=True)
+    with pytest.raises(ValueError, match=r"TensorBoardLogger\(log_graph='yes'\): use True or False"):
+        TensorBoardLogger("logs", log_graph="yes")
+    with pytest.raises(ValueError, match=r"CSVLogger\(flush_logs_every_n_steps=0\): use an int >= 1"):
+        CSVLogger(flush_logs_every_n_steps=0)
     with pytest.raises(ValueError, match=r'LearningRateMonitor\(logging_interval=\'batch\'\): use "step", "epoch"'):
         LearningRateMonitor(logging_interval="batch")
     with pytest.raises(RuntimeError, match=r"CSVLogger\(\) without save_dir logs under the Trainer's default_root_dir"):

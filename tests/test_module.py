@@ -52,7 +52,8 @@ def test_save_hyperparameters_names_an_unknown_argument():
             super().__init__()
             self.save_hyperparameters("learning_rate")
 
-    with pytest.raises(ValueError, match=r"\['learning_rate'\] are not arguments of Wrong.__init__ \(which takes \['lr'\]\)"):
+    with pytest.raises(ValueError, match=r"save_hyperparameters\('learning_rate',\): pass names of Wrong.__init__'s "
+                                         r"arguments \(it takes \['lr'\]; not \['learning_rate'\]\)"):
         Wrong()
 
 

@@ -44,13 +44,14 @@ def test_a_nan_loss_stops_training_naming_the_batch_and_the_last_good_checkpoint
     checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, filename="{step}", save_top_k=-1)
     trainer = make_trainer(max_epochs=2, log_every_n_steps=5, callbacks=[recorder, checkpoint])
     with pytest.raises(FloatingPointError, match=rf"The training loss is nan at epoch 1, batch 2 \(global step 10\). "
-                                                 rf"Training stopped; .* The last good checkpoint is {tmp_path / '10.ckpt'} "
+                                                 rf"Training stopped; .* The last good checkpoint is {tmp_path / 'step=10.ckpt'} "
                                                  r"\(global step 10\)"):
         trainer.fit(PoisonedAt({(1, 2)}), regression_loader)
     # Found without a sync per step: before writing step 12's checkpoint, which it then did not write.
     assert recorder.batches[-1] == 3 and trainer.global_step == 12
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["loops"]["global_step"] == 10
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["10.ckpt", "2.ckpt", "4.ckpt", "6.ckpt", "8.ckpt", "last.ckpt"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["last.ckpt", "step=10.ckpt", "step=2.ckpt", "step=4.ckpt",
+                                                                "step=6.ckpt", "step=8.ckpt"]
 
 
 def test_without_checkpoints_the_nan_is_found_at_the_next_log_step(make_trainer, regression_loader):

@@ -109,7 +109,7 @@ def test_the_digits_config_trains_for_a_few_batches(tmp_path, monkeypatch):
                  "--trainer.limit_train_batches=3", f"--trainer.default_root_dir={tmp_path}",
                  "--trainer.enable_progress_bar=false", "--trainer.logger=false"])
     assert code == 0
-    assert list((tmp_path / "cadence_logs" / "version_0" / "checkpoints").glob("0-*.ckpt"))
+    assert list((tmp_path / "cadence_logs" / "version_0" / "checkpoints").glob("epoch=0-val_acc=*.ckpt"))
 
 
 def test_python_dash_m_trainer_is_the_cadence_command():

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sequent
 # Lives with the strategies, which rebuild loaders to shard them; re-exported for the loop.
 from strategies.loaders import rebuild_dataloader  # noqa: F401
 from trainer.preemption import workers_ignore_preemption
-from trainer.seed import seed_worker_of_rank, seeded_generator
+from trainer.seed import seed_worker_of_rank, seeded_generator, workers_seeded
 
 
 def loader_length(loader: Any) -> int | None:
@@ -103,7 +103,7 @@ def prepare_loader(loader: Any, stage: str, *, shuffle: bool, strategy: Any, see
             changes.update(seeded_generator(loader, seed))
         if loader.num_workers > 0:
             init = loader.worker_init_fn
-            if init is None and seed is not None:  # seeded workers, distinct per rank
+            if init is None and (seed is not None or workers_seeded()):  # seeded workers, distinct per rank
                 init = seed_worker_of_rank(strategy.global_rank)
             # Workers ignore SIGTERM/SIGINT: the main process saves and stops (trainer/preemption.py).
             changes["worker_init_fn"] = workers_ignore_preemption(init)

@@ -56,6 +56,7 @@ class DataModule(DataHooks):
     def __init__(self) -> None:
         self.trainer: Trainer | None = None  # the Trainer that last ran with it
         self.hparams = HParams()
+        self._log_hyperparams = True  # save_hyperparameters(logger=False): keep them from the loggers
 
     # The same function as TrainingModule's: it reads the arguments of the caller's __init__.
     save_hyperparameters = TrainingModule.save_hyperparameters

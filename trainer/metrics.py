@@ -50,6 +50,7 @@ class StageMetrics:
         self.step_values: dict[str, Any] = {}
         self.epoch_totals: dict[str, list[Any]] = {}  # name -> [device total, weight]
         self.metric_objects: dict[str, Any] = {}  # name -> the metric object logged under it
+        self.objects_logged: set[str] = set()  # metric objects logged since the last read of the epoch values
         #: "/dataloader_idx_N" while evaluation runs loader N of several (Lightning's keys), else "".
         self.dataloader_suffix = ""
 
@@ -69,6 +70,8 @@ class StageMetrics:
                                   sync_dist_group, add_dataloader_idx, rank_zero_only)
         if spec.on_step:
             self.step_values[name] = value
+        if spec.metric:
+            self.objects_logged.add(name)
         if spec.accumulates:
             self._accumulate(name, value, spec.reduce_fx, 1 if batch_size is None else batch_size)
 
@@ -166,10 +169,11 @@ class StageMetrics:
             spec = self.specs[name]
             taken[name] = (total / weight if spec.reduce_fx == "mean" else total, spec)
         self.epoch_totals = {}
-        for name, metric in self.metric_objects.items():
+        for name in self.objects_logged:  # not one only read again (the epoch end reads twice), already reset
             if self.specs[name].on_epoch:
-                taken[name] = (_scalar(name, metric.compute()), self.specs[name])
-            metric.reset()
+                taken[name] = (_scalar(name, self.metric_objects[name].compute()), self.specs[name])
+            self.metric_objects[name].reset()
+        self.objects_logged = set()
         return taken
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from trainer.data_hooks import DataHooks
+from trainer.hparams import chosen_hyperparameters
 from trainer.loading import load_module
 from trainer.optim import clip_optimizer_gradients
 
@@ -69,6 +70,7 @@ class TrainingModule(DataHooks, nn.Module):
         self._example_input_array: Any = None
         self._param_requires_grad_state: dict[nn.Parameter, bool] = {}
         self.hparams = HParams()
+        self._log_hyperparams = True  # save_hyperparameters(logger=False): keep them from the loggers
 
     def __getstate__(self) -> dict[str, Any]:
         # The Trainer stays attached after a stage (Lightning users read module.trainer after fit),
@@ -335,30 +337,24 @@ class TrainingModule(DataHooks, nn.Module):
             )
 
     # --- hyperparameters -------------------------------------------------------------------
-    def save_hyperparameters(self, *names: str, ignore: list[str] | str | None = None) -> None:
-        """Keep the arguments of the caller's ``__init__`` in ``self.hparams`` (and checkpoints).
+    def save_hyperparameters(self, *args: Any, ignore: list[str] | str | None = None, frame: Any = None,
+                             logger: bool = True) -> None:
+        """Keep the arguments of the caller's ``__init__`` in ``self.hparams`` (and checkpoints), as Lightning.
 
         Args:
-            names: keep only these arguments (default: all of them).
+            args: keep only these arguments (names; default: all, subclasses' included), or one dict
+                or ``argparse.Namespace`` to keep as the hyperparameters.
             ignore: arguments to leave out (a submodule passed in, say).
+            frame: the frame to read the arguments from (default: the caller's).
+            logger: also send them to the loggers (``hparams.yaml``, TensorBoard); False keeps them in
+                ``hparams`` and checkpoints only.
         """
-        frame = inspect.currentframe()
-        caller = frame.f_back if frame is not None else None
-        if caller is None:
-            return
-        init_args = inspect.getargvalues(caller)
-        values = {name: init_args.locals[name] for name in init_args.args if name != "self"}
-        if init_args.keywords:
-            values.update(init_args.locals[init_args.keywords])
-        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
-        chosen = names or tuple(values)
-        unknown = [name for name in chosen if name not in values]
-        if unknown:
-            raise ValueError(
-                f"save_hyperparameters{tuple(names)}: {unknown} are not arguments of "
-                f"{type(self).__name__}.__init__ (which takes {list(values)})."
-            )
-        self.hparams.update({name: values[name] for name in chosen if name not in ignored})
+        self._log_hyperparams = logger
+        if frame is None:
+            frame = inspect.currentframe().f_back
+        chosen = chosen_hyperparameters(self, args, ignore, frame)
+        if chosen is not None:
+            self.hparams.update(chosen)
 
     # --- the steps a user writes -----------------------------------------------------------
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | Mapping[str, Any] | None:

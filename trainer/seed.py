@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import numbers
 import os
 import random
+import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -16,23 +18,55 @@ import torch
 from torch.utils.data import RandomSampler
 
 
-def seed_everything(seed: int, workers: bool = True) -> int:
-    """Seed Python's ``random``, NumPy, torch (CPU and every CUDA device).
+def seed_everything(seed: int | None = None, workers: bool = False, verbose: bool = True) -> int:
+    """Seed Python's ``random``, NumPy and torch (CPU and every CUDA device), as Lightning's function does.
 
     Args:
-        seed: the seed, an int in [0, 2**32 - 1].
-        workers: kept for Lightning compatibility; the Trainer seeds workers through
-            :func:`seed_worker` and a per-epoch loader generator whenever ``Trainer(seed=...)``.
+        seed: an int in [0, 2**32 - 1]. None: the ``PL_GLOBAL_SEED`` environment variable (a run
+            launched by one that called this), else 0, with a warning, as in Lightning 2.6.
+        workers: also seed each DataLoader worker the Trainer starts (per worker and per rank), for
+            loaders without a ``worker_init_fn`` (``Trainer(seed=...)`` always does).
+        verbose: say which seed was set (on stderr, ``[rank: N]`` in front under torchrun).
 
     Returns:
-        The seed.
+        The seed. It is also left in ``PL_GLOBAL_SEED`` (and ``workers`` in ``PL_SEED_WORKERS``),
+        where processes started later read it, as in Lightning.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+    if seed is None:
+        given = os.environ.get("PL_GLOBAL_SEED")
+        if given is None:
+            seed = 0
+            if verbose:
+                warnings.warn(f"No seed found, seed set to {seed}", stacklevel=2)
+        elif given.strip().isdigit():
+            seed = int(given)
+        else:
+            raise ValueError(f"Invalid seed specified via PL_GLOBAL_SEED: {given!r}. Set it to an int in "
+                             "[0, 2**32 - 1], or pass seed_everything(seed=...).")
+    seed_generators(seed)
+    if verbose:
+        rank = os.environ.get("RANK", "")
+        print(f"{f'[rank: {rank}] ' if rank.isdigit() else ''}Seed set to {seed}", file=sys.stderr, flush=True)
+    os.environ["PL_GLOBAL_SEED"] = str(seed)
+    os.environ["PL_SEED_WORKERS"] = str(int(bool(workers)))
+    return seed
+
+
+def seed_generators(seed: int) -> int:
+    """Seed Python, NumPy and torch with ``seed`` (checked), saying nothing: ``Trainer(seed=...)``
+    at the start of each stage. Returns the seed."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32:
         raise ValueError(f"seed_everything(seed={seed!r}): use an int in [0, 2**32 - 1].")
+    seed = int(seed)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # seeds every CUDA device too
     return seed
+
+
+def workers_seeded() -> bool:
+    """``seed_everything(..., workers=True)`` was called in this process or the one that started it."""
+    return os.environ.get("PL_SEED_WORKERS") == "1"
 
 
 def seed_worker(worker_id: int) -> None:

@@ -19,7 +19,7 @@ from strategies import checkpoint as checkpoint_io
 from trainer.data_source import prepare_data
 from trainer.hooks import step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks
 from trainer.log_dir import choose_log_dir, versions_root
-from trainer.seed import seed_everything, use_deterministic_algorithms
+from trainer.seed import seed_generators, use_deterministic_algorithms
 from trainer.stage_loaders import end_workers
 from trainer.utilities import rank_zero_only
 
@@ -77,7 +77,7 @@ def enter_stage(trainer: Trainer, stage: str, module: TrainingModule, data: Data
 def setup_stage(trainer: Trainer, stage: str, module: TrainingModule, data: DataSource) -> None:
     """Seed, deterministic kernels, prepare_data, then the setup hooks: datamodule, callbacks, module."""
     if trainer.seed is not None:
-        seed_everything(trainer.seed)
+        seed_generators(trainer.seed)
     if trainer.deterministic:
         use_deterministic_algorithms()
     if trainer.strategy.is_global_zero:  # once per Trainer and process, not again for each stage

@@ -74,10 +74,12 @@ def checkpoint_state(trainer: Trainer, module: TrainingModule, training: dict[st
         "hyper_parameters": checkpoint_io.plain_hyperparameters(module.hparams),
         "hyper_parameters_inexact": checkpoint_io.inexact_hyperparameters(module.hparams),
         **_datamodule_state(trainer),
+        **({} if training else {"weights_only": True}),
         "versions": {"torch": str(torch.__version__), "python": platform.python_version(), "cadence": _version()},
     }
-    for callback in trainer.callbacks:
-        callback.on_save_checkpoint(trainer, module, state)
+    if training:  # a weights-only checkpoint keeps no callback state
+        for callback in trainer.callbacks:
+            callback.on_save_checkpoint(trainer, module, state)
     module.on_save_checkpoint(state)
     return state
 
@@ -119,7 +121,7 @@ def _datamodule_state(trainer: Trainer) -> dict[str, Any]:
             "datamodule_hyper_parameters": checkpoint_io.plain_hyperparameters(datamodule.hparams)}
 
 
-def end_of_fit_checkpoint(trainer: Trainer) -> dict[str, Any]:
+def end_of_fit_checkpoint(trainer: Trainer, weights_only: bool = False) -> dict[str, Any]:
     """The checkpoint ``save_checkpoint`` writes when no stage runs: the fitted module's weights as
     they are now, with the training state its last fit ended with (``Trainer._end_of_fit``)."""
     if trainer._end_of_fit is None:
@@ -130,22 +132,30 @@ def end_of_fit_checkpoint(trainer: Trainer) -> dict[str, Any]:
             "weights alone, torch.save(model.state_dict(), path)."
         )
     module, training = trainer._end_of_fit
-    return checkpoint_state(trainer, module, training)
+    return checkpoint_state(trainer, module, {} if weights_only else training)
 
 
-def write_checkpoint(trainer: Trainer, path: str | os.PathLike) -> None:
+def write_checkpoint(trainer: Trainer, path: str | os.PathLike, weights_only: bool = False,
+                     storage_options: Any = None) -> None:
     """``Trainer.save_checkpoint``: during a stage, the running state in the strategy's layout
-    (every rank takes part); when no stage runs, the state the last fit ended with (rank zero)."""
+    (every rank takes part); when no stage runs, the state the last fit ended with (rank zero).
+    ``weights_only``: the weights and hyperparameters, without the training state (as in
+    Lightning, the callbacks' ``on_save_checkpoint`` is not called; the module's is)."""
+    if storage_options is not None:
+        raise ValueError("Trainer.save_checkpoint(storage_options=...): Cadence writes local files only; leave it "
+                         "None and copy the file where it should go.")
     if trainer.module is None:  # no stage runs: the state the last fit ended with
-        state = end_of_fit_checkpoint(trainer)
+        state = end_of_fit_checkpoint(trainer, weights_only)
         if trainer.strategy.is_global_zero:  # the processes of a run have left their group: no barrier
             checkpoint_io.save_atomic(state, path)
-        trainer._last_checkpoint = (str(path), state["loops"]["global_step"])
+        if not weights_only:
+            trainer._last_checkpoint = (str(path), state["loops"]["global_step"])
         return
     check_losses(trainer)  # never write weights that a non-finite loss produced
-    state = checkpoint_state(trainer, trainer.module, training_state(trainer))
+    state = checkpoint_state(trainer, trainer.module, {} if weights_only else training_state(trainer))
     trainer.strategy.save_checkpoint(state, path)  # every rank returns, or raises, together
-    trainer._last_checkpoint = (str(path), trainer.global_step)
+    if not weights_only:  # the last checkpoint a run can resume from, named when a loss turns NaN
+        trainer._last_checkpoint = (str(path), trainer.global_step)
 
 
 def loop_position(trainer: Trainer) -> tuple[int, int]:
@@ -198,7 +208,7 @@ def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> 
     unused = sorted(key for key, value in states.items() if value and key not in {c.state_key for c in trainer.callbacks})
     if unused and trainer.is_global_zero:
         warnings.warn(f"Checkpoint {path} holds the state of callbacks this Trainer does not have: {unused}. "
-                      "It is not restored; pass the same callbacks (same monitor/mode) to continue them.", stacklevel=3)
+                      "It is not restored; pass the same callbacks (same monitor, mode and trigger) to continue them.", stacklevel=3)
 
 
 def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodule: DataModule | None = None) -> dict[str, Any]:

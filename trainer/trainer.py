@@ -38,7 +38,7 @@ from trainer.precision import add_precision_callback
 from trainer.preemption import Preemption, save_for_preemption
 from trainer.publish import publish, publish_received, publish_train_epoch
 from trainer.schedule import may_stop, say_nothing_to_train, validation_due, validation_interval
-from trainer.seed import preserved_rng, seed_everything, set_cublas_workspace_config
+from trainer.seed import preserved_rng, seed_generators, set_cublas_workspace_config
 from trainer.setup import setup_model
 from trainer.shorthands import reject_unknown_arguments
 from trainer.shorthands import translate as translate_shorthands
@@ -139,7 +139,7 @@ class Trainer:
                    "use_distributed_sampler": use_distributed_sampler, "sync_batchnorm": sync_batchnorm},
         )
         if seed is not None:
-            seed_everything(seed)  # validates; seeded again at the start of each stage
+            seed_generators(seed)  # validates; seeded again at the start of each stage
         if deterministic:
             set_cublas_workspace_config()  # before cuBLAS first runs; the rest at the start of each stage
 
@@ -251,7 +251,8 @@ class Trainer:
                        each batch on_validation_batch_start/end, on_validation_epoch_end, on_validation_end)
                     -> after SIGTERM/SIGUSR1, once the accumulation window ends: write last.ckpt, stop
                 epoch metrics -> on_log; epoch-interval schedulers
-                on_train_epoch_end
+                on_train_epoch_end (the callbacks', the module's, then what they logged -> on_log, then
+                    EarlyStopping's and ModelCheckpoint's: Lightning's monitoring callbacks)
             (the state that save_checkpoint writes after fit is taken here)
             on_train_end
             on_fit_end
@@ -307,9 +308,12 @@ class Trainer:
         return None if return_predictions is False else predictions
 
     @measured("checkpointing")
-    def save_checkpoint(self, path: str | os.PathLike) -> None:
-        """Write the whole training state to ``path`` atomically, in the strategy's layout: one file
+    def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool | None = None,
+                        storage_options: Any = None) -> None:
+        """Write the whole training state to ``filepath`` atomically, in the strategy's layout: one file
         that rank zero writes while all ranks wait, or under FSDP a directory of every rank's shards.
+        ``weights_only=True``: the weights and hyperparameters only (``load_from_checkpoint`` and
+        ``validate/test(ckpt_path=...)`` read it; ``fit`` cannot resume from it).
 
         During a stage (from a callback or a module hook), call it on every rank; all ranks wait
         for the write. A checkpoint written at the end of a batch resumes after that batch; see
@@ -318,7 +322,7 @@ class Trainer:
         optimizers, schedulers, counters and every rank's RNG states as the last step left them,
         so ``fit(model, ckpt_path=path)`` with a larger ``max_epochs`` continues exactly.
         """
-        write_checkpoint(self, path)  # trainer/state.py
+        write_checkpoint(self, filepath, bool(weights_only), storage_options)  # trainer/state.py
 
     # =========================================================================================
     # Launch and per-process setup
@@ -577,8 +581,13 @@ class Trainer:
         if self._automatic_optimization:  # as in Lightning, manual optimization steps its own
             step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics)
         for callback in self.callbacks:
-            callback.on_train_epoch_end(self, self.module)
+            if not callback.monitors_metrics:
+                callback.on_train_epoch_end(self, self.module)
         self.module.on_train_epoch_end()
+        publish_train_epoch(self)  # what the hooks logged, for EarlyStopping and ModelCheckpoint (as in Lightning)
+        for callback in self.callbacks:
+            if callback.monitors_metrics:
+                callback.on_train_epoch_end(self, self.module)
         self.current_epoch += 1
         self._in_epoch_end, self.batch_idx = False, -1
 

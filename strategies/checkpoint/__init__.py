@@ -44,7 +44,7 @@ from typing import Any
 
 from strategies.checkpoint.files import (
     check_plain, corrupted, link_checkpoint, read_file, recover_interrupted_replace, remove_checkpoint,
-    replace_atomic, save_atomic, snapshot, staging_directory, write_file,
+    replace_atomic, save_atomic, snapshot, staging_directory, symlink_checkpoint, write_file,
 )
 from strategies.checkpoint.format import (
     FORMAT_VERSION, TRAINING_STATE_KEYS, check_format, check_resumable, check_weights, inexact_hyperparameters,
@@ -60,7 +60,7 @@ __all__ = [
     "check_resumable", "check_weights", "convert_checkpoint", "inexact_hyperparameters", "is_checkpoint",
     "link_checkpoint", "load_optimizers", "load_weights", "newest_last", "plain_hyperparameters", "read_checkpoint",
     "read_file", "recover_interrupted_replace", "remove_checkpoint", "replace_atomic", "resolve_ckpt_path",
-    "run_checkpoint_directories", "save_atomic", "snapshot", "staging_directory", "write_file",
+    "run_checkpoint_directories", "save_atomic", "snapshot", "staging_directory", "symlink_checkpoint", "write_file",
 ]
 
 

@@ -226,6 +226,25 @@ def link_checkpoint(source: Path, path: Path) -> None:
                                    f"{source} is complete and {path} is unchanged.") from error
 
 
+def symlink_checkpoint(source: Path, path: Path) -> None:
+    """Make ``path`` a symbolic link to ``source`` (relative, so the directory can move), replacing
+    ``path`` atomically (``ModelCheckpoint(save_last="link")``). Where the file system has no
+    symbolic links, :func:`link_checkpoint` (as Lightning copies there)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.symlink.tmp")
+    remove_checkpoint(temporary)
+    try:
+        os.symlink(os.path.relpath(source, path.parent), temporary)
+    except OSError:
+        link_checkpoint(source, path)
+        return
+    try:
+        replace_atomic(temporary, path)
+    except OSError as error:
+        remove_checkpoint(temporary)
+        raise OSError(error.errno, f"Could not link {path} to {source} ({error.strerror or error}); "
+                                   f"{source} is complete and {path} is unchanged.") from error
+
+
 def _link_or_copy(source: Path, target: Path) -> None:
     try:
         os.link(source, target)

@@ -93,6 +93,13 @@ def check_format(state: Any, path: Path, weights: bool = True) -> None:
 def check_resumable(state: dict[str, Any], path: Path) -> None:
     """Raise unless ``state`` holds the training state that ``fit(ckpt_path=...)`` continues from."""
     missing = [key for key in TRAINING_STATE_KEYS if key not in state]
+    if missing and state.get("weights_only"):
+        raise ValueError(
+            f"Checkpoint {path} holds weights only (written with ModelCheckpoint(save_weights_only=True) or "
+            "save_checkpoint(path, weights_only=True)): no optimizer, scheduler or loop state, so fit cannot resume "
+            "from it. To train on from these weights, build the module with YourModule.load_from_checkpoint(path) "
+            "and call fit without ckpt_path; to resume, use a checkpoint saved without save_weights_only."
+        )
     if missing:
         raise ValueError(
             f"Checkpoint {path} holds weights but not the training state ({', '.join(missing)} "

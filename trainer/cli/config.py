@@ -86,7 +86,7 @@ class Run:
 
         seed = self.seed_everything
         if isinstance(seed, int) and not isinstance(seed, bool):
-            seed_everything(seed)  # before the module is built: its initial weights follow the seed
+            seed_everything(seed, verbose=False)  # before the module is built: its initial weights follow the seed
         model = building(self.model, self.model.build)
         if self.optimizer is not None:
             model.configure_optimizers = OptimizersFromConfig(model, self.optimizer, self.lr_scheduler)

@@ -1,8 +1,7 @@
 """Which hooks a stage calls, built once per stage as bound methods (no hook is looked up by name).
 
 Training calls only the per-batch hooks that do something (:func:`step_hooks`); evaluation calls
-its stage's hooks (:func:`evaluation_hooks`); each seam a callback may take over (backward, the
-optimizer step) has at most one owner (:func:`single_owner`). A Lightning hook that Cadence never
+its stage's hooks (:func:`evaluation_hooks`). A Lightning hook that Cadence never
 calls, defined on a module or a callback, gets one warning (:func:`warn_uncalled_hooks`).
 """
 
@@ -244,14 +243,6 @@ def step_without_batch_idx(step: Any) -> Any:
         return step(batch)
 
     return step_of_batch
-
-
-def single_owner(owners: list[Callback], seam: str) -> Callback | None:
-    """The one callback among ``owners`` (those that set the ``seam`` flag), or None; two are an error."""
-    if len(owners) > 1:
-        names = " and ".join(type(owner).__name__ for owner in owners)
-        raise ValueError(f"{names} both set {seam}=True; one callback may own that seam. Remove one of them.")
-    return owners[0] if owners else None
 
 
 # =============================================================================================

@@ -18,7 +18,7 @@ from torch import nn
 
 from trainer.data_hooks import DataHooks
 from trainer.loading import load_module
-from trainer.optim import clip_optimizer_gradients
+from trainer.optim import clip_optimizer_gradients, optimizers_for_module
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -187,7 +187,7 @@ class TrainingModule(DataHooks, nn.Module):
         in ``trainer.optim.OwnedStepOptimizer``, so that ``opt.step()`` goes through the scaler
         (skipping the step on inf/NaN gradients); ``.optimizer`` is the torch optimizer itself.
         """
-        optimizers = self._require_trainer("optimizers")._module_optimizers
+        optimizers = optimizers_for_module(self._require_trainer("optimizers"))
         return optimizers[0] if len(optimizers) == 1 else list(optimizers)
 
     def lr_schedulers(self) -> Any:

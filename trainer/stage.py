@@ -102,9 +102,6 @@ def teardown_stage(trainer: Trainer, stage: str, module: TrainingModule, data: D
         callback.teardown(trainer, module, stage)
     module.teardown(stage)
     trainer.strategy.teardown()
-    for handle in trainer._step_hook_handles:
-        handle.remove()
-    trainer._step_hook_handles = []
     vars(module).pop("training_step", None)  # enter_stage's batch_idx adapter, if any
     trainer.metrics.stop()
     end_workers(trainer._stage_loaders)

@@ -39,7 +39,7 @@ def training_state(trainer: Trainer) -> dict[str, Any]:
     schedulers, loop counters, every rank's RNG states, callback states. Gathers the RNG states of
     every rank: call it on every rank."""
     epoch, batches_done = loop_position(trainer)
-    if (trainer.stage == "fit" and batches_done and not ends_accumulation_window(trainer, trainer.batch_idx, trainer.num_training_batches)
+    if (trainer.stage == "fit" and batches_done and not ends_accumulation_window(trainer.batch_idx, trainer.accumulate_grad_batches, trainer.num_training_batches)
             and trainer.is_global_zero):
         warnings.warn(
             f"save_checkpoint after batch {trainer.batch_idx}, inside an accumulation window of "

@@ -39,7 +39,7 @@ from trainer.preemption import Preemption, save_for_preemption
 from trainer.publish import publish, publish_received, publish_train_epoch
 from trainer.schedule import may_stop, say_nothing_to_train, validation_due, validation_interval
 from trainer.seed import preserved_rng, seed_everything, set_cublas_workspace_config
-from trainer.setup import setup_model
+from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_model
 from trainer.shorthands import reject_unknown_arguments
 from trainer.shorthands import translate as translate_shorthands
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
@@ -206,7 +206,7 @@ class Trainer:
         self._resume_rng: dict | None = None  # this rank's checkpointed RNG states, for the replay
         self._train_sampler = None  # the training loader's ResumableBatchSampler (trainer/resume.py)
         self._in_epoch_end = False
-        self._step_hook_handles: list[Any] = []  # manual optimization's global_step counters
+        self._plan: StagePlan | None = None  # what setup decided for the running stage (trainer/setup.py)
         self._train_batches_seen = 0  # training batches run since the first fit (log-step clock)
         self._unchecked_losses: list = []  # (loss, batch_idx, global_step) since the last NaN check
         self._last_checkpoint: tuple[str, int] | None = None  # (path, global step) last written or loaded
@@ -346,8 +346,15 @@ class Trainer:
         enter_stage(self, stage, module, data)  # this process's rank, rank zero's log_dir (trainer/stage.py)
         try:
             setup_stage(self, stage, module, data)  # seed, prepare_data, the setup hooks
-            self._hooks = step_hooks(self.callbacks, module)
-            self.model = setup_model(self, module, stage)  # the one setup order (trainer/setup.py)
+            hooks = step_hooks(self.callbacks, module)
+            self.model = setup_model(module, self.strategy, self.callbacks, stage)  # the one setup order (trainer/setup.py)
+            self._plan = plan_evaluation(hooks, self.strategy)
+            if stage == "fit":
+                self.optimizers, self.lr_scheduler_configs, self._plan = plan_optimization(
+                    self, module, hooks, self.strategy, self.callbacks,
+                    accumulate_grad_batches=self.accumulate_grad_batches, gradient_clip_val=self.gradient_clip_val,
+                    on_nonfinite_loss=self.on_nonfinite_loss, count_manual_step=self._count_manual_step,
+                    before_manual_step=self._before_manual_step)
             if stage == "fit":
                 with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
                     output = self._run_fit(module, data, ckpt_path)
@@ -365,13 +372,16 @@ class Trainer:
             raise
         finally:
             teardown_stage(self, stage, module, data)  # the teardown hooks, the strategy's
+            for handle in self._plan.step_hook_handles if self._plan is not None else ():
+                handle.remove()  # manual optimization's optimizer hooks
+            self._plan = None
 
     # Manual optimization's optimizer hooks (registered by trainer/setup.py): per step, so here.
     def _count_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.global_step += 1
 
     def _before_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._hooks.call_before_optimizer_step(self, self.module, optimizer)
+        self._plan.hooks.call_before_optimizer_step(self, self.module, optimizer)
 
     # =========================================================================================
     # fit: the loop
@@ -421,7 +431,7 @@ class Trainer:
         )
 
     def _run_train_epoch(self, train_loader: Any, val_loaders: list[Any] | None) -> None:
-        module, strategy, hooks = self.module, self.strategy, self._hooks
+        module, strategy, hooks = self.module, self.strategy, self._plan.hooks
         self.model.train()
         self.metrics.start_training()
         for callback in self.callbacks:
@@ -456,7 +466,7 @@ class Trainer:
                                                         val_every, num_batches, self._train_batches_seen):
                 self._run_validation(val_loaders)
             times.ready = clock()  # the next batch is asked for now
-            if self._preemption.stop_now and ends_accumulation_window(self, batch_idx, num_batches):  # a plain bool read
+            if self._preemption.stop_now and ends_accumulation_window(batch_idx, self.accumulate_grad_batches, num_batches):
                 save_for_preemption(self)
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
             if (self.should_stop and may_stop(self)) or (self.max_steps != -1 and self.global_step >= self.max_steps):
@@ -474,7 +484,7 @@ class Trainer:
         """Forward and backward for one batch; at the end of each accumulation window the optimizer
         step (the module's optimizer_step takes it when overridden), zero grad and the
         step-interval schedulers."""
-        if not self._automatic_optimization:
+        if not self._plan.automatic_optimization:
             with self._forward_context():
                 outputs = self.strategy.training_step(self.model, batch, batch_idx)
             return outputs
@@ -489,7 +499,7 @@ class Trainer:
         self._unchecked_losses.append((loss.detach().clone(), batch_idx, self.global_step))
         if not steps_now or (self.on_nonfinite_loss == "skip" and not window_is_finite(self)):
             return outputs
-        optimizer, hooks = self.optimizers[0], self._hooks
+        optimizer, hooks = self.optimizers[0], self._plan.hooks
         if hooks.module_optimizer_step is None:
             stepped = self._optimizer_step(optimizer)
         else:  # the override calls optimizer.step(closure) (or not: no step, global_step stays)
@@ -504,7 +514,7 @@ class Trainer:
 
     def _forward_backward(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor]:
         """training_step inside the callbacks' forward contexts (autocast), then backward outside them."""
-        if self._hooks.forward_context:
+        if self._plan.hooks.forward_context:
             with self._forward_context():
                 outputs = self.strategy.training_step(self.model, batch, batch_idx)
         else:  # hot loop: nothing wraps the forward, and a `with` costs two calls
@@ -515,9 +525,10 @@ class Trainer:
         return outputs, loss
 
     def _forward_context(self) -> contextlib.AbstractContextManager:
-        if not self._hooks.forward_context:
+        hooks = self._plan.hooks.forward_context
+        if not hooks:
             return _NO_CONTEXT
-        contexts = [context for hook in self._hooks.forward_context if (context := hook()) is not None]
+        contexts = [context for hook in hooks if (context := hook()) is not None]
         if not contexts:
             return _NO_CONTEXT
         if len(contexts) == 1:
@@ -536,22 +547,24 @@ class Trainer:
                 "(requires_grad=False) or the loss was detached. Unfreeze parameters or return the "
                 "loss tensor itself, not loss.item() or loss.detach()."
             )
-        if self._hooks.around_backward:  # hot loop: one flag when no hook around backward is implemented
-            self._hooks.call_around_backward(self, self.module, loss, self._backward)
+        plan = self._plan
+        if plan.hooks.around_backward:  # hot loop: one flag when no hook around backward is implemented
+            plan.hooks.call_around_backward(self, self.module, loss, plan.backward)
         else:
-            self._backward(loss)
+            plan.backward(loss)
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         """unscale (AMP float16), on_before_optimizer_step, clip, step, global_step + 1; False when
         the owner of the step skipped it (AMP found inf gradients): the schedulers then do not step."""
-        if self._step_owner is not None:  # true gradients for the hooks and clipping (AMP unscales)
-            self._step_owner.unscale_gradients(self, self.module, optimizer)
-        if self._hooks.before_step:
-            self._hooks.call_before_optimizer_step(self, self.module, optimizer)
+        plan = self._plan
+        if plan.step_owner is not None:  # true gradients for the hooks and clipping (AMP unscales)
+            plan.step_owner.unscale_gradients(self, self.module, optimizer)
+        if plan.hooks.before_step:
+            plan.hooks.call_before_optimizer_step(self, self.module, optimizer)
         if self.gradient_clip_val is not None:
-            clip_gradients(self._clip_parameters, self.gradient_clip_val, self.gradient_clip_algorithm)
-        if self._step_owner is not None:
-            applied = self._step_owner.optimizer_step(self, self.module, optimizer)
+            clip_gradients(plan.clip_parameters, self.gradient_clip_val, self.gradient_clip_algorithm)
+        if plan.step_owner is not None:
+            applied = plan.step_owner.optimizer_step(self, self.module, optimizer)
         else:
             optimizer.step()
             applied = True
@@ -573,7 +586,7 @@ class Trainer:
         check_losses(self)
         self._in_epoch_end = True
         publish_train_epoch(self)  # the last log step's values, this step's (read now), the epoch's
-        if self._automatic_optimization:  # as in Lightning, manual optimization steps its own
+        if self._plan.automatic_optimization:  # as in Lightning, manual optimization steps its own
             step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics)
         for callback in self.callbacks:
             callback.on_train_epoch_end(self, self.module)

@@ -25,18 +25,16 @@ import callbacks as callbacks_package
 from callbacks import Callback
 from strategies import Strategy
 from strategies.transfer import move_to_device
-from trainer import properties
 from trainer.arguments import check_trainer_arguments, loss_of
 from trainer.data_source import STAGE_KIND, DataSource, collect_data
 from trainer.datamodule import DataModule
 from trainer.guards import check_losses, window_is_finite
 from trainer.hooks import evaluation_hooks, step_hooks
-from trainer.metrics import MetricStore, format_results, split_by_dataloader
+from trainer.metrics import MetricSpec, MetricStore, format_results, split_by_dataloader
 from trainer.module import TrainingModule
 from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_window, step_schedulers
 from trainer.precision import add_precision_callback
 from trainer.preemption import Preemption, save_for_preemption
-from trainer.publish import publish, publish_received, publish_train_epoch
 from trainer.schedule import may_stop, say_nothing_to_train, validation_due, validation_interval
 from trainer.seed import preserved_rng, seed_everything, set_cublas_workspace_config
 from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_model
@@ -467,7 +465,8 @@ class Trainer:
                 self._run_validation(val_loaders)
             times.ready = clock()  # the next batch is asked for now
             if self._preemption.stop_now and ends_accumulation_window(batch_idx, self.accumulate_grad_batches, num_batches):
-                save_for_preemption(self)
+                self._publish(*self._step_values_now(), self.global_step)  # what was logged since the last log step
+                save_for_preemption(self, self._preemption.reason)  # last.ckpt, and should_stop
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
             if (self.should_stop and may_stop(self)) or (self.max_steps != -1 and self.global_step >= self.max_steps):
                 break
@@ -578,14 +577,16 @@ class Trainer:
         self.metrics.send_step_values(self.global_step)
         if received is not None:
             step, values, specs = received
-            publish(self, values, specs, step)
+            self._publish(values, specs, step)
         check_losses(self)
         self._preemption.agree(self.strategy)  # with several processes: stop on every rank, or none
 
     def _end_train_epoch(self) -> None:
         check_losses(self)
         self._in_epoch_end = True
-        publish_train_epoch(self)  # the last log step's values, this step's (read now), the epoch's
+        step_values, step_specs = self._step_values_now()  # the last log step's values, and this step's
+        values, specs = self.metrics.read_epoch_values(self.metrics.train)  # the epoch's
+        self._publish({**values, **step_values}, {**specs, **step_specs}, self.global_step)
         if self._plan.automatic_optimization:  # as in Lightning, manual optimization steps its own
             step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics)
         for callback in self.callbacks:
@@ -593,6 +594,36 @@ class Trainer:
         self.module.on_train_epoch_end()
         self.current_epoch += 1
         self._in_epoch_end, self.batch_idx = False, -1
+
+    # How logged values reach the user. self.log keeps them on the device; a log step starts a
+    # non-blocking copy to the host and publishes the one the previous log step started (it has
+    # arrived: no wait). Whatever else publishes first publishes that pending copy, so the loggers
+    # see the values in step order.
+    def _publish(self, values: dict[str, float], specs: dict[str, MetricSpec], step: int) -> None:
+        """Host values reach callback_metrics, the progress bar and the loggers (on_log)."""
+        if not values:
+            return
+        self.callback_metrics.update({key: torch.tensor(value) for key, value in values.items()})
+        self.progress_bar_metrics.update({key: value for key, value in values.items() if specs[key].prog_bar})
+        logged = {key: value for key, value in values.items() if specs[key].logger}  # not self.log(logger=False)
+        self.logged_metrics.update(logged)
+        if not self.sanity_checking:
+            for callback in self.callbacks:
+                callback.on_log(self, self.module, logged, step)
+
+    def _publish_received(self) -> None:
+        received = self.metrics.receive()
+        if received is not None:
+            step, values, specs = received
+            self._publish(values, specs, step)
+
+    def _step_values_now(self) -> tuple[dict[str, float], dict[str, MetricSpec]]:
+        """Publish the pending copy, then copy what was logged since and return it: one host sync,
+        for the end of an epoch or a preemption stop."""
+        self._publish_received()
+        self.metrics.send_step_values(self.global_step)
+        _, values, specs = self.metrics.receive()
+        return values, specs
 
     # =========================================================================================
     # Validation, test, predict
@@ -613,7 +644,7 @@ class Trainer:
 
     @measured("validation")
     def _run_validation(self, val_loaders: list[Any]) -> None:
-        publish_received(self)  # the last log step's values first: the logs stay in step order
+        self._publish_received()  # the last log step's values first: the logs stay in step order
         # Validating leaves every RNG as it found it: the weights do not depend on when (or
         # whether) validation runs, and a checkpoint written just before it resumes exactly.
         with preserved_rng():
@@ -662,10 +693,10 @@ class Trainer:
             hook(self, module)
         hooks.module_epoch_end()
         for step, step_values, step_specs in self.metrics.read_evaluation_step_values(stage, not self.sanity_checking):
-            publish(self, step_values, step_specs, step)
+            self._publish(step_values, step_specs, step)
         values, specs = self.metrics.read_epoch_values(self.metrics.evaluation)
         if not self.sanity_checking:
-            publish(self, values, specs, self.global_step)
+            self._publish(values, specs, self.global_step)
         for hook in hooks.end:
             hook(self, module)
         hooks.module_end()
@@ -678,15 +709,41 @@ class Trainer:
         return predictions if several else predictions[0]
 
     # =========================================================================================
-    # Lightning's read-only names, looked up in the strategy and the callbacks (trainer/properties.py)
+    # Lightning's read-only names, looked up where they live on every read (a callback added to
+    # trainer.callbacks is found at once): the process's place from the strategy, the callbacks
+    # that play a named role from trainer.callbacks, in the order given.
     # =========================================================================================
-    is_global_zero = property(properties.is_global_zero)
-    global_rank = property(properties.global_rank)
-    world_size = property(properties.world_size)
-    progress_bar_callback = property(properties.progress_bar_callback)
-    loggers = property(properties.loggers)
-    logger = property(properties.logger)
-    checkpoint_callback = property(properties.checkpoint_callback)
+    @property
+    def is_global_zero(self) -> bool:
+        """True in the process of global rank zero (the only one with one process)."""
+        return self.strategy.is_global_zero
+
+    @property
+    def global_rank(self) -> int:
+        return self.strategy.global_rank
+
+    @property
+    def world_size(self) -> int:
+        """How many processes run the loop."""
+        return self.strategy.world_size
+
+    @property
+    def progress_bar_callback(self) -> Callback | None:
+        return next((c for c in self.callbacks if isinstance(c, callbacks_package.ProgressBar)), None)
+
+    @property
+    def loggers(self) -> list[Callback]:
+        """The loggers among the callbacks (``callbacks.Logger``), in order."""
+        return [callback for callback in self.callbacks if isinstance(callback, callbacks_package.Logger)]
+
+    @property
+    def logger(self) -> Callback | None:
+        return next(iter(self.loggers), None)
+
+    @property
+    def checkpoint_callback(self) -> Callback | None:
+        return next((c for c in self.callbacks if isinstance(c, callbacks_package.ModelCheckpoint)), None)
+
     estimated_stepping_batches = property(estimated_steps)  # trainer/stage_loaders.py
 
 

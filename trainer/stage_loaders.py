@@ -5,7 +5,9 @@ mid-epoch.
 Where the loaders come from is ``trainer/data_source.py``; what preparing one does is
 ``trainer/data.py``; resuming at the index level is ``trainer/resume.py``. These functions put
 them together for the Trainer and set its public counts (``num_training_batches``,
-``num_val_batches``, ...), once per stage or epoch: nothing here runs per batch.
+``num_val_batches``, ...), once per stage or epoch. When the training loop reloads them and when
+it validates (``val_check_interval``, ``check_val_every_n_epoch``, as in Lightning) are decided
+here too; :func:`validation_due` is the only function here that runs per batch.
 """
 
 from __future__ import annotations
@@ -82,6 +84,37 @@ def reload_due(trainer: Trainer, data: DataSource, loaded_at: int) -> bool:
     every = trainer.reload_dataloaders_every_n_epochs
     return (bool(every) and trainer.current_epoch % every == 0 and trainer.current_epoch != loaded_at
             and (data.from_hook("train") or data.from_hook("val")))
+
+
+def validation_interval(val_check_interval: int | float, check_val_every_n_epoch: int | None, epoch: int,
+                        num_batches: int | float) -> int | None:
+    """Validate every this many training batches in ``epoch``; None: not in this epoch."""
+    if check_val_every_n_epoch is not None and (epoch + 1) % check_val_every_n_epoch != 0:
+        return None
+    if isinstance(val_check_interval, int):
+        if check_val_every_n_epoch is not None and val_check_interval > num_batches:
+            raise ValueError(
+                f"Trainer(val_check_interval={val_check_interval}) is more than the {num_batches} "
+                "training batches of an epoch, so validation would never run. Use a smaller int, or "
+                "check_val_every_n_epoch=None to count batches across epochs."
+            )
+        return val_check_interval
+    if num_batches == math.inf:
+        raise ValueError(
+            "val_check_interval is a fraction of the epoch, but the training loader has no length. "
+            "Use an int val_check_interval (every N batches)."
+        )
+    return max(1, int(num_batches * val_check_interval))
+
+
+def validation_due(val_check_interval: int | float, check_val_every_n_epoch: int | None, batch_idx: int,
+                   every: int, num_batches: int | float, batches_seen: int) -> bool:
+    """As in Lightning: an int interval counts batches of the epoch, or of the whole run (``batches_seen``)
+    when check_val_every_n_epoch is None; a float interval also validates after the epoch's last batch."""
+    if isinstance(val_check_interval, float):
+        return (batch_idx + 1) % every == 0 or batch_idx + 1 == num_batches
+    count = batches_seen if check_val_every_n_epoch is None else batch_idx + 1
+    return count % every == 0
 
 
 def evaluation_loaders(trainer: Trainer, stage: str, loaders: list[Any]) -> tuple[list[Any], list[int | float]]:

@@ -15,6 +15,7 @@ import datetime
 import itertools
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,14 +36,15 @@ from trainer.module import TrainingModule
 from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_window, step_schedulers
 from trainer.precision import add_precision_callback
 from trainer.preemption import Preemption, save_for_preemption
-from trainer.schedule import may_stop, say_nothing_to_train, validation_due, validation_interval
 from trainer.seed import preserved_rng, seed_everything, set_cublas_workspace_config
 from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_model
 from trainer.shorthands import reject_unknown_arguments
 from trainer.shorthands import translate as translate_shorthands
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import estimated_stepping_batches as estimated_steps
-from trainer.stage_loaders import evaluation_loaders, load_fit_data, reload_due, train_batches
+from trainer.stage_loaders import (
+    evaluation_loaders, load_fit_data, reload_due, train_batches, validation_due, validation_interval,
+)
 from trainer.state import (
     fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
 )
@@ -213,6 +215,7 @@ class Trainer:
         self._stage_loaders: list[Any] = []  # the loaders this stage made (trainer/stage_loaders.py)
         self._early_fit_data: tuple[Any, Any] | None = None  # fit's loaders, made for estimated_stepping_batches
         self._described: str | None = None  # the device report last printed (trainer/stage.py)
+        self._said_min_not_met = False  # the min_epochs/min_steps notice was printed in this fit
         self.phase_times = PhaseTimes()  # host seconds per phase, for the performance report
 
     # =========================================================================================
@@ -405,7 +408,7 @@ class Trainer:
         self.strategy.check_placement(module)  # once, before the first step
         loaded_at = self.current_epoch
         if self._finished():
-            say_nothing_to_train(self)
+            self._say_nothing_to_train()
         while not self._finished():
             if reload_due(self, data, loaded_at):
                 train_loader, val_loaders = load_fit_data(self, data)
@@ -423,10 +426,36 @@ class Trainer:
 
     def _finished(self) -> bool:
         return (
-            (self.should_stop and may_stop(self))
+            (self.should_stop and self._may_stop())
             or (self.max_steps != -1 and self.global_step >= self.max_steps)
             or (self.max_epochs not in (None, -1) and self.current_epoch >= self.max_epochs)
         )
+
+    def _may_stop(self) -> bool:
+        """should_stop is set: stop, unless min_epochs/min_steps are not met yet (as in Lightning,
+        early stopping then waits; a preemption signal does not). Says so once, on rank zero."""
+        met = (self.min_epochs or 0) <= self.current_epoch and (self.min_steps or 0) <= self.global_step
+        if met or self._preemption.stop_now:
+            return True
+        if not self._said_min_not_met and self.is_global_zero:
+            self._said_min_not_met = True
+            print(f"Cadence: should_stop was set, but min_epochs={self.min_epochs} / min_steps={self.min_steps} are "
+                  "not met yet; training continues until they are.", file=sys.stderr)
+        return False
+
+    def _say_nothing_to_train(self) -> None:
+        """fit found its end reached before the first batch (a second fit with the same max_epochs, a
+        resume from a run's final checkpoint): say which limit, on rank zero."""
+        if not self.is_global_zero:
+            return
+        if self.max_steps != -1 and self.global_step >= self.max_steps:
+            reason, fix = f"max_steps={self.max_steps} reached (global_step={self.global_step})", "Raise max_steps"
+        elif self.max_epochs not in (None, -1) and self.current_epoch >= self.max_epochs:
+            reason = f"max_epochs={self.max_epochs} reached (current_epoch={self.current_epoch})"
+            fix = "Raise max_epochs (Trainer(max_epochs=...))"
+        else:
+            reason, fix = "trainer.should_stop was already set", "Set trainer.should_stop = False"
+        print(f"Trainer.fit trained nothing: {reason}. {fix} to train more.", file=sys.stderr, flush=True)
 
     def _run_train_epoch(self, train_loader: Any, val_loaders: list[Any] | None) -> None:
         module, strategy, hooks = self.module, self.strategy, self._plan.hooks
@@ -468,7 +497,7 @@ class Trainer:
                 self._publish(*self._step_values_now(), self.global_step)  # what was logged since the last log step
                 save_for_preemption(self, self._preemption.reason)  # last.ckpt, and should_stop
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
-            if (self.should_stop and may_stop(self)) or (self.max_steps != -1 and self.global_step >= self.max_steps):
+            if (self.should_stop and self._may_stop()) or (self.max_steps != -1 and self.global_step >= self.max_steps):
                 break
         times.end_loop(self._train_batches_seen)
         if batch_idx == -1 and self._resume_position is None:

@@ -77,28 +77,26 @@ def nonfinite_loss_error(bad: tuple[float, int, int] | None, epoch: int, last_ch
     )
 
 
-def check_losses(trainer: Any) -> None:
-    """on_nonfinite_loss="raise": fail on the first NaN/inf loss since the last check (one host sync)."""
-    losses, trainer._unchecked_losses = trainer._unchecked_losses, []
-    if trainer.on_nonfinite_loss != "raise" or not losses:
-        return
+def check_losses(losses: list[RecordedLoss], strategy: Any, epoch: int, last_checkpoint: tuple[str, int] | None) -> None:
+    """on_nonfinite_loss="raise": fail on the first NaN/inf loss among ``losses`` (one host sync);
+    the error names ``last_checkpoint``, ``(path, global step)``."""
     bad = first_nonfinite(losses)
-    if trainer.strategy.reduce_any(bad is not None):  # every rank raises, none waits at a collective
-        raise nonfinite_loss_error(bad, trainer.current_epoch, trainer._last_checkpoint)
+    if strategy.reduce_any(bad is not None):  # every rank raises, none waits at a collective
+        raise nonfinite_loss_error(bad, epoch, last_checkpoint)
 
 
-def window_is_finite(trainer: Any) -> bool:
+def window_is_finite(losses: list[RecordedLoss], strategy: Any, optimizers: list[Any], warn: bool, where: str) -> bool:
     """on_nonfinite_loss="skip", before an optimizer step: if a loss of this accumulation window
-    is NaN/inf, drop its gradients, count it and return False. Deciding now costs a host sync."""
-    losses, trainer._unchecked_losses = trainer._unchecked_losses, []
+    (``losses``) is NaN/inf on any rank, drop the gradients of ``optimizers`` and return False;
+    with ``warn`` (the first skip, on rank zero), say so, ``where`` being the epoch and step.
+    Deciding now costs a host sync."""
     bad = first_nonfinite(losses)
-    if not trainer.strategy.reduce_any(bad is not None):
+    if not strategy.reduce_any(bad is not None):
         return True
-    for optimizer in trainer.optimizers:
+    for optimizer in optimizers:
         optimizer.zero_grad(set_to_none=True)
-    trainer.num_skipped_steps += 1
-    if trainer.num_skipped_steps == 1 and trainer.is_global_zero:
-        where = f"the loss is {bad[0]} at batch {bad[1]}" if bad is not None else "another rank saw a non-finite loss"
-        warnings.warn(f"Skipped an optimizer step at epoch {trainer.current_epoch}, global step {trainer.global_step}: "
-                      f"{where}. Further skips are counted in trainer.num_skipped_steps.", stacklevel=3)
+    if warn:
+        what = f"the loss is {bad[0]} at batch {bad[1]}" if bad is not None else "another rank saw a non-finite loss"
+        warnings.warn(f"Skipped an optimizer step at {where}: {what}. Further skips are counted in "
+                      "trainer.num_skipped_steps.", stacklevel=4)
     return False

@@ -41,12 +41,12 @@ from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_m
 from trainer.shorthands import reject_unknown_arguments
 from trainer.shorthands import translate as translate_shorthands
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
-from trainer.stage_loaders import estimated_stepping_batches as estimated_steps
 from trainer.stage_loaders import (
-    evaluation_loaders, load_fit_data, reload_due, train_batches, validation_due, validation_interval,
+    NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_loaders, load_fit_data, reload_due, train_batches,
+    validation_due, validation_interval,
 )
 from trainer.state import (
-    fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
+    Resumed, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
 )
 from trainer.timing import PhaseTimes, measured
 
@@ -202,8 +202,7 @@ class Trainer:
         self.metrics = MetricStore(self.strategy.all_reduce, self.strategy.all_gather_object)
         self.batch_idx = -1  # index of the training batch being run, within its epoch; -1 before the first
         self.num_skipped_steps = 0  # optimizer steps skipped for a NaN/inf loss (on_nonfinite_loss="skip")
-        self._resume_position: tuple[int, int] | None = None  # (epoch, batches to skip) after a restore
-        self._resume_rng: dict | None = None  # this rank's checkpointed RNG states, for the replay
+        self._resumed: Resumed | None = None  # where a restored run continues, until its first epoch ends
         self._train_sampler = None  # the training loader's ResumableBatchSampler (trainer/resume.py)
         self._in_epoch_end = False
         self._plan: StagePlan | None = None  # what setup decided for the running stage (trainer/setup.py)
@@ -213,7 +212,7 @@ class Trainer:
         self._end_of_fit: tuple[TrainingModule, dict] | None = None  # (module, training_state) when fit ended
         self._preemption = Preemption()
         self._stage_loaders: list[Any] = []  # the loaders this stage made (trainer/stage_loaders.py)
-        self._early_fit_data: tuple[Any, Any] | None = None  # fit's loaders, made for estimated_stepping_batches
+        self._early_fit_data: FitLoaders | None = None  # fit's loaders, made for estimated_stepping_batches
         self._described: str | None = None  # the device report last printed (trainer/stage.py)
         self._said_min_not_met = False  # the min_epochs/min_steps notice was printed in this fit
         self.phase_times = PhaseTimes()  # host seconds per phase, for the performance report
@@ -319,7 +318,12 @@ class Trainer:
         optimizers, schedulers, counters and every rank's RNG states as the last step left them,
         so ``fit(model, ckpt_path=path)`` with a larger ``max_epochs`` continues exactly.
         """
-        write_checkpoint(self, path)  # trainer/state.py
+        training = None
+        if self.module is not None:  # a stage runs: its state now
+            self._check_losses()  # never write weights that a non-finite loss produced
+            training = self._training_state()
+        datamodule = self._data.datamodule if self._data is not None else None
+        self._last_checkpoint = (str(path), write_checkpoint(self, path, training, datamodule, self._end_of_fit))
 
     # =========================================================================================
     # Launch and per-process setup
@@ -338,7 +342,12 @@ class Trainer:
         ckpt_path = prepare_launch(self, stage, module, data, ckpt_path)  # callbacks, ckpt_path, log_dir
         output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path)
         if handoff is not None:  # the work ran in other processes: bring its results here
-            receive_handoff(self, module, handoff, data.datamodule)
+            receive_handoff(module, self.callbacks, handoff, data.datamodule)  # weights, callbacks' states
+            self.current_epoch, self.global_step = handoff["current_epoch"], handoff["global_step"]
+            self.callback_metrics = {key: torch.tensor(value) for key, value in handoff["callback_metrics"].items()}
+            self._preemption.signal_number = handoff["preempted_by"]
+            if handoff["end_of_fit"] is not None:
+                self._end_of_fit = (module, handoff["end_of_fit"])
         self._preemption.exit_if_stopped()  # SystemExit(128 + signal) once a signal stopped fit
         return output
 
@@ -356,7 +365,6 @@ class Trainer:
                     accumulate_grad_batches=self.accumulate_grad_batches, gradient_clip_val=self.gradient_clip_val,
                     on_nonfinite_loss=self.on_nonfinite_loss, count_manual_step=self._count_manual_step,
                     before_manual_step=self._before_manual_step)
-            if stage == "fit":
                 with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
                     output = self._run_fit(module, data, ckpt_path)
             else:
@@ -364,8 +372,12 @@ class Trainer:
                 if ckpt_path is not None:
                     restore(self, ckpt_path, model_only=True, state=checkpoint)
                 loaders, counts = evaluation_loaders(self, stage, data.loaders(STAGE_KIND[stage]))
+                self._stage_loaders += loaders  # their persistent workers end with the stage
+                setattr(self, NUM_BATCHES[stage], counts)
                 output = self._evaluation_loop(stage, loaders, counts)
-            handoff = handoff_state(self, module, stage, data.datamodule) if self.strategy.launches_subprocesses else None
+            end_of_fit = self._end_of_fit[1] if self._end_of_fit is not None else None
+            handoff = (handoff_state(self, module, stage, data.datamodule, end_of_fit, self._preemption.stopping_signal())
+                       if self.strategy.launches_subprocesses else None)
             return output, handoff
         except BaseException as error:
             for callback in self.callbacks:
@@ -390,18 +402,21 @@ class Trainer:
     def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
         checkpoint = read_checkpoint(ckpt_path, data.datamodule)
         # Made already if configure_optimizers asked for estimated_stepping_batches.
-        train_loader, val_loaders = self._early_fit_data or load_fit_data(self, data)
-        self._early_fit_data = None
-        self.should_stop, self._resume_position, self._unchecked_losses = False, None, []
+        loaders, self._early_fit_data = self._early_fit_data or self._load_fit_data(data), None
+        self.should_stop, self._resumed, self._unchecked_losses = False, None, []
         self._said_min_not_met = False
         self._end_of_fit = None
-        if ckpt_path is not None:
-            restore(self, ckpt_path, state=checkpoint)
+        if ckpt_path is not None:  # the loop continues where the checkpoint was written
+            self._resumed = resumed = restore(self, ckpt_path, state=checkpoint, sampler=self._train_sampler)
+            self.current_epoch, self.global_step, self.batch_idx = resumed.epoch, resumed.global_step, resumed.batches_done - 1
+            self._train_batches_seen = resumed.batches_seen
+            self.callback_metrics.update(resumed.callback_metrics)
+            self._last_checkpoint = (str(ckpt_path), self.global_step)
         for callback in self.callbacks:
             callback.on_fit_start(self, module)
         module.on_fit_start()
-        if val_loaders is not None and self._resume_position is None and self.num_sanity_val_steps != 0:
-            self._run_sanity_check(val_loaders)
+        if loaders.val is not None and self._resumed is None and self.num_sanity_val_steps != 0:
+            self._run_sanity_check(loaders.val)
         for callback in self.callbacks:
             callback.on_train_start(self, module)
         module.on_train_start()
@@ -410,19 +425,26 @@ class Trainer:
         if self._finished():
             self._say_nothing_to_train()
         while not self._finished():
-            if reload_due(self, data, loaded_at):
-                train_loader, val_loaders = load_fit_data(self, data)
-                loaded_at = self.current_epoch
-            self._run_train_epoch(train_loader, val_loaders)
+            if reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, loaded_at, data):
+                loaders, loaded_at = self._load_fit_data(data), self.current_epoch
+            self._run_train_epoch(loaders.train, loaders.val)
         # What save_checkpoint writes after fit returns: this moment's state, as a checkpoint
         # written now would hold it (optimizer states by reference: nothing is copied).
-        self._end_of_fit = (module, training_state(self))
+        self._end_of_fit = (module, self._training_state())
         for callback in self.callbacks:
             callback.on_train_end(self, module)
         module.on_train_end()
         for callback in self.callbacks:
             callback.on_fit_end(self, module)
         module.on_fit_end()
+
+    def _load_fit_data(self, data: DataSource) -> FitLoaders:
+        """fit's loaders, made (trainer/stage_loaders.py); the Trainer takes their counts."""
+        loaders = load_fit_data(self, data)
+        self.max_epochs, self.train_dataloader, self._train_sampler = loaders.max_epochs, loaders.train, loaders.sampler
+        self.num_training_batches, self.num_val_batches = loaders.num_training_batches, loaders.num_val_batches
+        self._stage_loaders += loaders.made  # their persistent workers end with the stage
+        return loaders
 
     def _finished(self) -> bool:
         return (
@@ -473,7 +495,8 @@ class Trainer:
         times, clock = self.phase_times, time.perf_counter  # two host clock reads a batch, no device sync
         times.start_loop(self._train_batches_seen)
         # The strategy moves the batches (on CUDA it copies the next one while this one computes).
-        for batch_idx, batch in strategy.batches_on_device(train_batches(self, train_loader)):
+        batches = train_batches(train_loader, self.current_epoch, num_batches, self._train_sampler, self._resumed)
+        for batch_idx, batch in strategy.batches_on_device(batches):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
             times.data_wait += clock() - times.ready
             self.batch_idx = batch_idx
@@ -500,12 +523,12 @@ class Trainer:
             if (self.should_stop and self._may_stop()) or (self.max_steps != -1 and self.global_step >= self.max_steps):
                 break
         times.end_loop(self._train_batches_seen)
-        if batch_idx == -1 and self._resume_position is None:
+        if batch_idx == -1 and self._resumed is None:
             raise RuntimeError(
                 "The training DataLoader yielded no batches. Check that the dataset is not empty and "
                 "that batch_size <= len(dataset) when drop_last=True."
             )
-        self._resume_position = None
+        self._resumed = None
         self._end_train_epoch()
 
     def _training_step(self, module: TrainingModule, batch: Any, batch_idx: int, num_batches: int | float) -> Any:
@@ -525,7 +548,7 @@ class Trainer:
         # Checked later (log step, epoch end, checkpoint), so no host sync here. A copy, because a
         # CUDA graph replay overwrites the loss in place at the next step (trainer/guards.py).
         self._unchecked_losses.append((loss.detach().clone(), batch_idx, self.global_step))
-        if not steps_now or (self.on_nonfinite_loss == "skip" and not window_is_finite(self)):
+        if not steps_now or (self.on_nonfinite_loss == "skip" and not self._window_is_finite()):
             return outputs
         optimizer, hooks = self.optimizers[0], self._plan.hooks
         if hooks.module_optimizer_step is None:
@@ -599,6 +622,27 @@ class Trainer:
         self.global_step += 1  # counts the steps taken, applied or skipped by AMP (as in Lightning)
         return applied
 
+    def _window_is_finite(self) -> bool:
+        """on_nonfinite_loss="skip": False, the window's gradients dropped and the skip counted, when
+        one of its losses is NaN/inf (trainer/guards.py)."""
+        losses, self._unchecked_losses = self._unchecked_losses, []
+        warn = self.num_skipped_steps == 0 and self.is_global_zero
+        where = f"epoch {self.current_epoch}, global step {self.global_step}"
+        if window_is_finite(losses, self.strategy, self.optimizers, warn, where):
+            return True
+        self.num_skipped_steps += 1
+        return False
+
+    def _check_losses(self) -> None:
+        """on_nonfinite_loss="raise": fail on the first NaN/inf loss since the last check (one host sync)."""
+        losses, self._unchecked_losses = self._unchecked_losses, []
+        if self.on_nonfinite_loss == "raise" and losses:
+            check_losses(losses, self.strategy, self.current_epoch, self._last_checkpoint)
+
+    def _training_state(self) -> dict[str, Any]:
+        """What a checkpoint holds besides the weights (trainer/state.py); call it on every rank."""
+        return training_state(self, self._train_sampler, self._train_batches_seen, self._in_epoch_end)
+
     @measured("logging")
     def _log_step(self) -> None:
         """Every log_every_n_steps batches: start this step's copy to the host; publish the last."""
@@ -607,11 +651,11 @@ class Trainer:
         if received is not None:
             step, values, specs = received
             self._publish(values, specs, step)
-        check_losses(self)
+        self._check_losses()
         self._preemption.agree(self.strategy)  # with several processes: stop on every rank, or none
 
     def _end_train_epoch(self) -> None:
-        check_losses(self)
+        self._check_losses()
         self._in_epoch_end = True
         step_values, step_specs = self._step_values_now()  # the last log step's values, and this step's
         values, specs = self.metrics.read_epoch_values(self.metrics.train)  # the epoch's
@@ -773,7 +817,16 @@ class Trainer:
     def checkpoint_callback(self) -> Callback | None:
         return next((c for c in self.callbacks if isinstance(c, callbacks_package.ModelCheckpoint)), None)
 
-    estimated_stepping_batches = property(estimated_steps)  # trainer/stage_loaders.py
+    @property
+    def estimated_stepping_batches(self) -> int | float:
+        """The optimizer steps fit will take (trainer/stage_loaders.py). Asked during fit before the
+        loaders are made (configure_optimizers runs first), it makes them now, once: fit then trains
+        on those (so a DataModule's state from ckpt_path is not restored into them yet)."""
+        if self.stage == "fit" and self._data is not None and self._early_fit_data is None \
+                and math.isinf(self.num_training_batches):
+            self._early_fit_data = self._load_fit_data(self._data)
+        return estimated_stepping_batches(self.num_training_batches, self.accumulate_grad_batches, self.max_epochs,
+                                          self.max_steps)
 
 
 #: One context serves every evaluation batch and manual-optimization step without a forward

@@ -1,6 +1,7 @@
 """The non-finite loss guard: find the first NaN or infinite training loss without a per-step sync.
 
-The loop appends a copy of each step's loss to a list (one small device op, no host sync). With
+The loop appends a copy of each step's loss to a list (one small device op, no host sync; the list
+and the checks are a :class:`LossGuard`, which the Trainer holds). With
 ``Trainer(on_nonfinite_loss="raise")``, the default, the list is checked with one host sync at
 each log step, at the end of each epoch and before each checkpoint is written, so no checkpoint
 ever holds the weights a non-finite loss produced; the error names the first bad batch exactly
@@ -77,26 +78,43 @@ def nonfinite_loss_error(bad: tuple[float, int, int] | None, epoch: int, last_ch
     )
 
 
-def check_losses(losses: list[RecordedLoss], strategy: Any, epoch: int, last_checkpoint: tuple[str, int] | None) -> None:
-    """on_nonfinite_loss="raise": fail on the first NaN/inf loss among ``losses`` (one host sync);
-    the error names ``last_checkpoint``, ``(path, global step)``."""
-    bad = first_nonfinite(losses)
-    if strategy.reduce_any(bad is not None):  # every rank raises, none waits at a collective
-        raise nonfinite_loss_error(bad, epoch, last_checkpoint)
+class LossGuard:
+    """The non-finite loss guard of one Trainer: the losses recorded since the last check, the last
+    checkpoint written before them (named in the error) and the steps skipped.
 
+    Args:
+        mode: ``Trainer(on_nonfinite_loss=...)``.
+    """
 
-def window_is_finite(losses: list[RecordedLoss], strategy: Any, optimizers: list[Any], warn: bool, where: str) -> bool:
-    """on_nonfinite_loss="skip", before an optimizer step: if a loss of this accumulation window
-    (``losses``) is NaN/inf on any rank, drop the gradients of ``optimizers`` and return False;
-    with ``warn`` (the first skip, on rank zero), say so, ``where`` being the epoch and step.
-    Deciding now costs a host sync."""
-    bad = first_nonfinite(losses)
-    if not strategy.reduce_any(bad is not None):
-        return True
-    for optimizer in optimizers:
-        optimizer.zero_grad(set_to_none=True)
-    if warn:
-        what = f"the loss is {bad[0]} at batch {bad[1]}" if bad is not None else "another rank saw a non-finite loss"
-        warnings.warn(f"Skipped an optimizer step at {where}: {what}. Further skips are counted in "
-                      "trainer.num_skipped_steps.", stacklevel=4)
-    return False
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.losses: list[RecordedLoss] = []  # the loop appends each step's (loss, batch_idx, global_step)
+        self.last_checkpoint: tuple[str, int] | None = None  # (path, global step) last written or loaded
+        self.skipped = 0  # optimizer steps skipped for a NaN/inf loss ("skip")
+
+    def check(self, strategy: Any, epoch: int) -> None:
+        """"raise": fail on the first NaN/inf loss since the last check (one host sync), on every
+        rank if any rank saw one (none waits at a collective). The others forget the losses."""
+        losses, self.losses = self.losses, []
+        if self.mode != "raise" or not losses:
+            return
+        bad = first_nonfinite(losses)
+        if strategy.reduce_any(bad is not None):
+            raise nonfinite_loss_error(bad, epoch, self.last_checkpoint)
+
+    def window_is_finite(self, strategy: Any, optimizers: list[Any], warn: bool, epoch: int, step: int) -> bool:
+        """"skip", before an optimizer step: if a loss of this accumulation window is NaN/inf on any
+        rank, drop the gradients of ``optimizers``, count the skip and return False; the first skip
+        is said (with ``warn``: on rank zero). Deciding now costs a host sync."""
+        losses, self.losses = self.losses, []
+        bad = first_nonfinite(losses)
+        if not strategy.reduce_any(bad is not None):
+            return True
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        self.skipped += 1
+        if self.skipped == 1 and warn:
+            what = f"the loss is {bad[0]} at batch {bad[1]}" if bad is not None else "another rank saw a non-finite loss"
+            warnings.warn(f"Skipped an optimizer step at epoch {epoch}, global step {step}: {what}. Further skips are "
+                          "counted in trainer.num_skipped_steps.", stacklevel=3)
+        return False

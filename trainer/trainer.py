@@ -29,7 +29,7 @@ from strategies.transfer import move_to_device
 from trainer.arguments import check_trainer_arguments, loss_of
 from trainer.data_source import STAGE_KIND, DataSource, collect_data
 from trainer.datamodule import DataModule
-from trainer.guards import check_losses, window_is_finite
+from trainer.guards import LossGuard
 from trainer.hooks import evaluation_hooks, step_hooks
 from trainer.metrics import MetricSpec, MetricStore, format_results, split_by_dataloader
 from trainer.module import TrainingModule
@@ -201,14 +201,12 @@ class Trainer:
         self.lr_scheduler_configs: list[SchedulerConfig] = []
         self.metrics = MetricStore(self.strategy.all_reduce, self.strategy.all_gather_object)
         self.batch_idx = -1  # index of the training batch being run, within its epoch; -1 before the first
-        self.num_skipped_steps = 0  # optimizer steps skipped for a NaN/inf loss (on_nonfinite_loss="skip")
         self._resumed: Resumed | None = None  # where a restored run continues, until its first epoch ends
         self._train_sampler = None  # the training loader's ResumableBatchSampler (trainer/resume.py)
         self._in_epoch_end = False
         self._plan: StagePlan | None = None  # what setup decided for the running stage (trainer/setup.py)
         self._train_batches_seen = 0  # training batches run since the first fit (log-step clock)
-        self._unchecked_losses: list = []  # (loss, batch_idx, global_step) since the last NaN check
-        self._last_checkpoint: tuple[str, int] | None = None  # (path, global step) last written or loaded
+        self._guard = LossGuard(on_nonfinite_loss)  # the losses since the last check (trainer/guards.py)
         self._end_of_fit: tuple[TrainingModule, dict] | None = None  # (module, training_state) when fit ended
         self._preemption = Preemption()
         self._stage_loaders: list[Any] = []  # the loaders this stage made (trainer/stage_loaders.py)
@@ -320,10 +318,10 @@ class Trainer:
         """
         training = None
         if self.module is not None:  # a stage runs: its state now
-            self._check_losses()  # never write weights that a non-finite loss produced
+            self._guard.check(self.strategy, self.current_epoch)  # never write weights a NaN/inf loss produced
             training = self._training_state()
         datamodule = self._data.datamodule if self._data is not None else None
-        self._last_checkpoint = (str(path), write_checkpoint(self, path, training, datamodule, self._end_of_fit))
+        self._guard.last_checkpoint = (str(path), write_checkpoint(self, path, training, datamodule, self._end_of_fit))
 
     # =========================================================================================
     # Launch and per-process setup
@@ -403,7 +401,7 @@ class Trainer:
         checkpoint = read_checkpoint(ckpt_path, data.datamodule)
         # Made already if configure_optimizers asked for estimated_stepping_batches.
         loaders, self._early_fit_data = self._early_fit_data or self._load_fit_data(data), None
-        self.should_stop, self._resumed, self._unchecked_losses = False, None, []
+        self.should_stop, self._resumed, self._guard.losses = False, None, []
         self._said_min_not_met = False
         self._end_of_fit = None
         if ckpt_path is not None:  # the loop continues where the checkpoint was written
@@ -411,7 +409,7 @@ class Trainer:
             self.current_epoch, self.global_step, self.batch_idx = resumed.epoch, resumed.global_step, resumed.batches_done - 1
             self._train_batches_seen = resumed.batches_seen
             self.callback_metrics.update(resumed.callback_metrics)
-            self._last_checkpoint = (str(ckpt_path), self.global_step)
+            self._guard.last_checkpoint = (str(ckpt_path), self.global_step)
         for callback in self.callbacks:
             callback.on_fit_start(self, module)
         module.on_fit_start()
@@ -547,8 +545,9 @@ class Trainer:
                 outputs, loss = self._forward_backward(batch, batch_idx)
         # Checked later (log step, epoch end, checkpoint), so no host sync here. A copy, because a
         # CUDA graph replay overwrites the loss in place at the next step (trainer/guards.py).
-        self._unchecked_losses.append((loss.detach().clone(), batch_idx, self.global_step))
-        if not steps_now or (self.on_nonfinite_loss == "skip" and not self._window_is_finite()):
+        self._guard.losses.append((loss.detach().clone(), batch_idx, self.global_step))
+        if not steps_now or (self.on_nonfinite_loss == "skip" and not self._guard.window_is_finite(
+                self.strategy, self.optimizers, self.is_global_zero, self.current_epoch, self.global_step)):
             return outputs
         optimizer, hooks = self.optimizers[0], self._plan.hooks
         if hooks.module_optimizer_step is None:
@@ -622,23 +621,6 @@ class Trainer:
         self.global_step += 1  # counts the steps taken, applied or skipped by AMP (as in Lightning)
         return applied
 
-    def _window_is_finite(self) -> bool:
-        """on_nonfinite_loss="skip": False, the window's gradients dropped and the skip counted, when
-        one of its losses is NaN/inf (trainer/guards.py)."""
-        losses, self._unchecked_losses = self._unchecked_losses, []
-        warn = self.num_skipped_steps == 0 and self.is_global_zero
-        where = f"epoch {self.current_epoch}, global step {self.global_step}"
-        if window_is_finite(losses, self.strategy, self.optimizers, warn, where):
-            return True
-        self.num_skipped_steps += 1
-        return False
-
-    def _check_losses(self) -> None:
-        """on_nonfinite_loss="raise": fail on the first NaN/inf loss since the last check (one host sync)."""
-        losses, self._unchecked_losses = self._unchecked_losses, []
-        if self.on_nonfinite_loss == "raise" and losses:
-            check_losses(losses, self.strategy, self.current_epoch, self._last_checkpoint)
-
     def _training_state(self) -> dict[str, Any]:
         """What a checkpoint holds besides the weights (trainer/state.py); call it on every rank."""
         return training_state(self, self._train_sampler, self._train_batches_seen, self._in_epoch_end)
@@ -651,11 +633,11 @@ class Trainer:
         if received is not None:
             step, values, specs = received
             self._publish(values, specs, step)
-        self._check_losses()
+        self._guard.check(self.strategy, self.current_epoch)
         self._preemption.agree(self.strategy)  # with several processes: stop on every rank, or none
 
     def _end_train_epoch(self) -> None:
-        self._check_losses()
+        self._guard.check(self.strategy, self.current_epoch)
         self._in_epoch_end = True
         step_values, step_specs = self._step_values_now()  # the last log step's values, and this step's
         values, specs = self.metrics.read_epoch_values(self.metrics.train)  # the epoch's
@@ -816,6 +798,11 @@ class Trainer:
     @property
     def checkpoint_callback(self) -> Callback | None:
         return next((c for c in self.callbacks if isinstance(c, callbacks_package.ModelCheckpoint)), None)
+
+    @property
+    def num_skipped_steps(self) -> int:
+        """Optimizer steps skipped for a NaN/inf loss (``on_nonfinite_loss="skip"``)."""
+        return self._guard.skipped
 
     @property
     def estimated_stepping_batches(self) -> int | float:

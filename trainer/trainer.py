@@ -26,7 +26,7 @@ import callbacks as callbacks_package
 from callbacks import Callback
 from strategies import Strategy
 from strategies.transfer import move_to_device
-from trainer.arguments import check_trainer_arguments, loss_of
+from trainer.arguments import loss_of
 from trainer.data_source import STAGE_KIND, DataSource, collect_data
 from trainer.datamodule import DataModule
 from trainer.guards import LossGuard
@@ -34,12 +34,10 @@ from trainer.hooks import evaluation_hooks, step_hooks
 from trainer.metrics import MetricSpec, MetricStore, format_results, split_by_dataloader
 from trainer.module import TrainingModule
 from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_window, step_schedulers
-from trainer.precision import add_precision_callback
 from trainer.preemption import Preemption, save_for_preemption
-from trainer.seed import preserved_rng, seed_everything, set_cublas_workspace_config
+from trainer.seed import preserved_rng
 from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_model
-from trainer.shorthands import reject_unknown_arguments
-from trainer.shorthands import translate as translate_shorthands
+from trainer.shorthands import reject_unknown_arguments, translate
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
     NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_loaders, load_fit_data, reload_due, train_batches,
@@ -126,56 +124,35 @@ class Trainer:
         **unknown: Any,
     ) -> None:
         reject_unknown_arguments(unknown, Trainer.__init__)  # a close match, or the Cadence way (trainer/shorthands.py)
-        limits = {"train": limit_train_batches, "validate": limit_val_batches,
-                  "test": limit_test_batches, "predict": limit_predict_batches}
-        check_trainer_arguments(
-            max_epochs=max_epochs, max_steps=max_steps, accumulate_grad_batches=accumulate_grad_batches,
-            log_every_n_steps=log_every_n_steps, check_val_every_n_epoch=check_val_every_n_epoch,
-            gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
-            val_check_interval=val_check_interval, limits=limits, num_sanity_val_steps=num_sanity_val_steps,
-            on_nonfinite_loss=on_nonfinite_loss, min_epochs=min_epochs, min_steps=min_steps,
-            reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
-            flags={"benchmark": benchmark, "detect_anomaly": detect_anomaly, "inference_mode": inference_mode,
-                   "use_distributed_sampler": use_distributed_sampler, "sync_batchnorm": sync_batchnorm},
+        # Every argument checked, then Lightning's shorthands (accelerator, devices, precision, fast_dev_run,
+        # max_time, profiler, ...) translated into a strategy, callbacks and the settings below, in one place.
+        run = translate(
+            max_epochs=max_epochs, max_steps=max_steps, strategy=strategy, devices=devices, precision=precision,
+            callbacks=callbacks, accumulate_grad_batches=accumulate_grad_batches, gradient_clip_val=gradient_clip_val,
+            gradient_clip_algorithm=gradient_clip_algorithm, val_check_interval=val_check_interval,
+            check_val_every_n_epoch=check_val_every_n_epoch, limit_train_batches=limit_train_batches,
+            limit_val_batches=limit_val_batches, limit_test_batches=limit_test_batches,
+            limit_predict_batches=limit_predict_batches, num_sanity_val_steps=num_sanity_val_steps,
+            log_every_n_steps=log_every_n_steps, default_root_dir=default_root_dir,
+            enable_progress_bar=enable_progress_bar, enable_checkpointing=enable_checkpointing, logger=logger,
+            seed=seed, deterministic=deterministic, on_nonfinite_loss=on_nonfinite_loss, accelerator=accelerator,
+            num_nodes=num_nodes, fast_dev_run=fast_dev_run, min_epochs=min_epochs, min_steps=min_steps,
+            max_time=max_time, overfit_batches=overfit_batches, enable_model_summary=enable_model_summary,
+            benchmark=benchmark, detect_anomaly=detect_anomaly, inference_mode=inference_mode,
+            use_distributed_sampler=use_distributed_sampler, sync_batchnorm=sync_batchnorm,
+            reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs, profiler=profiler, report=report,
         )
-        if seed is not None:
-            seed_everything(seed)  # validates; seeded again at the start of each stage
-        if deterministic:
-            set_cublas_workspace_config()  # before cuBLAS first runs; the rest at the start of each stage
-
-        # Lightning's shorthands become a strategy, callbacks and the plain settings below.
-        run = translate_shorthands(
-            accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes, callbacks=callbacks,
-            logger=logger, enable_progress_bar=enable_progress_bar, enable_checkpointing=enable_checkpointing,
-            enable_model_summary=enable_model_summary, fast_dev_run=fast_dev_run, overfit_batches=overfit_batches,
-            max_time=max_time, max_epochs=max_epochs, max_steps=max_steps, limits=limits,
-            num_sanity_val_steps=num_sanity_val_steps, val_check_interval=val_check_interval,
-            check_val_every_n_epoch=check_val_every_n_epoch, benchmark=benchmark, detect_anomaly=detect_anomaly,
-            sync_batchnorm=sync_batchnorm,
-        )
-        self.strategy = run.strategy
-        self.strategy.validate()
-        self.callbacks = add_precision_callback(precision, self.strategy, run.callbacks)  # "16-mixed" -> AMP
-        self.callbacks = callbacks_package.observability_callbacks(self.callbacks, profiler=profiler, report=report)
-        self.max_epochs, self.max_steps = run.max_epochs, run.max_steps
-        self.min_epochs, self.min_steps = min_epochs, min_steps
-        self.fast_dev_run = fast_dev_run
-        self.overfit_batches = overfit_batches
-        self.val_check_interval = run.val_check_interval
-        self.check_val_every_n_epoch = run.check_val_every_n_epoch
-        self.limits = run.limits
+        self.strategy, self.callbacks, self.default_root_dir = run.strategy, run.callbacks, run.default_root_dir
+        self.max_epochs, self.max_steps, self.min_epochs, self.min_steps = run.max_epochs, run.max_steps, min_epochs, min_steps
+        self.limits, self.fast_dev_run, self.overfit_batches = run.limits, fast_dev_run, overfit_batches
+        self.val_check_interval, self.check_val_every_n_epoch = run.val_check_interval, run.check_val_every_n_epoch
         self.num_sanity_val_steps = run.num_sanity_val_steps
         self.reload_dataloaders_every_n_epochs = reload_dataloaders_every_n_epochs
-        self.use_distributed_sampler = use_distributed_sampler
-        self.inference_mode = inference_mode
+        self.use_distributed_sampler, self.inference_mode = use_distributed_sampler, inference_mode
         self.accumulate_grad_batches = accumulate_grad_batches
-        self.gradient_clip_val = gradient_clip_val
-        self.gradient_clip_algorithm = gradient_clip_algorithm
+        self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
         self.log_every_n_steps = log_every_n_steps
-        self.default_root_dir = Path(default_root_dir) if default_root_dir is not None else Path.cwd()
-        self.seed = seed
-        self.deterministic = deterministic
-        self.on_nonfinite_loss = on_nonfinite_loss
+        self.seed, self.deterministic, self.on_nonfinite_loss = seed, deterministic, on_nonfinite_loss
 
         # Public loop state (Lightning names).
         self.current_epoch = 0

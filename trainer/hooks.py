@@ -7,6 +7,7 @@ calls, defined on a module or a callback, gets one warning (:func:`warn_uncalled
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import types
@@ -17,6 +18,10 @@ from typing import Any
 from callbacks import Callback
 from trainer.module import TrainingModule
 from trainer.optim import StepOptimizer
+
+
+#: One context serves every forward without a forward context: nullcontext keeps no state.
+_NO_CONTEXT = contextlib.nullcontext()
 
 
 @dataclasses.dataclass
@@ -56,6 +61,20 @@ class StepHooks:
         self.around_zero_grad = bool(self.before_zero_grad or self.module_before_zero_grad
                                      or self.module_optimizer_zero_grad)
         self.before_step = bool(self.before_optimizer_step or self.module_before_optimizer_step)
+
+    def forward_context_manager(self) -> contextlib.AbstractContextManager:
+        """The callbacks' forward contexts (autocast) as one context to enter around a forward."""
+        if not self.forward_context:
+            return _NO_CONTEXT
+        contexts = [context for hook in self.forward_context if (context := hook()) is not None]
+        if not contexts:
+            return _NO_CONTEXT
+        if len(contexts) == 1:
+            return contexts[0]
+        stack = contextlib.ExitStack()
+        for context in contexts:
+            stack.enter_context(context)
+        return stack
 
     # The loop calls these only when the flag above says a hook is implemented.
     def call_around_backward(self, trainer: Any, module: TrainingModule, loss: Any, backward: Any) -> None:

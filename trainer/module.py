@@ -111,6 +111,10 @@ class TrainingModule(DataHooks, nn.Module):
         """The Trainer that runs (or last ran) this module; None before its first stage."""
         return self._trainer
 
+    @trainer.setter
+    def trainer(self, trainer: Trainer | None) -> None:
+        self._trainer = trainer
+
     @property
     def device(self) -> torch.device:
         for parameter in self.parameters():

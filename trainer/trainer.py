@@ -10,7 +10,6 @@ Performance notes are marked "hot loop": nothing there converts a tensor to a Py
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import itertools
 import math
@@ -314,7 +313,9 @@ class Trainer:
         return output
 
     def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> Any:
-        ckpt_path = prepare_launch(self, stage, module, data, ckpt_path)  # callbacks, ckpt_path, log_dir
+        self.callbacks, ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path)  # trainer/stage.py
+        module.trainer, self.lightning_module = self, module  # both answer after the stage too (test(model=None))
+        self.datamodule = data.datamodule if data.datamodule is not None else self.datamodule
         output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path)
         if handoff is not None:  # the work ran in other processes: bring its results here
             receive_handoff(module, self.callbacks, handoff, data.datamodule)  # weights, callbacks' states
@@ -329,8 +330,9 @@ class Trainer:
     def _run_stage(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> tuple[Any, Any]:
         """Everything one process does for one stage; returns (output, handoff for the caller)."""
         enter_stage(self, stage, module, data)  # this process's rank, rank zero's log_dir (trainer/stage.py)
+        self._data = data
         try:
-            setup_stage(self, stage, module, data)  # seed, prepare_data, the setup hooks
+            self._described = setup_stage(self, stage, module, data, self._described)  # seed, prepare_data, setup hooks
             hooks = step_hooks(self.callbacks, module)
             self.model = setup_model(module, self.strategy, self.callbacks, stage)  # the one setup order (trainer/setup.py)
             self._plan = plan_evaluation(hooks, self.strategy)
@@ -359,10 +361,9 @@ class Trainer:
                 callback.on_exception(self, module, error)
             raise
         finally:
-            teardown_stage(self, stage, module, data)  # the teardown hooks, the strategy's
-            for handle in self._plan.step_hook_handles if self._plan is not None else ():
-                handle.remove()  # manual optimization's optimizer hooks
-            self._plan = None
+            teardown_stage(self, stage, module, data, self._plan, self._stage_loaders)  # the teardown hooks, the workers
+            self.module = self.model = self._data = self._early_fit_data = self._plan = None
+            self._stage_loaders = []
 
     # Manual optimization's optimizer hooks (registered by trainer/setup.py): per step, so here.
     def _count_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -511,7 +512,7 @@ class Trainer:
         step (the module's optimizer_step takes it when overridden), zero grad and the
         step-interval schedulers."""
         if not self._plan.automatic_optimization:
-            with self._forward_context():
+            with self._plan.hooks.forward_context_manager():
                 outputs = self.strategy.training_step(self.model, batch, batch_idx)
             return outputs
         steps_now = (batch_idx + 1) % self.accumulate_grad_batches == 0 or batch_idx + 1 == num_batches
@@ -542,7 +543,7 @@ class Trainer:
     def _forward_backward(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor]:
         """training_step inside the callbacks' forward contexts (autocast), then backward outside them."""
         if self._plan.hooks.forward_context:
-            with self._forward_context():
+            with self._plan.hooks.forward_context_manager():
                 outputs = self.strategy.training_step(self.model, batch, batch_idx)
         else:  # hot loop: nothing wraps the forward, and a `with` costs two calls
             outputs = self.strategy.training_step(self.model, batch, batch_idx)
@@ -550,20 +551,6 @@ class Trainer:
         accumulate = self.accumulate_grad_batches
         self.run_backward(loss / accumulate if accumulate > 1 else loss)
         return outputs, loss
-
-    def _forward_context(self) -> contextlib.AbstractContextManager:
-        hooks = self._plan.hooks.forward_context
-        if not hooks:
-            return _NO_CONTEXT
-        contexts = [context for hook in hooks if (context := hook()) is not None]
-        if not contexts:
-            return _NO_CONTEXT
-        if len(contexts) == 1:
-            return contexts[0]
-        stack = contextlib.ExitStack()
-        for context in contexts:
-            stack.enter_context(context)
-        return stack
 
     def run_backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` through the backward seam (AMP scaling) or the strategy, between
@@ -711,7 +698,7 @@ class Trainer:
                         hook(self, module, batch, batch_idx, *hook_index)
                     for hook in hooks.module_batch_start:
                         hook(batch, batch_idx, *hook_index)
-                    with self._forward_context():
+                    with self._plan.hooks.forward_context_manager():
                         outputs = hooks.step(batch, batch_idx, *step_index)
                     if stage == "predict":
                         predictions[-1].append(outputs)
@@ -791,8 +778,3 @@ class Trainer:
             self._early_fit_data = self._load_fit_data(self._data)
         return estimated_stepping_batches(self.num_training_batches, self.accumulate_grad_batches, self.max_epochs,
                                           self.max_steps)
-
-
-#: One context serves every evaluation batch and manual-optimization step without a forward
-#: context: nullcontext keeps no state.
-_NO_CONTEXT = contextlib.nullcontext()

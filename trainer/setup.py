@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 from trainer.hooks import StepHooks
 from trainer.optim import SchedulerConfig, parse_optimizers, single_owner, step_owner
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
-    from callbacks import Callback
-    from strategies import Strategy
+from strategies import Strategy
+
+if TYPE_CHECKING:
     from trainer.module import TrainingModule
 
 
@@ -39,6 +39,8 @@ class StagePlan:
 
     Args:
         hooks: the hooks each batch calls (only those a callback or the module implements).
+        training_step: ``training_step(batch, batch_idx)`` of the module through the strategy
+            (DDP's forward), bound once.
         backward: ``loss.backward()`` through the callback that owns backward (AMP's scaler) or
             the strategy (DDP), bound once.
         automatic_optimization: the module's ``automatic_optimization``, read once per fit.
@@ -46,14 +48,18 @@ class StagePlan:
         clip_parameters: what gradient clipping walks (the first optimizer's parameters).
         step_hook_handles: manual optimization's optimizer hooks (``global_step``,
             ``on_before_optimizer_step``), removed at teardown.
+        copy_losses: the non-finite guard keeps a copy of each step's loss, because a CUDA graph
+            replay may overwrite the loss in place (``Strategy.may_replay_graphs``; ``trainer/guards.py``).
     """
 
     hooks: StepHooks
+    training_step: Callable[[Any, int], Any]
     backward: Callable[[torch.Tensor], None]
     automatic_optimization: bool = True
     step_owner: Callback | None = None
     clip_parameters: list[Any] = dataclasses.field(default_factory=list)
     step_hook_handles: list[Any] = dataclasses.field(default_factory=list)
+    copy_losses: bool = True
 
 
 def setup_model(module: TrainingModule, strategy: Strategy, callbacks: list[Callback], stage: str) -> torch.nn.Module:
@@ -71,24 +77,25 @@ def setup_model(module: TrainingModule, strategy: Strategy, callbacks: list[Call
     return strategy.wrap_module(module, stage)
 
 
-def plan_evaluation(hooks: StepHooks, strategy: Strategy) -> StagePlan:
+def plan_evaluation(hooks: StepHooks, model: torch.nn.Module, strategy: Strategy) -> StagePlan:
     """The plan of validate, test and predict: their forward contexts; no optimizer."""
-    return StagePlan(hooks, backward=strategy.backward)
+    return StagePlan(hooks, functools.partial(strategy.training_step, model), strategy.backward)
 
 
-def plan_optimization(
-    trainer: Any, module: TrainingModule, hooks: StepHooks, strategy: Strategy, callbacks: list[Callback], *,
-    accumulate_grad_batches: int, gradient_clip_val: float | None, on_nonfinite_loss: str,
-    count_manual_step: Callable[..., None], before_manual_step: Callable[..., None],
-) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig], StagePlan]:
+def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Module, hooks: StepHooks,
+                      count_manual_step: Callable[..., None], before_manual_step: Callable[..., None],
+                      ) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig], StagePlan]:
     """``configure_optimizers``, read once; the seams' owners; what clipping walks.
 
     Returns the optimizers and scheduler configs (``trainer.optimizers``,
-    ``trainer.lr_scheduler_configs``) and the fit's plan; ``trainer`` is what the callback that
-    owns backward is called with. In manual optimization,
+    ``trainer.lr_scheduler_configs``) and the fit's plan, from the running ``trainer``'s public
+    settings (its strategy, callbacks, accumulation, clipping, ``on_nonfinite_loss``); the callback
+    that owns backward is called with ``trainer``. ``model`` is what the strategy wrapped. In manual
+    optimization,
     ``count_manual_step`` and ``before_manual_step`` become each optimizer's step post- and
     pre-hook (``global_step`` counts optimizer steps, as in Lightning).
     """
+    strategy, callbacks = trainer.strategy, trainer.callbacks
     optimizers, scheduler_configs = parse_optimizers(module.configure_optimizers())
     automatic = module.automatic_optimization  # read once: the hot loop reads it every step
     handles: list[Any] = []
@@ -100,12 +107,12 @@ def plan_optimization(
                 "step them in training_step (self.optimizers(), self.manual_backward(loss))."
             )
     else:
-        if accumulate_grad_batches != 1 or gradient_clip_val is not None:
+        if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val is not None:
             raise ValueError(
                 "accumulate_grad_batches and gradient_clip_val apply to automatic optimization only; "
                 "with self.automatic_optimization = False, accumulate and clip in training_step."
             )
-        if on_nonfinite_loss == "skip":
+        if trainer.on_nonfinite_loss == "skip":
             raise ValueError(
                 "Trainer(on_nonfinite_loss='skip') skips optimizer steps the Trainer takes; with "
                 "self.automatic_optimization = False, check the loss in training_step instead."
@@ -114,14 +121,20 @@ def plan_optimization(
         if hooks.before_step:  # on_before_optimizer_step when training_step calls opt.step()
             handles += [optimizer.register_step_pre_hook(before_manual_step) for optimizer in optimizers]
     owner = single_owner([c for c in callbacks if c.owns_backward], "owns_backward")
+    # Bound once: the step calls them without asking who owns them. Where the strategy's seam is the
+    # base class's (one device), the step calls the module and the loss itself: one call fewer each.
+    if type(strategy).training_step is Strategy.training_step:
+        training_step = model.training_step
+    else:
+        training_step = functools.partial(strategy.training_step, model)
+    if owner is not None:
+        backward = functools.partial(owner.backward, trainer, module)
+    else:
+        backward = torch.Tensor.backward if type(strategy).backward is Strategy.backward else strategy.backward
     plan = StagePlan(
-        hooks,
-        # Bound once: the step calls it without asking who owns backward.
-        backward=functools.partial(owner.backward, trainer, module) if owner is not None else strategy.backward,
-        automatic_optimization=automatic,
-        step_owner=step_owner(callbacks),
+        hooks, training_step, backward, automatic_optimization=automatic, step_owner=step_owner(callbacks),
         clip_parameters=[p for group in optimizers[0].param_groups for p in group["params"]],
-        step_hook_handles=handles,
+        step_hook_handles=handles, copy_losses=strategy.may_replay_graphs,
     )
     return optimizers, scheduler_configs, plan
 

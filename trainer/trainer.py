@@ -335,13 +335,10 @@ class Trainer:
             self._described = setup_stage(self, stage, module, data, self._described)  # seed, prepare_data, setup hooks
             hooks = step_hooks(self.callbacks, module)
             self.model = setup_model(module, self.strategy, self.callbacks, stage)  # the one setup order (trainer/setup.py)
-            self._plan = plan_evaluation(hooks, self.strategy)
+            self._plan = plan_evaluation(hooks, self.model, self.strategy)
             if stage == "fit":
                 self.optimizers, self.lr_scheduler_configs, self._plan = plan_optimization(
-                    self, module, hooks, self.strategy, self.callbacks,
-                    accumulate_grad_batches=self.accumulate_grad_batches, gradient_clip_val=self.gradient_clip_val,
-                    on_nonfinite_loss=self.on_nonfinite_loss, count_manual_step=self._count_manual_step,
-                    before_manual_step=self._before_manual_step)
+                    self, module, self.model, hooks, self._count_manual_step, self._before_manual_step)
                 with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
                     output = self._run_fit(module, data, ckpt_path)
             else:
@@ -511,23 +508,24 @@ class Trainer:
         """Forward and backward for one batch; at the end of each accumulation window the optimizer
         step (the module's optimizer_step takes it when overridden), zero grad and the
         step-interval schedulers."""
-        if not self._plan.automatic_optimization:
-            with self._plan.hooks.forward_context_manager():
-                outputs = self.strategy.training_step(self.model, batch, batch_idx)
-            return outputs
+        plan = self._plan
+        if not plan.automatic_optimization:
+            with plan.hooks.forward_context_manager():
+                return plan.training_step(batch, batch_idx)
         steps_now = (batch_idx + 1) % self.accumulate_grad_batches == 0 or batch_idx + 1 == num_batches
         if steps_now:
-            outputs, loss = self._forward_backward(batch, batch_idx)
+            outputs, loss = self._forward_backward(plan, batch, batch_idx)
         else:  # accumulating: under DDP the gradients are all-reduced once, at the window's last batch
             with self.strategy.no_backward_sync(self.model, enabled=True):
-                outputs, loss = self._forward_backward(batch, batch_idx)
-        # Checked later (log step, epoch end, checkpoint), so no host sync here. A copy, because a
-        # CUDA graph replay overwrites the loss in place at the next step (trainer/guards.py).
-        self._guard.losses.append((loss.detach().clone(), batch_idx, self.global_step))
+                outputs, loss = self._forward_backward(plan, batch, batch_idx)
+        # Checked later (log step, epoch end, checkpoint), so no host sync here; a copy where a CUDA
+        # graph replay may overwrite the loss in place at the next step (trainer/guards.py).
+        recorded = loss.detach()
+        self._guard.losses.append((recorded.clone() if plan.copy_losses else recorded, batch_idx, self.global_step))
         if not steps_now or (self.on_nonfinite_loss == "skip" and not self._guard.window_is_finite(
                 self.strategy, self.optimizers, self.is_global_zero, self.current_epoch, self.global_step)):
             return outputs
-        optimizer, hooks = self.optimizers[0], self._plan.hooks
+        optimizer, hooks = self.optimizers[0], plan.hooks
         if hooks.module_optimizer_step is None:
             stepped = self._optimizer_step(optimizer)
         else:  # the override calls optimizer.step(closure) (or not: no step, global_step stays)
@@ -540,13 +538,13 @@ class Trainer:
             step_schedulers(self.lr_scheduler_configs, "step", self.global_step, self.callback_metrics)
         return outputs
 
-    def _forward_backward(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor]:
+    def _forward_backward(self, plan: StagePlan, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor]:
         """training_step inside the callbacks' forward contexts (autocast), then backward outside them."""
-        if self._plan.hooks.forward_context:
-            with self._plan.hooks.forward_context_manager():
-                outputs = self.strategy.training_step(self.model, batch, batch_idx)
+        if plan.hooks.forward_context:
+            with plan.hooks.forward_context_manager():
+                outputs = plan.training_step(batch, batch_idx)
         else:  # hot loop: nothing wraps the forward, and a `with` costs two calls
-            outputs = self.strategy.training_step(self.model, batch, batch_idx)
+            outputs = plan.training_step(batch, batch_idx)
         loss = loss_of(outputs, batch_idx)
         accumulate = self.accumulate_grad_batches
         self.run_backward(loss / accumulate if accumulate > 1 else loss)

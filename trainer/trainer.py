@@ -87,39 +87,27 @@ class Trainer:
         precision: str | int | None = None,
         callbacks: list[Callback] | Callback | None = None,
         accumulate_grad_batches: int = 1,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str = "norm",
-        val_check_interval: int | float = 1.0,
-        check_val_every_n_epoch: int | None = 1,
-        limit_train_batches: int | float | None = None,
-        limit_val_batches: int | float | None = None,
-        limit_test_batches: int | float | None = None,
-        limit_predict_batches: int | float | None = None,
+        gradient_clip_val: float | None = None, gradient_clip_algorithm: str = "norm",
+        val_check_interval: int | float = 1.0, check_val_every_n_epoch: int | None = 1,
+        limit_train_batches: int | float | None = None, limit_val_batches: int | float | None = None,
+        limit_test_batches: int | float | None = None, limit_predict_batches: int | float | None = None,
         num_sanity_val_steps: int = 2,
         log_every_n_steps: int = 50,
         default_root_dir: str | os.PathLike | None = None,
-        enable_progress_bar: bool = True,
-        enable_checkpointing: bool = True,
+        enable_progress_bar: bool = True, enable_checkpointing: bool = True,
         logger: bool | Callback | list[Callback] = True,
-        seed: int | None = None,
-        deterministic: bool = False,
+        seed: int | None = None, deterministic: bool = False,
         on_nonfinite_loss: str = "raise",
-        accelerator: str = "auto",
-        num_nodes: int = 1,
+        accelerator: str = "auto", num_nodes: int = 1,
         fast_dev_run: bool | int = False,
-        min_epochs: int | None = None,
-        min_steps: int | None = None,
+        min_epochs: int | None = None, min_steps: int | None = None,
         max_time: str | datetime.timedelta | dict[str, int] | None = None,
         overfit_batches: int | float = 0.0,
         enable_model_summary: bool = True,
-        benchmark: bool | None = None,
-        detect_anomaly: bool = False,
-        inference_mode: bool = True,
-        use_distributed_sampler: bool = True,
-        sync_batchnorm: bool = False,
+        benchmark: bool | None = None, detect_anomaly: bool = False,
+        inference_mode: bool = True, use_distributed_sampler: bool = True, sync_batchnorm: bool = False,
         reload_dataloaders_every_n_epochs: int = 0,
-        profiler: str | Callback | None = None,
-        report: bool = True,
+        profiler: str | Callback | None = None, report: bool = True,
         **unknown: Any,
     ) -> None:
         reject_unknown_arguments(unknown, Trainer.__init__)  # a close match, or the Cadence way (trainer/shorthands.py)
@@ -395,8 +383,9 @@ class Trainer:
         module.on_train_start()
         self.strategy.check_placement(module)  # once, before the first step
         loaded_at = self.current_epoch
-        if self._finished():
-            self._say_nothing_to_train()
+        if self._finished() and self.is_global_zero:  # a second fit to the same limit, a resume from the end
+            why = self._limit_reached() or "trainer.should_stop was already set. Set trainer.should_stop = False"
+            print(f"Trainer.fit trained nothing: {why} to train more.", file=sys.stderr, flush=True)
         while not self._finished():
             if reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, loaded_at, data):
                 loaders, loaded_at = self._load_fit_data(data), self.current_epoch
@@ -420,11 +409,15 @@ class Trainer:
         return loaders
 
     def _finished(self) -> bool:
-        return (
-            (self.should_stop and self._may_stop())
-            or (self.max_steps != -1 and self.global_step >= self.max_steps)
-            or (self.max_epochs not in (None, -1) and self.current_epoch >= self.max_epochs)
-        )
+        return (self.should_stop and self._may_stop()) or self._limit_reached() is not None
+
+    def _limit_reached(self) -> str | None:
+        """Which of max_steps and max_epochs ends fit now, and how to train more; None: neither."""
+        if self.max_steps != -1 and self.global_step >= self.max_steps:
+            return f"max_steps={self.max_steps} reached (global_step={self.global_step}). Raise max_steps"
+        if self.max_epochs not in (None, -1) and self.current_epoch >= self.max_epochs:
+            return f"max_epochs={self.max_epochs} reached (current_epoch={self.current_epoch}). Raise max_epochs"
+        return None
 
     def _may_stop(self) -> bool:
         """should_stop is set: stop, unless min_epochs/min_steps are not met yet (as in Lightning,
@@ -437,20 +430,6 @@ class Trainer:
             print(f"Cadence: should_stop was set, but min_epochs={self.min_epochs} / min_steps={self.min_steps} are "
                   "not met yet; training continues until they are.", file=sys.stderr)
         return False
-
-    def _say_nothing_to_train(self) -> None:
-        """fit found its end reached before the first batch (a second fit with the same max_epochs, a
-        resume from a run's final checkpoint): say which limit, on rank zero."""
-        if not self.is_global_zero:
-            return
-        if self.max_steps != -1 and self.global_step >= self.max_steps:
-            reason, fix = f"max_steps={self.max_steps} reached (global_step={self.global_step})", "Raise max_steps"
-        elif self.max_epochs not in (None, -1) and self.current_epoch >= self.max_epochs:
-            reason = f"max_epochs={self.max_epochs} reached (current_epoch={self.current_epoch})"
-            fix = "Raise max_epochs (Trainer(max_epochs=...))"
-        else:
-            reason, fix = "trainer.should_stop was already set", "Set trainer.should_stop = False"
-        print(f"Trainer.fit trained nothing: {reason}. {fix} to train more.", file=sys.stderr, flush=True)
 
     def _run_train_epoch(self, train_loader: Any, val_loaders: list[Any] | None) -> None:
         module, strategy, hooks = self.module, self.strategy, self._plan.hooks
@@ -672,17 +651,14 @@ class Trainer:
     def _evaluation_loop(self, stage: str, loaders: list[Any], limits: list[int | float]) -> Any:
         """One pass of validation, test or predict over each loader in turn, under
         ``torch.inference_mode`` (``torch.no_grad`` with ``Trainer(inference_mode=False)``)."""
-        module = self.module
         several = len(loaders) > 1  # then steps and batch hooks get dataloader_idx, metrics a suffix
-        hooks = evaluation_hooks(stage, self.callbacks, module, several)
+        hooks = evaluation_hooks(stage, self, self.callbacks, self.module, several)
         self.model.eval()
         self.metrics.start_evaluation()
         for hook in hooks.start:
-            hook(self, module)
-        hooks.module_start()
+            hook()
         for hook in hooks.epoch_start:
-            hook(self, module)
-        hooks.module_epoch_start()
+            hook()
         predictions: list[list[Any]] = []
         with self.strategy.evaluation_context(self.inference_mode):  # no_grad under FSDP
             for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
@@ -693,30 +669,24 @@ class Trainer:
                 batches = enumerate(loader) if limit == math.inf else itertools.islice(enumerate(loader), int(limit))
                 for batch_idx, batch in self.strategy.batches_on_device(batches):
                     for hook in hooks.batch_start:
-                        hook(self, module, batch, batch_idx, *hook_index)
-                    for hook in hooks.module_batch_start:
                         hook(batch, batch_idx, *hook_index)
                     with self._plan.hooks.forward_context_manager():
                         outputs = hooks.step(batch, batch_idx, *step_index)
                     if stage == "predict":
                         predictions[-1].append(outputs)
                     for hook in hooks.batch_end:
-                        hook(self, module, outputs, batch, batch_idx, *hook_index)
-                    for hook in hooks.module_batch_end:
                         hook(outputs, batch, batch_idx, *hook_index)
                     self.metrics.keep_evaluation_step_values(batch_idx)  # the batch's on_step values, read at the end
         self.metrics.evaluation.dataloader_suffix = ""
         for hook in hooks.epoch_end:
-            hook(self, module)
-        hooks.module_epoch_end()
+            hook()
         for step, step_values, step_specs in self.metrics.read_evaluation_step_values(stage, not self.sanity_checking):
             self._publish(step_values, step_specs, step)
         values, specs = self.metrics.read_epoch_values(self.metrics.evaluation)
         if not self.sanity_checking:
             self._publish(values, specs, self.global_step)
         for hook in hooks.end:
-            hook(self, module)
-        hooks.module_end()
+            hook()
         if stage != "predict":
             return split_by_dataloader(values, len(loaders))
         if self.strategy.world_size > 1:  # every rank returns all of them, in the dataset's order
@@ -730,41 +700,14 @@ class Trainer:
     # trainer.callbacks is found at once): the process's place from the strategy, the callbacks
     # that play a named role from trainer.callbacks, in the order given.
     # =========================================================================================
-    @property
-    def is_global_zero(self) -> bool:
-        """True in the process of global rank zero (the only one with one process)."""
-        return self.strategy.is_global_zero
-
-    @property
-    def global_rank(self) -> int:
-        return self.strategy.global_rank
-
-    @property
-    def world_size(self) -> int:
-        """How many processes run the loop."""
-        return self.strategy.world_size
-
-    @property
-    def progress_bar_callback(self) -> Callback | None:
-        return next((c for c in self.callbacks if isinstance(c, callbacks_package.ProgressBar)), None)
-
-    @property
-    def loggers(self) -> list[Callback]:
-        """The loggers among the callbacks (``callbacks.Logger``), in order."""
-        return [callback for callback in self.callbacks if isinstance(callback, callbacks_package.Logger)]
-
-    @property
-    def logger(self) -> Callback | None:
-        return next(iter(self.loggers), None)
-
-    @property
-    def checkpoint_callback(self) -> Callback | None:
-        return next((c for c in self.callbacks if isinstance(c, callbacks_package.ModelCheckpoint)), None)
-
-    @property
-    def num_skipped_steps(self) -> int:
-        """Optimizer steps skipped for a NaN/inf loss (``on_nonfinite_loss="skip"``)."""
-        return self._guard.skipped
+    is_global_zero = property(lambda self: self.strategy.is_global_zero)
+    global_rank = property(lambda self: self.strategy.global_rank)
+    world_size = property(lambda self: self.strategy.world_size)
+    progress_bar_callback = property(lambda self: _first(self.callbacks, callbacks_package.ProgressBar))
+    loggers = property(lambda self: [c for c in self.callbacks if isinstance(c, callbacks_package.Logger)])
+    logger = property(lambda self: _first(self.callbacks, callbacks_package.Logger))
+    checkpoint_callback = property(lambda self: _first(self.callbacks, callbacks_package.ModelCheckpoint))
+    num_skipped_steps = property(lambda self: self._guard.skipped)  # steps on_nonfinite_loss="skip" skipped
 
     @property
     def estimated_stepping_batches(self) -> int | float:
@@ -776,3 +719,8 @@ class Trainer:
             self._early_fit_data = self._load_fit_data(self._data)
         return estimated_stepping_batches(self.num_training_batches, self.accumulate_grad_batches, self.max_epochs,
                                           self.max_steps)
+
+
+def _first(callbacks: list[Callback], kind: type) -> Any:
+    """The first of ``callbacks`` of class ``kind``, or None."""
+    return next((callback for callback in callbacks if isinstance(callback, kind)), None)

@@ -30,6 +30,7 @@ import torch
 from strategies import Strategy
 
 if TYPE_CHECKING:
+    from callbacks import Callback
     from trainer.module import TrainingModule
 
 
@@ -83,7 +84,6 @@ def plan_evaluation(hooks: StepHooks, model: torch.nn.Module, strategy: Strategy
 
 
 def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Module, hooks: StepHooks,
-                      count_manual_step: Callable[..., None], before_manual_step: Callable[..., None],
                       ) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig], StagePlan]:
     """``configure_optimizers``, read once; the seams' owners; what clipping walks.
 
@@ -91,9 +91,8 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
     ``trainer.lr_scheduler_configs``) and the fit's plan, from the running ``trainer``'s public
     settings (its strategy, callbacks, accumulation, clipping, ``on_nonfinite_loss``); the callback
     that owns backward is called with ``trainer``. ``model`` is what the strategy wrapped. In manual
-    optimization,
-    ``count_manual_step`` and ``before_manual_step`` become each optimizer's step post- and
-    pre-hook (``global_step`` counts optimizer steps, as in Lightning).
+    optimization, each optimizer's step hooks count ``trainer.global_step`` (optimizer steps, as in
+    Lightning) and call ``on_before_optimizer_step``; they are removed at teardown.
     """
     strategy, callbacks = trainer.strategy, trainer.callbacks
     optimizers, scheduler_configs = parse_optimizers(module.configure_optimizers())
@@ -117,9 +116,15 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
                 "Trainer(on_nonfinite_loss='skip') skips optimizer steps the Trainer takes; with "
                 "self.automatic_optimization = False, check the loss in training_step instead."
             )
-        handles = [optimizer.register_step_post_hook(count_manual_step) for optimizer in optimizers]
+        def count_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            trainer.global_step += 1
+
+        def before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            hooks.call_before_optimizer_step(trainer, module, optimizer)
+
+        handles = [optimizer.register_step_post_hook(count_step) for optimizer in optimizers]
         if hooks.before_step:  # on_before_optimizer_step when training_step calls opt.step()
-            handles += [optimizer.register_step_pre_hook(before_manual_step) for optimizer in optimizers]
+            handles += [optimizer.register_step_pre_hook(before_step) for optimizer in optimizers]
     owner = single_owner([c for c in callbacks if c.owns_backward], "owns_backward")
     # Bound once: the step calls them without asking who owns them. Where the strategy's seam is the
     # base class's (one device), the step calls the module and the loss itself: one call fewer each.

@@ -58,8 +58,6 @@ def enter_stage(trainer: Trainer, stage: str, module: TrainingModule, data: Data
     """In each process of the stage, first: its rank and environment, rank zero's log directory,
     the running module (the Trainer holds ``data`` itself)."""
     trainer.stage = stage
-    if stage != "fit":
-        trainer.progress_bar_metrics = {}
     trainer.strategy.setup_environment()
     rank_zero_only.rank = trainer.global_rank
     trainer.log_dir = trainer.strategy.broadcast_object(trainer.log_dir)  # torchrun ranks each chose one; use rank zero's
@@ -67,7 +65,7 @@ def enter_stage(trainer: Trainer, stage: str, module: TrainingModule, data: Data
     module.trainer = trainer
     if data.datamodule is not None:
         data.datamodule.trainer = trainer
-    trainer.metrics.start_stage()
+    trainer.metrics.start_stage(stage)  # validate, test, predict: an empty progress bar
     if stage == "fit" and not takes_batch_idx(module.training_step):
         # training_step(self, batch) without batch_idx, as Lightning allows: the strategy (and
         # DDP's forward) call module.training_step(batch, batch_idx), so this stage's module

@@ -18,13 +18,16 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from strategies.transfer import move_to_device
 from trainer.data import default_max_epochs, loader_length, prepare_loader, set_sampler_epoch
 from trainer.resume import resumable, resume_iterator
 
 if TYPE_CHECKING:
     from trainer.data_source import DataSource
     from trainer.resume import ResumableBatchSampler
-    from trainer.state import Resumed
+    from trainer.state import Progress
     from trainer.trainer import Trainer
 
 #: The attribute holding each evaluation stage's batches per loader (Lightning's names).
@@ -133,17 +136,17 @@ def evaluation_loaders(trainer: Trainer, stage: str, loaders: list[Any]) -> tupl
     return [loader for loader, _ in prepared], [count for _, count in prepared]
 
 
-def train_batches(loader: Any, epoch: int, limit: int | float, sampler: ResumableBatchSampler | None,
-                  resumed: Resumed | None) -> Iterator[tuple[int, Any]]:
+def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progress) -> Iterator[tuple[int, Any]]:
     """``enumerate(loader)`` over epoch ``epoch`` under ``limit`` (its number of batches), resuming
-    mid-epoch at the index level when ``resumed`` (a restored checkpoint) is in this epoch."""
+    mid-epoch at the index level when ``progress.resumed`` (a restored checkpoint) is in this epoch."""
     set_sampler_epoch(loader, epoch)
+    resumed = progress.resumed
     skip = resumed.batches_done if resumed is not None and resumed.epoch == epoch else 0
     if skip >= limit:  # the checkpoint was written after the epoch's last batch
         return iter(())
     # Resuming mid-epoch redraws the epoch's order from the RNG state it began with and skips
     # the batches already trained as indices; nothing is fetched twice (trainer/resume.py).
-    iterator = resume_iterator(loader, sampler, skip, resumed.rng) if skip else iter(loader)
+    iterator = resume_iterator(loader, progress.sampler, skip, resumed.rng) if skip else iter(loader)
     batches = enumerate(iterator, start=skip)  # hot loop: C iterators only, no generator frame
     if limit < (loader_length(loader) or math.inf):
         # islice stops after the last batch without fetching another. Otherwise the loader runs
@@ -151,6 +154,17 @@ def train_batches(loader: Any, epoch: int, limit: int | float, sampler: Resumabl
         # generator when it runs out, so stopping one next() early changes every later epoch's order.
         return itertools.islice(batches, limit - skip)
     return batches
+
+
+def gather_predictions(predictions: list[list[Any]], strategy: Any) -> list[list[Any]]:
+    """Each loader's predictions of every rank, end to end on the CPU. Each rank predicted one
+    contiguous block of the dataset (the predict loader's sharding): together, the whole dataset in
+    order, each sample once."""
+    if strategy.world_size == 1:
+        return predictions
+    gathered = (strategy.all_gather_object(move_to_device(shard, torch.device("cpu"), non_blocking=False))
+                for shard in predictions)
+    return [[prediction for rank in ranks for prediction in rank] for ranks in gathered]
 
 
 def end_workers(loaders: list[Any]) -> None:

@@ -31,24 +31,31 @@ from trainer.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
     from trainer.datamodule import DataModule
+    from trainer.metrics import MetricStore
     from trainer.module import TrainingModule
     from trainer.resume import ResumableBatchSampler
     from trainer.trainer import Trainer
 
 
-def training_state(trainer: Trainer, sampler: ResumableBatchSampler | None, batches_seen: int,
-                   in_epoch_end: bool) -> dict[str, Any]:
-    """What a checkpoint holds besides the module's weights and hyperparameters: optimizers,
-    schedulers, loop counters, every rank's RNG states, callback states. Gathers the RNG states of
-    every rank: call it on every rank.
+@dataclasses.dataclass
+class Progress:
+    """Where fit is beyond Lightning's counters (``current_epoch``, ``global_step``,
+    ``batch_idx``): what a checkpoint holds to continue exactly, and what a resumed run skips. The
+    Trainer holds one; :func:`training_state` reads it."""
 
-    Args:
-        trainer: the running Trainer (its public state).
-        sampler: the training loader's batch sampler, which records each epoch's RNG, or None.
-        batches_seen: training batches run since the first fit (the log-step clock).
-        in_epoch_end: called from the epoch-end hooks: the epoch is done.
-    """
-    epoch, batches_done = loop_position(trainer.current_epoch, trainer.batch_idx, in_epoch_end)
+    batches_seen: int = 0  # training batches run since the first fit: the log-step clock
+    in_epoch_end: bool = False  # the epoch-end hooks run: the epoch is done
+    sampler: ResumableBatchSampler | None = None  # the training loader's; it records each epoch's RNG
+    resumed: Resumed | None = None  # where a restored run continues, until its first epoch ends
+
+
+def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
+    """What a checkpoint holds besides the module's weights and hyperparameters: optimizers,
+    schedulers, loop counters, every rank's RNG states, callback states, from the running
+    ``trainer``'s public state and its ``progress``. Gathers the RNG states of every rank: call it
+    on every rank."""
+    epoch, batches_done = loop_position(trainer.current_epoch, trainer.batch_idx, progress.in_epoch_end)
+    sampler = progress.sampler
     if (trainer.stage == "fit" and batches_done and not ends_accumulation_window(trainer.batch_idx, trainer.accumulate_grad_batches, trainer.num_training_batches)
             and trainer.is_global_zero):
         warnings.warn(
@@ -66,7 +73,7 @@ def training_state(trainer: Trainer, sampler: ResumableBatchSampler | None, batc
                              for optimizer in trainer.optimizers],
         "lr_schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
         "loops": {"epoch": epoch, "batches_done": batches_done, "global_step": trainer.global_step,
-                  "train_batches_seen": batches_seen, "world_size": trainer.world_size},
+                  "train_batches_seen": progress.batches_seen, "world_size": trainer.world_size},
         "rng": rng,
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         "callback_metrics": dict(trainer.callback_metrics),
@@ -249,11 +256,11 @@ def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodu
     }
 
 
-def receive_handoff(module: TrainingModule, callbacks: list[Any], handoff: dict[str, Any],
+def receive_handoff(module: TrainingModule, callbacks: list[Any], metrics: MetricStore, handoff: dict[str, Any],
                     datamodule: DataModule | None = None) -> None:
-    """In the caller, after a spawned run: load rank zero's results into ``module``, ``callbacks``
-    and ``datamodule`` (the Trainer takes the handoff's counters, metrics, ``end_of_fit`` and
-    ``preempted_by`` itself)."""
+    """In the caller, after a spawned run: load rank zero's results into ``module``, ``callbacks``,
+    the metric store's ``callback_metrics`` and ``datamodule`` (the Trainer takes the handoff's
+    counters, ``end_of_fit`` and ``preempted_by`` itself)."""
     # Layers that configure_model builds (late, in the workers) are built here too; built on the
     # meta device (for FSDP), they take the trained tensors as they are (assign).
     module.configure_model()
@@ -264,6 +271,7 @@ def receive_handoff(module: TrainingModule, callbacks: list[Any], handoff: dict[
     for callback in callbacks:
         if callback.state_key in handoff["callbacks"]:
             callback.load_state_dict(handoff["callbacks"][callback.state_key])
+    metrics.callback_metrics = {key: torch.tensor(value) for key, value in handoff["callback_metrics"].items()}
 
 
 def _version() -> str:

@@ -24,13 +24,12 @@ import torch
 import callbacks as callbacks_package
 from callbacks import Callback
 from strategies import Strategy
-from strategies.transfer import move_to_device
-from trainer.arguments import loss_of
+from trainer.arguments import loss_of, loss_without_grad
 from trainer.data_source import STAGE_KIND, DataSource, collect_data
 from trainer.datamodule import DataModule
 from trainer.guards import LossGuard
 from trainer.hooks import evaluation_hooks, step_hooks
-from trainer.metrics import MetricSpec, MetricStore, format_results, split_by_dataloader
+from trainer.metrics import MetricStore, format_results, split_by_dataloader
 from trainer.module import TrainingModule
 from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_window, step_schedulers
 from trainer.preemption import Preemption, save_for_preemption
@@ -39,15 +38,14 @@ from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_m
 from trainer.shorthands import reject_unknown_arguments, translate
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
-    NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_loaders, load_fit_data, reload_due, train_batches,
-    validation_due, validation_interval,
+    NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_loaders, gather_predictions, load_fit_data,
+    reload_due, train_batches, validation_due, validation_interval,
 )
 from trainer.state import (
-    Resumed, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
+    Progress, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
 )
 from trainer.timing import PhaseTimes, measured
 
-STAGES = ("fit", "validate", "test", "predict")
 CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
 
 
@@ -111,24 +109,9 @@ class Trainer:
         **unknown: Any,
     ) -> None:
         reject_unknown_arguments(unknown, Trainer.__init__)  # a close match, or the Cadence way (trainer/shorthands.py)
-        # Every argument checked, then Lightning's shorthands (accelerator, devices, precision, fast_dev_run,
-        # max_time, profiler, ...) translated into a strategy, callbacks and the settings below, in one place.
-        run = translate(
-            max_epochs=max_epochs, max_steps=max_steps, strategy=strategy, devices=devices, precision=precision,
-            callbacks=callbacks, accumulate_grad_batches=accumulate_grad_batches, gradient_clip_val=gradient_clip_val,
-            gradient_clip_algorithm=gradient_clip_algorithm, val_check_interval=val_check_interval,
-            check_val_every_n_epoch=check_val_every_n_epoch, limit_train_batches=limit_train_batches,
-            limit_val_batches=limit_val_batches, limit_test_batches=limit_test_batches,
-            limit_predict_batches=limit_predict_batches, num_sanity_val_steps=num_sanity_val_steps,
-            log_every_n_steps=log_every_n_steps, default_root_dir=default_root_dir,
-            enable_progress_bar=enable_progress_bar, enable_checkpointing=enable_checkpointing, logger=logger,
-            seed=seed, deterministic=deterministic, on_nonfinite_loss=on_nonfinite_loss, accelerator=accelerator,
-            num_nodes=num_nodes, fast_dev_run=fast_dev_run, min_epochs=min_epochs, min_steps=min_steps,
-            max_time=max_time, overfit_batches=overfit_batches, enable_model_summary=enable_model_summary,
-            benchmark=benchmark, detect_anomaly=detect_anomaly, inference_mode=inference_mode,
-            use_distributed_sampler=use_distributed_sampler, sync_batchnorm=sync_batchnorm,
-            reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs, profiler=profiler, report=report,
-        )
+        # Every argument (by name: translate takes exactly these) checked, then Lightning's shorthands
+        # (accelerator, precision, fast_dev_run, profiler, ...) made a strategy, callbacks and the settings below.
+        run = translate(**{name: value for name, value in locals().items() if name not in ("self", "unknown")})
         self.strategy, self.callbacks, self.default_root_dir = run.strategy, run.callbacks, run.default_root_dir
         self.max_epochs, self.max_steps, self.min_epochs, self.min_steps = run.max_epochs, run.max_steps, min_epochs, min_steps
         self.limits, self.fast_dev_run, self.overfit_batches = run.limits, fast_dev_run, overfit_batches
@@ -141,19 +124,12 @@ class Trainer:
         self.log_every_n_steps = log_every_n_steps
         self.seed, self.deterministic, self.on_nonfinite_loss = seed, deterministic, on_nonfinite_loss
 
-        # Public loop state (Lightning names).
-        self.current_epoch = 0
-        self.global_step = 0
-        self.should_stop = False
-        self.sanity_checking = False
+        # Public loop state (Lightning names); batch_idx: of the running training batch, -1 before the first.
+        self.current_epoch, self.global_step, self.batch_idx = 0, 0, -1
+        self.should_stop = self.sanity_checking = False
         self.stage: str | None = None
-        self.callback_metrics: dict[str, torch.Tensor] = {}
-        self.logged_metrics: dict[str, float] = {}
-        self.progress_bar_metrics: dict[str, float] = {}
-        self.num_training_batches: int | float = math.inf
-        self.num_val_batches: list[int | float] = []  # per validation loader (also for Trainer.validate)
-        self.num_test_batches: list[int | float] = []
-        self.num_predict_batches: list[int | float] = []
+        self.num_training_batches: int | float = math.inf  # then per loader (num_val_batches also for validate):
+        self.num_val_batches, self.num_test_batches, self.num_predict_batches = [], [], []
         self.lightning_module: TrainingModule | None = None  # the module of the running or last stage
         self.datamodule: DataModule | None = None  # the DataModule of the latest stage given one
         self._data: DataSource | None = None  # where the running stage's loaders come from
@@ -164,24 +140,18 @@ class Trainer:
         self.train_dataloader: Any = None  # the training loader as fit runs it (sharded, seeded)
         self.lr_scheduler_configs: list[SchedulerConfig] = []
         self.metrics = MetricStore(self.strategy.all_reduce, self.strategy.all_gather_object)
-        self.batch_idx = -1  # index of the training batch being run, within its epoch; -1 before the first
-        self._resumed: Resumed | None = None  # where a restored run continues, until its first epoch ends
-        self._train_sampler = None  # the training loader's ResumableBatchSampler (trainer/resume.py)
-        self._in_epoch_end = False
+        self._progress = Progress()  # where fit is, for checkpoints and resuming (trainer/state.py)
         self._plan: StagePlan | None = None  # what setup decided for the running stage (trainer/setup.py)
-        self._train_batches_seen = 0  # training batches run since the first fit (log-step clock)
         self._guard = LossGuard(on_nonfinite_loss)  # the losses since the last check (trainer/guards.py)
         self._end_of_fit: tuple[TrainingModule, dict] | None = None  # (module, training_state) when fit ended
-        self._preemption = Preemption()
+        self._preemption = Preemption()  # SIGTERM/SIGUSR1 during fit (trainer/preemption.py)
         self._stage_loaders: list[Any] = []  # the loaders this stage made (trainer/stage_loaders.py)
         self._early_fit_data: FitLoaders | None = None  # fit's loaders, made for estimated_stepping_batches
         self._described: str | None = None  # the device report last printed (trainer/stage.py)
         self._said_min_not_met = False  # the min_epochs/min_steps notice was printed in this fit
         self.phase_times = PhaseTimes()  # host seconds per phase, for the performance report
 
-    # =========================================================================================
-    # The public entry points
-    # =========================================================================================
+    # --- the public entry points -----------------------------------------------------------
     def fit(self, model: TrainingModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: DataModule | None = None, ckpt_path: str | os.PathLike | None = None) -> None:
         """Train ``model``. What happens, in order:
@@ -223,16 +193,13 @@ class Trainer:
         The data: loaders (``val_dataloaders`` may be a list or dict of them), or a ``DataModule``
         (``datamodule=dm``, or ``fit(model, dm)``), or neither (the module's ``*_dataloader`` hooks).
         Callbacks run in the order given, each before the module's hook of the same name; a hook
-        that nobody implements costs nothing per step. A checkpoint gets every callback's
-        ``state_dict``, then ``on_save_checkpoint`` (the callbacks', then the module's).
-        ``ckpt_path`` is a checkpoint file, or "last" (``trainer/checkpoint.py``): the run then
-        continues exactly where that checkpoint was written, in the same log directory.
+        that nobody implements costs nothing per step. ``ckpt_path``: a checkpoint file, or "last"
+        (``trainer/checkpoint.py``); the run continues exactly where it was written.
 
-        Where Cadence differs from Lightning on purpose: the gradients are cleared right after
-        the optimizer step (Lightning clears them before the next window's backward: the same
-        gradients, but here their memory is free during the next forward), and an
-        ``optimizer_step`` override runs after the batch's forward and backward, so its closure
-        returns the loss instead of computing it.
+        Where Cadence differs from Lightning on purpose: the gradients are cleared right after the
+        optimizer step (the same gradients; their memory is free during the next forward), and an
+        ``optimizer_step`` override runs after the batch's forward and backward (its closure
+        returns the loss instead of computing it).
         """
         data = collect_data("fit", model, train_dataloaders, val_dataloaders, datamodule,
                             validates=self.limits["validate"] != 0)
@@ -241,12 +208,9 @@ class Trainer:
     def validate(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
                  datamodule: DataModule | None = None, verbose: bool = True) -> list[dict[str, float]]:
         """Run ``validation_step`` over ``dataloaders`` (one loader, or a list or dict of them);
-        return one dict of epoch metrics per loader, ``[{metric: value}]``.
-
-        Without ``model``: the module of the last ``fit``, with the weights of ``ckpt_path``
-        (``"best"``, ``"last"`` or a file; when not given, the best checkpoint of that fit, if any).
-        ``verbose`` prints the metrics on rank zero.
-        """
+        return one dict of epoch metrics per loader, ``[{metric: value}]``. Without ``model``: the
+        module of the last ``fit``, with the weights of ``ckpt_path`` (``"best"``, ``"last"`` or a
+        file; by default the best checkpoint of that fit, if any). ``verbose`` prints the metrics."""
         return self._evaluate("validate", model, dataloaders, ckpt_path, datamodule, verbose)
 
     def test(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
@@ -258,38 +222,27 @@ class Trainer:
     def predict(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
                 datamodule: DataModule | None = None, return_predictions: bool | None = None) -> list[Any] | None:
         """Run ``predict_step`` over ``dataloaders``; return the outputs, one per batch, in order (a
-        list of such lists for several loaders; None with ``return_predictions=False``).
-
-        Under DDP each rank predicts one contiguous block of the dataset, and the outputs of all
-        ranks come back (to the caller of a spawned run, and on every rank under torchrun) end to
-        end, on the CPU: the whole dataset, in order, each sample once. See :meth:`validate` for
-        ``model`` and ``ckpt_path``.
-        """
+        list of such lists for several loaders; None with ``return_predictions=False``). Under DDP
+        the outputs of every rank come back on the CPU (to the caller of a spawned run, and on every
+        rank under torchrun): the whole dataset, in order, each sample once. See :meth:`validate`."""
         predictions = self._evaluate("predict", model, dataloaders, ckpt_path, datamodule, verbose=False)
         return None if return_predictions is False else predictions
 
     @measured("checkpointing")
     def save_checkpoint(self, path: str | os.PathLike) -> None:
-        """Write the whole training state to ``path`` atomically, in the strategy's layout: one file
-        that rank zero writes while all ranks wait, or under FSDP a directory of every rank's shards.
-
-        During a stage (from a callback or a module hook), call it on every rank; all ranks wait
-        for the write. A checkpoint written at the end of a batch resumes after that batch; see
-        ``trainer/checkpoint.py``. After ``fit`` returns (also after a spawned DDP fit), it
-        writes the state the fit ended with: the fitted module's weights as they are now, its
-        optimizers, schedulers, counters and every rank's RNG states as the last step left them,
-        so ``fit(model, ckpt_path=path)`` with a larger ``max_epochs`` continues exactly.
-        """
+        """Write the whole training state to ``path`` atomically in the strategy's layout (one file, or
+        FSDP's shards), callbacks' state included, after on_save_checkpoint (callbacks', then module's).
+        During a stage, call it on every rank; one written at the end of a batch resumes after it. After
+        ``fit`` returns (a spawned one too) it writes the state that fit ended with (the weights as they
+        are now), so that ``fit(model, ckpt_path=path)`` with a larger ``max_epochs`` continues exactly."""
         training = None
         if self.module is not None:  # a stage runs: its state now
             self._guard.check(self.strategy, self.current_epoch)  # never write weights a NaN/inf loss produced
-            training = self._training_state()
+            training = training_state(self, self._progress)
         datamodule = self._data.datamodule if self._data is not None else None
         self._guard.last_checkpoint = (str(path), write_checkpoint(self, path, training, datamodule, self._end_of_fit))
 
-    # =========================================================================================
-    # Launch and per-process setup
-    # =========================================================================================
+    # --- launch and per-process setup ------------------------------------------------------
     def _evaluate(self, stage: str, model: TrainingModule | None, dataloaders: Any, ckpt_path: Any, datamodule: Any,
                   verbose: bool) -> Any:
         if model is None:  # the module of the last fit, by default with its best checkpoint
@@ -306,9 +259,8 @@ class Trainer:
         self.datamodule = data.datamodule if data.datamodule is not None else self.datamodule
         output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path)
         if handoff is not None:  # the work ran in other processes: bring its results here
-            receive_handoff(module, self.callbacks, handoff, data.datamodule)  # weights, callbacks' states
+            receive_handoff(module, self.callbacks, self.metrics, handoff, data.datamodule)  # weights, callbacks, metrics
             self.current_epoch, self.global_step = handoff["current_epoch"], handoff["global_step"]
-            self.callback_metrics = {key: torch.tensor(value) for key, value in handoff["callback_metrics"].items()}
             self._preemption.signal_number = handoff["preempted_by"]
             if handoff["end_of_fit"] is not None:
                 self._end_of_fit = (module, handoff["end_of_fit"])
@@ -325,8 +277,7 @@ class Trainer:
             self.model = setup_model(module, self.strategy, self.callbacks, stage)  # the one setup order (trainer/setup.py)
             self._plan = plan_evaluation(hooks, self.model, self.strategy)
             if stage == "fit":
-                self.optimizers, self.lr_scheduler_configs, self._plan = plan_optimization(
-                    self, module, self.model, hooks, self._count_manual_step, self._before_manual_step)
+                self.optimizers, self.lr_scheduler_configs, self._plan = plan_optimization(self, module, self.model, hooks)
                 with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
                     output = self._run_fit(module, data, ckpt_path)
             else:
@@ -350,33 +301,23 @@ class Trainer:
             self.module = self.model = self._data = self._early_fit_data = self._plan = None
             self._stage_loaders = []
 
-    # Manual optimization's optimizer hooks (registered by trainer/setup.py): per step, so here.
-    def _count_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.global_step += 1
-
-    def _before_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._plan.hooks.call_before_optimizer_step(self, self.module, optimizer)
-
-    # =========================================================================================
-    # fit: the loop
-    # =========================================================================================
+    # --- fit: the loop ---------------------------------------------------------------------
     def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
         checkpoint = read_checkpoint(ckpt_path, data.datamodule)
         # Made already if configure_optimizers asked for estimated_stepping_batches.
         loaders, self._early_fit_data = self._early_fit_data or self._load_fit_data(data), None
-        self.should_stop, self._resumed, self._guard.losses = False, None, []
-        self._said_min_not_met = False
-        self._end_of_fit = None
+        self.should_stop, self._said_min_not_met, self._end_of_fit, self._progress.resumed = False, False, None, None
+        self._guard.losses = []
         if ckpt_path is not None:  # the loop continues where the checkpoint was written
-            self._resumed = resumed = restore(self, ckpt_path, state=checkpoint, sampler=self._train_sampler)
+            resumed = restore(self, ckpt_path, state=checkpoint, sampler=self._progress.sampler)
             self.current_epoch, self.global_step, self.batch_idx = resumed.epoch, resumed.global_step, resumed.batches_done - 1
-            self._train_batches_seen = resumed.batches_seen
+            self._progress.resumed, self._progress.batches_seen = resumed, resumed.batches_seen
             self.callback_metrics.update(resumed.callback_metrics)
             self._guard.last_checkpoint = (str(ckpt_path), self.global_step)
         for callback in self.callbacks:
             callback.on_fit_start(self, module)
         module.on_fit_start()
-        if loaders.val is not None and self._resumed is None and self.num_sanity_val_steps != 0:
+        if loaders.val is not None and self._progress.resumed is None and self.num_sanity_val_steps != 0:
             self._run_sanity_check(loaders.val)
         for callback in self.callbacks:
             callback.on_train_start(self, module)
@@ -392,7 +333,7 @@ class Trainer:
             self._run_train_epoch(loaders.train, loaders.val)
         # What save_checkpoint writes after fit returns: this moment's state, as a checkpoint
         # written now would hold it (optimizer states by reference: nothing is copied).
-        self._end_of_fit = (module, self._training_state())
+        self._end_of_fit = (module, training_state(self, self._progress))
         for callback in self.callbacks:
             callback.on_train_end(self, module)
         module.on_train_end()
@@ -403,7 +344,7 @@ class Trainer:
     def _load_fit_data(self, data: DataSource) -> FitLoaders:
         """fit's loaders, made (trainer/stage_loaders.py); the Trainer takes their counts."""
         loaders = load_fit_data(self, data)
-        self.max_epochs, self.train_dataloader, self._train_sampler = loaders.max_epochs, loaders.train, loaders.sampler
+        self.max_epochs, self.train_dataloader, self._progress.sampler = loaders.max_epochs, loaders.train, loaders.sampler
         self.num_training_batches, self.num_val_batches = loaders.num_training_batches, loaders.num_val_batches
         self._stage_loaders += loaders.made  # their persistent workers end with the stage
         return loaders
@@ -432,22 +373,20 @@ class Trainer:
         return False
 
     def _run_train_epoch(self, train_loader: Any, val_loaders: list[Any] | None) -> None:
-        module, strategy, hooks = self.module, self.strategy, self._plan.hooks
+        module, strategy, hooks, progress = self.module, self.strategy, self._plan.hooks, self._progress
         self.model.train()
         self.metrics.start_training()
         for callback in self.callbacks:
             callback.on_train_epoch_start(self, module)
         module.on_train_epoch_start()
         num_batches = self.num_training_batches
-        val_every = None
-        if val_loaders is not None:
-            val_every = validation_interval(self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch,
-                                            num_batches)
+        val_every = None if val_loaders is None else validation_interval(
+            self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch, num_batches)
         batch_idx = -1
         times, clock = self.phase_times, time.perf_counter  # two host clock reads a batch, no device sync
-        times.start_loop(self._train_batches_seen)
+        times.start_loop(progress.batches_seen)
         # The strategy moves the batches (on CUDA it copies the next one while this one computes).
-        batches = train_batches(train_loader, self.current_epoch, num_batches, self._train_sampler, self._resumed)
+        batches = train_batches(train_loader, self.current_epoch, num_batches, progress)
         for batch_idx, batch in strategy.batches_on_device(batches):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
             times.data_wait += clock() - times.ready
@@ -457,30 +396,30 @@ class Trainer:
             for hook in hooks.module_batch_start:
                 hook(batch, batch_idx)
             outputs = self._training_step(module, batch, batch_idx, num_batches)
-            self._train_batches_seen += 1  # first: a checkpoint written in on_train_batch_end counts this batch
+            progress.batches_seen += 1  # first: a checkpoint written in on_train_batch_end counts this batch
             for hook in hooks.batch_end:
                 hook(self, module, outputs, batch, batch_idx)
             for hook in hooks.module_batch_end:
                 hook(outputs, batch, batch_idx)
-            if self._train_batches_seen % self.log_every_n_steps == 0:
+            if progress.batches_seen % self.log_every_n_steps == 0:
                 self._log_step()
             if val_every is not None and validation_due(self.val_check_interval, self.check_val_every_n_epoch, batch_idx,
-                                                        val_every, num_batches, self._train_batches_seen):
+                                                        val_every, num_batches, progress.batches_seen):
                 self._run_validation(val_loaders)
             times.ready = clock()  # the next batch is asked for now
             if self._preemption.stop_now and ends_accumulation_window(batch_idx, self.accumulate_grad_batches, num_batches):
-                self._publish(*self._step_values_now(), self.global_step)  # what was logged since the last log step
+                self._log(self.metrics.flush(self.global_step))  # what was logged since the last log step
                 save_for_preemption(self, self._preemption.reason)  # last.ckpt, and should_stop
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
             if (self.should_stop and self._may_stop()) or (self.max_steps != -1 and self.global_step >= self.max_steps):
                 break
-        times.end_loop(self._train_batches_seen)
-        if batch_idx == -1 and self._resumed is None:
+        times.end_loop(progress.batches_seen)
+        if batch_idx == -1 and progress.resumed is None:
             raise RuntimeError(
                 "The training DataLoader yielded no batches. Check that the dataset is not empty and "
                 "that batch_size <= len(dataset) when drop_last=True."
             )
-        self._resumed = None
+        progress.resumed = None
         self._end_train_epoch()
 
     def _training_step(self, module: TrainingModule, batch: Any, batch_idx: int, num_batches: int | float) -> Any:
@@ -533,11 +472,7 @@ class Trainer:
         """``loss.backward()`` through the backward seam (AMP scaling) or the strategy, between
         on_before_backward and on_after_backward when any module or callback implements them."""
         if not loss.requires_grad:
-            raise RuntimeError(
-                f"The loss at batch {self.batch_idx} does not require grad: every parameter is frozen "
-                "(requires_grad=False) or the loss was detached. Unfreeze parameters or return the "
-                "loss tensor itself, not loss.item() or loss.detach()."
-            )
+            raise loss_without_grad(self.batch_idx)
         plan = self._plan
         if plan.hooks.around_backward:  # hot loop: one flag when no hook around backward is implemented
             plan.hooks.call_around_backward(self, self.module, loss, plan.backward)
@@ -562,68 +497,35 @@ class Trainer:
         self.global_step += 1  # counts the steps taken, applied or skipped by AMP (as in Lightning)
         return applied
 
-    def _training_state(self) -> dict[str, Any]:
-        """What a checkpoint holds besides the weights (trainer/state.py); call it on every rank."""
-        return training_state(self, self._train_sampler, self._train_batches_seen, self._in_epoch_end)
-
     @measured("logging")
     def _log_step(self) -> None:
         """Every log_every_n_steps batches: start this step's copy to the host; publish the last."""
-        received = self.metrics.receive()  # copied one log step ago: reading it does not wait
-        self.metrics.send_step_values(self.global_step)
-        if received is not None:
-            step, values, specs = received
-            self._publish(values, specs, step)
+        self._log(self.metrics.log_step(self.global_step))  # starts this step's copy, publishes the last one's
         self._guard.check(self.strategy, self.current_epoch)
         self._preemption.agree(self.strategy)  # with several processes: stop on every rank, or none
 
     def _end_train_epoch(self) -> None:
         self._guard.check(self.strategy, self.current_epoch)
-        self._in_epoch_end = True
-        step_values, step_specs = self._step_values_now()  # the last log step's values, and this step's
-        values, specs = self.metrics.read_epoch_values(self.metrics.train)  # the epoch's
-        self._publish({**values, **step_values}, {**specs, **step_specs}, self.global_step)
+        self._progress.in_epoch_end = True
+        self._log(self.metrics.flush(self.global_step, epoch_end=True))  # the last log step's, this step's, the epoch's
         if self._plan.automatic_optimization:  # as in Lightning, manual optimization steps its own
             step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics)
         for callback in self.callbacks:
             callback.on_train_epoch_end(self, self.module)
         self.module.on_train_epoch_end()
         self.current_epoch += 1
-        self._in_epoch_end, self.batch_idx = False, -1
+        self._progress.in_epoch_end, self.batch_idx = False, -1
 
-    # How logged values reach the user. self.log keeps them on the device; a log step starts a
-    # non-blocking copy to the host and publishes the one the previous log step started (it has
-    # arrived: no wait). Whatever else publishes first publishes that pending copy, so the loggers
-    # see the values in step order.
-    def _publish(self, values: dict[str, float], specs: dict[str, MetricSpec], step: int) -> None:
-        """Host values reach callback_metrics, the progress bar and the loggers (on_log)."""
-        if not values:
-            return
-        self.callback_metrics.update({key: torch.tensor(value) for key, value in values.items()})
-        self.progress_bar_metrics.update({key: value for key, value in values.items() if specs[key].prog_bar})
-        logged = {key: value for key, value in values.items() if specs[key].logger}  # not self.log(logger=False)
-        self.logged_metrics.update(logged)
+    def _log(self, published: list[tuple[int, dict[str, float]]]) -> None:
+        """The loggers' on_log for what the metric store published (trainer/metrics.py): self.log
+        keeps values on the device; a log step starts a non-blocking copy to the host and publishes
+        the one the previous log step started, which has arrived (no wait)."""
         if not self.sanity_checking:
-            for callback in self.callbacks:
-                callback.on_log(self, self.module, logged, step)
+            for step, logged in published:
+                for callback in self.callbacks:
+                    callback.on_log(self, self.module, logged, step)
 
-    def _publish_received(self) -> None:
-        received = self.metrics.receive()
-        if received is not None:
-            step, values, specs = received
-            self._publish(values, specs, step)
-
-    def _step_values_now(self) -> tuple[dict[str, float], dict[str, MetricSpec]]:
-        """Publish the pending copy, then copy what was logged since and return it: one host sync,
-        for the end of an epoch or a preemption stop."""
-        self._publish_received()
-        self.metrics.send_step_values(self.global_step)
-        _, values, specs = self.metrics.receive()
-        return values, specs
-
-    # =========================================================================================
-    # Validation, test, predict
-    # =========================================================================================
+    # --- validation, test, predict ---------------------------------------------------------
     @measured("validation")
     def _run_sanity_check(self, val_loaders: list[Any]) -> None:
         self.sanity_checking = True
@@ -640,7 +542,7 @@ class Trainer:
 
     @measured("validation")
     def _run_validation(self, val_loaders: list[Any]) -> None:
-        self._publish_received()  # the last log step's values first: the logs stay in step order
+        self._log(self.metrics.publish_pending())  # the last log step's values first: the logs stay in step order
         # Validating leaves every RNG as it found it: the weights do not depend on when (or
         # whether) validation runs, and a checkpoint written just before it resumes exactly.
         with preserved_rng():
@@ -680,26 +582,18 @@ class Trainer:
         self.metrics.evaluation.dataloader_suffix = ""
         for hook in hooks.epoch_end:
             hook()
-        for step, step_values, step_specs in self.metrics.read_evaluation_step_values(stage, not self.sanity_checking):
-            self._publish(step_values, step_specs, step)
-        values, specs = self.metrics.read_epoch_values(self.metrics.evaluation)
-        if not self.sanity_checking:
-            self._publish(values, specs, self.global_step)
+        published, values = self.metrics.end_evaluation(stage, self.global_step, publish=not self.sanity_checking)
+        self._log(published)
         for hook in hooks.end:
             hook()
         if stage != "predict":
             return split_by_dataloader(values, len(loaders))
-        if self.strategy.world_size > 1:  # every rank returns all of them, in the dataset's order
-            for index, shard in enumerate(predictions):
-                gathered = self.strategy.all_gather_object(move_to_device(shard, torch.device("cpu"), non_blocking=False))
-                predictions[index] = [prediction for rank in gathered for prediction in rank]
+        predictions = gather_predictions(predictions, self.strategy)  # every rank's, in the dataset's order
         return predictions if several else predictions[0]
 
-    # =========================================================================================
-    # Lightning's read-only names, looked up where they live on every read (a callback added to
-    # trainer.callbacks is found at once): the process's place from the strategy, the callbacks
+    # --- Lightning's read-only names, looked up where they live on every read (a callback added
+    # to trainer.callbacks is found at once): the process's place from the strategy, the callbacks
     # that play a named role from trainer.callbacks, in the order given.
-    # =========================================================================================
     is_global_zero = property(lambda self: self.strategy.is_global_zero)
     global_rank = property(lambda self: self.strategy.global_rank)
     world_size = property(lambda self: self.strategy.world_size)
@@ -708,12 +602,14 @@ class Trainer:
     logger = property(lambda self: _first(self.callbacks, callbacks_package.Logger))
     checkpoint_callback = property(lambda self: _first(self.callbacks, callbacks_package.ModelCheckpoint))
     num_skipped_steps = property(lambda self: self._guard.skipped)  # steps on_nonfinite_loss="skip" skipped
+    callback_metrics = property(lambda self: self.metrics.callback_metrics)  # published values (trainer/metrics.py)
+    progress_bar_metrics = property(lambda self: self.metrics.progress_bar_metrics)
+    logged_metrics = property(lambda self: self.metrics.logged_metrics)
 
     @property
     def estimated_stepping_batches(self) -> int | float:
-        """The optimizer steps fit will take (trainer/stage_loaders.py). Asked during fit before the
-        loaders are made (configure_optimizers runs first), it makes them now, once: fit then trains
-        on those (so a DataModule's state from ckpt_path is not restored into them yet)."""
+        """The optimizer steps fit will take (trainer/stage_loaders.py). Asked during fit before the loaders
+        are made (in configure_optimizers), it makes them now: fit trains on those."""
         if self.stage == "fit" and self._data is not None and self._early_fit_data is None \
                 and math.isinf(self.num_training_batches):
             self._early_fit_data = self._load_fit_data(self._data)

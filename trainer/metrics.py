@@ -222,9 +222,8 @@ class MetricStore:
         self.current = self.train
 
     def start_stage(self, stage: str) -> None:
-        """A stage begins: fresh training metrics, so that a second ``fit`` of this Trainer
-        registers its names (and metric objects) anew; validate, test and predict start with an
-        empty progress bar."""
+        """A stage begins: fresh training metrics, so that a second ``fit`` registers its names (and
+        metric objects) anew; validate, test and predict start with an empty progress bar."""
         self.train = StageMetrics(default_on_step=True)
         self.current = self.train
         self._pending = None
@@ -235,11 +234,9 @@ class MetricStore:
         """No stage runs: ``self.log`` (a unit test calling ``training_step`` after fit) records nothing."""
         self.current = _NO_STAGE
 
-    # --- publishing: host values reach callback_metrics, the progress bar and the loggers ----
-    # Each returns [(step, values for the loggers' on_log)], which the Trainer hands to its loggers.
+    # --- publishing: each returns [(step, values for the loggers)], which the Trainer hands to on_log
     def publish(self, step: int, values: dict[str, float], specs: dict[str, MetricSpec]) -> list[tuple[int, dict]]:
-        """``values`` reach ``callback_metrics``, ``progress_bar_metrics`` (``prog_bar``) and
-        ``logged_metrics`` (not ``self.log(logger=False)``), which also go to the loggers."""
+        """``values`` reach ``callback_metrics``, ``progress_bar_metrics`` and (for the loggers) ``logged_metrics``."""
         if not values:
             return []
         self.callback_metrics.update({key: torch.tensor(value) for key, value in values.items()})
@@ -261,8 +258,8 @@ class MetricStore:
         return self.publish(*pending) if pending is not None else []
 
     def flush(self, step: int, epoch_end: bool = False) -> list[tuple[int, dict]]:
-        """The pending copy, then what was logged since (read now: one host sync) and, at the
-        ``epoch_end``, the epoch's values with it: for the end of an epoch or a preemption stop."""
+        """The pending copy, then what was logged since (now: one host sync), at the ``epoch_end``
+        with the epoch's values: for the end of an epoch or a preemption stop."""
         published = self.publish_pending()
         self.send_step_values(step)
         _, values, specs = self.receive()
@@ -273,8 +270,7 @@ class MetricStore:
 
     def end_evaluation(self, stage: str, step: int, publish: bool) -> tuple[list[tuple[int, dict]], dict[str, float]]:
         """At the end of an evaluation: publish its ``on_step`` values, then its epoch values (at
-        ``step``); returns those and the epoch values. Without ``publish`` (a sanity check) the
-        values are read, every rank taking part, and dropped."""
+        ``step``); returns those and the epoch values. Without ``publish`` (sanity) nothing is published."""
         published = [chunk for received in self.read_evaluation_step_values(stage, publish)
                      for chunk in self.publish(*received)]
         values, specs = self.read_epoch_values(self.evaluation)

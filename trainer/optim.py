@@ -166,6 +166,35 @@ def clip_optimizer_gradients(trainer: Any, optimizer: Any, value: Any, algorithm
     clip_gradients([p for group in optimizer.param_groups for p in group["params"]], value, algorithm)
 
 
+def freeze_other_optimizers(optimizers: list[Any], optimizer: Any) -> dict[torch.nn.Parameter, bool]:
+    """``toggle_optimizer``: only ``optimizer``'s parameters (among ``optimizers``') keep requiring
+    gradients; returns every parameter's ``requires_grad`` before, for :func:`unfreeze_other_optimizers`."""
+    state: dict[torch.nn.Parameter, bool] = {}
+    for other in optimizers:
+        for group in other.param_groups:
+            for parameter in group["params"]:
+                if parameter not in state:
+                    state[parameter] = parameter.requires_grad
+                    parameter.requires_grad = False
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            parameter.requires_grad = state.get(parameter, parameter.requires_grad)
+    return state
+
+
+def unfreeze_other_optimizers(optimizers: list[Any], optimizer: Any, state: dict[torch.nn.Parameter, bool]) -> None:
+    """``untoggle_optimizer``: the parameters of ``optimizers`` other than ``optimizer`` require
+    gradients again as ``state`` (from :func:`freeze_other_optimizers`) says they did."""
+    toggled = getattr(optimizer, "optimizer", optimizer)  # a wrapper, or the torch optimizer
+    for other in optimizers:
+        if other is toggled:
+            continue
+        for group in other.param_groups:
+            for parameter in group["params"]:
+                if parameter in state:
+                    parameter.requires_grad = state[parameter]
+
+
 class OptimizerView:
     """An optimizer seen through a wrapper whose ``step`` the Trainer takes: the rest reads through
     to the torch optimizer (``param_groups``, where a warm-up sets ``lr``; ``state``; ``zero_grad``;

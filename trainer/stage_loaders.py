@@ -7,7 +7,8 @@ Where the loaders come from is ``trainer/data_source.py``; what preparing one do
 them together for the Trainer and return them with their counts (``num_training_batches``,
 ``num_val_batches``, ...), once per stage or epoch. When the training loop reloads them and when
 it validates (``val_check_interval``, ``check_val_every_n_epoch``, as in Lightning) are decided
-here too; :func:`validation_due` is the only function here that runs per batch.
+here too, and which limit ends fit (:func:`limit_reached`); :func:`validation_due` is the only
+function here that runs per batch.
 """
 
 from __future__ import annotations
@@ -88,6 +89,16 @@ def estimated_stepping_batches(num_batches: int | float, accumulate_grad_batches
     else:
         total = math.ceil(num_batches / accumulate_grad_batches) * max(epochs, 1) if num_batches else 0
     return min(total, max_steps) if max_steps != -1 else total
+
+
+def limit_reached(max_epochs: int | None, max_steps: int, epoch: int, step: int) -> str | None:
+    """Which of ``max_steps`` and ``max_epochs`` ends fit at ``epoch`` and global ``step``, and how
+    to train more; None: neither."""
+    if max_steps != -1 and step >= max_steps:
+        return f"max_steps={max_steps} reached (global_step={step}). Raise max_steps"
+    if max_epochs not in (None, -1) and epoch >= max_epochs:
+        return f"max_epochs={max_epochs} reached (current_epoch={epoch}). Raise max_epochs"
+    return None
 
 
 def reload_due(every: int, epoch: int, loaded_at: int, data: DataSource) -> bool:

@@ -38,8 +38,8 @@ from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_m
 from trainer.shorthands import reject_unknown_arguments, translate
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
-    NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_loaders, gather_predictions, load_fit_data,
-    reload_due, train_batches, validation_due, validation_interval,
+    NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_loaders, gather_predictions, limit_reached,
+    load_fit_data, reload_due, train_batches, validation_due, validation_interval,
 )
 from trainer.state import (
     Progress, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
@@ -55,16 +55,14 @@ class Trainer:
     Args mean what they mean in PyTorch Lightning; the ones Cadence adds:
         seed: seed Python, NumPy, torch and DataLoader workers (per worker and per rank) first.
         deterministic: also ask PyTorch for deterministic kernels (slower on GPUs).
-        on_nonfinite_loss: a NaN or infinite training loss ``"raise"``s an error naming the batch
-            and the last good checkpoint (checked at log steps: no per-step sync), or ``"skip"``s
-            that optimizer step (one host sync per step; counted in ``num_skipped_steps``), or
-            is ``"ignore"``d.
-        precision: ``"bf16-mixed"`` or ``"16-mixed"`` adds a ``callbacks.AMP`` (autocast, and a
-            GradScaler for float16); under FSDP it sets the strategy's mixed-precision policy.
-        report: after ``fit``, print (and save in ``log_dir``) where the time went, with
-            recommendations (``callbacks.PerformanceReport``).
-        profiler: ``"pytorch"`` (or a ``callbacks.Profiler``) traces a few training batches
-            with ``torch.profiler``; ``"simple"`` is the performance report.
+        on_nonfinite_loss: a NaN or infinite training loss ``"raise"``s an error naming the batch and
+            the last good checkpoint (checked at log steps: no per-step sync), or ``"skip"``s that
+            optimizer step (a host sync per step; counted in ``num_skipped_steps``), or is ``"ignore"``d.
+        precision: ``"bf16-mixed"`` or ``"16-mixed"`` adds a ``callbacks.AMP`` (autocast; a GradScaler
+            for float16); under FSDP it sets the strategy's mixed-precision policy.
+        report: after ``fit``, print (and save in ``log_dir``) where the time went, with advice.
+        profiler: ``"pytorch"`` (or a ``callbacks.Profiler``) traces a few training batches with
+            ``torch.profiler``; ``"simple"`` is the performance report.
 
     SIGTERM and SIGUSR1 during ``fit`` save ``last.ckpt`` at the end of the current step and end
     the process (see ``trainer/preemption.py``); ``fit(ckpt_path="last")`` resumes.
@@ -331,8 +329,7 @@ class Trainer:
             if reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, loaded_at, data):
                 loaders, loaded_at = self._load_fit_data(data), self.current_epoch
             self._run_train_epoch(loaders.train, loaders.val)
-        # What save_checkpoint writes after fit returns: this moment's state, as a checkpoint
-        # written now would hold it (optimizer states by reference: nothing is copied).
+        # What save_checkpoint writes after fit returns (optimizer states by reference: nothing copied).
         self._end_of_fit = (module, training_state(self, self._progress))
         for callback in self.callbacks:
             callback.on_train_end(self, module)
@@ -352,13 +349,8 @@ class Trainer:
     def _finished(self) -> bool:
         return (self.should_stop and self._may_stop()) or self._limit_reached() is not None
 
-    def _limit_reached(self) -> str | None:
-        """Which of max_steps and max_epochs ends fit now, and how to train more; None: neither."""
-        if self.max_steps != -1 and self.global_step >= self.max_steps:
-            return f"max_steps={self.max_steps} reached (global_step={self.global_step}). Raise max_steps"
-        if self.max_epochs not in (None, -1) and self.current_epoch >= self.max_epochs:
-            return f"max_epochs={self.max_epochs} reached (current_epoch={self.current_epoch}). Raise max_epochs"
-        return None
+    def _limit_reached(self) -> str | None:  # which limit ends fit now, and how to train more
+        return limit_reached(self.max_epochs, self.max_steps, self.current_epoch, self.global_step)
 
     def _may_stop(self) -> bool:
         """should_stop is set: stop, unless min_epochs/min_steps are not met yet (as in Lightning,
@@ -500,7 +492,7 @@ class Trainer:
     @measured("logging")
     def _log_step(self) -> None:
         """Every log_every_n_steps batches: start this step's copy to the host; publish the last."""
-        self._log(self.metrics.log_step(self.global_step))  # starts this step's copy, publishes the last one's
+        self._log(self.metrics.log_step(self.global_step))
         self._guard.check(self.strategy, self.current_epoch)
         self._preemption.agree(self.strategy)  # with several processes: stop on every rank, or none
 
@@ -517,9 +509,8 @@ class Trainer:
         self._progress.in_epoch_end, self.batch_idx = False, -1
 
     def _log(self, published: list[tuple[int, dict[str, float]]]) -> None:
-        """The loggers' on_log for what the metric store published (trainer/metrics.py): self.log
-        keeps values on the device; a log step starts a non-blocking copy to the host and publishes
-        the one the previous log step started, which has arrived (no wait)."""
+        """The loggers' on_log for what the metric store published (trainer/metrics.py: self.log keeps
+        values on the device; a log step publishes the copy to the host the last one started)."""
         if not self.sanity_checking:
             for step, logged in published:
                 for callback in self.callbacks:

@@ -43,6 +43,10 @@ class Callback:
     owns_backward: bool = False
     #: Set to True by a callback that implements :meth:`optimizer_step`.
     owns_optimizer_step: bool = False
+    #: Set to True by a callback whose model changes may make a later step overwrite this step's
+    #: outputs in place (CUDA graph replays: ``Compile(mode="reduce-overhead")``); the loop then
+    #: keeps copies of the values it reads later (the losses the non-finite check reads).
+    may_replay_graphs: bool = False
 
     @property
     def state_key(self) -> str:

@@ -180,9 +180,10 @@ class Strategy:
     @property
     def may_replay_graphs(self) -> bool:
         """Whether a CUDA graph replay may overwrite a training step's outputs in place before the
-        loop reads them again: on CUDA devices, where ``torch.compile(mode="reduce-overhead")``
-        (``callbacks.Compile``, or the module's own) replays into the same output memory at the next
-        step. The loop then keeps copies of the losses it checks later (``trainer/guards.py``)."""
+        loop reads them again: on CUDA devices, where the module's own
+        ``torch.compile(mode="reduce-overhead")`` replays into the same output memory at the next
+        step (``callbacks.Compile`` says so itself). The loop then keeps copies of the losses it
+        checks later (``trainer/guards.py``)."""
         return self.device.type == "cuda"
 
     # --- backward and collectives ---------------------------------------------------------

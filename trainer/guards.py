@@ -19,7 +19,10 @@ under graphs); a copy (``loss.detach().clone()``), +12.3k; ``isfinite(loss)`` in
 so far" flag, +47k; a running float64 sum of the losses (non-finite once any is), +19k. The flag
 and the sum forget which batch was bad. The copy is the cheapest correct one and keeps the error's
 precision (the value and the first bad batch); on CUDA it is one small kernel per step, queued on
-the stream right after the step, so it runs before the next replay.
+the stream right after the step, so it runs before the next replay. It is made only where a replay
+can happen: on CUDA devices (``Strategy.may_replay_graphs``: the module may compile itself) and
+under a callback that says its model changes replay graphs (``Compile(mode="reduce-overhead")``);
+elsewhere the loop records the detached loss itself (the copy would cost a step 9.3k instructions).
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ class StagePlan:
         step_hook_handles: manual optimization's optimizer hooks (``global_step``,
             ``on_before_optimizer_step``), removed at teardown.
         copy_losses: the non-finite guard keeps a copy of each step's loss, because a CUDA graph
-            replay may overwrite the loss in place (``Strategy.may_replay_graphs``; ``trainer/guards.py``).
+            replay may overwrite it in place (the strategy's or a callback's ``may_replay_graphs``;
+            ``trainer/guards.py``).
     """
 
     hooks: StepHooks
@@ -139,7 +140,8 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
     plan = StagePlan(
         hooks, training_step, backward, automatic_optimization=automatic, step_owner=step_owner(callbacks),
         clip_parameters=[p for group in optimizers[0].param_groups for p in group["params"]],
-        step_hook_handles=handles, copy_losses=strategy.may_replay_graphs,
+        step_hook_handles=handles,
+        copy_losses=strategy.may_replay_graphs or any(callback.may_replay_graphs for callback in callbacks),
     )
     return optimizers, scheduler_configs, plan
 

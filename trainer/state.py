@@ -56,8 +56,8 @@ def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
     on every rank."""
     epoch, batches_done = loop_position(trainer.current_epoch, trainer.batch_idx, progress.in_epoch_end)
     sampler = progress.sampler
-    if (trainer.stage == "fit" and batches_done and not ends_accumulation_window(trainer.batch_idx, trainer.accumulate_grad_batches, trainer.num_training_batches)
-            and trainer.is_global_zero):
+    window_ended = ends_accumulation_window(trainer.batch_idx, trainer.accumulate_grad_batches, trainer.num_training_batches)
+    if trainer.stage == "fit" and batches_done and not window_ended and trainer.is_global_zero:
         warnings.warn(
             f"save_checkpoint after batch {trainer.batch_idx}, inside an accumulation window of "
             f"{trainer.accumulate_grad_batches} batches: the gradients accumulated so far are not saved, so a run "

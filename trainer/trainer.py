@@ -106,10 +106,11 @@ class Trainer:
         profiler: str | Callback | None = None, report: bool = True,
         **unknown: Any,
     ) -> None:
-        reject_unknown_arguments(unknown, Trainer.__init__)  # a close match, or the Cadence way (trainer/shorthands.py)
-        # Every argument (by name: translate takes exactly these) checked, then Lightning's shorthands
-        # (accelerator, precision, fast_dev_run, profiler, ...) made a strategy, callbacks and the settings below.
-        run = translate(**{name: value for name, value in locals().items() if name not in ("self", "unknown")})
+        arguments = dict(locals())  # exactly this signature's: nothing else is bound yet
+        reject_unknown_arguments(arguments.pop("unknown"), Trainer.__init__)  # a close match, or the Cadence way
+        # Every argument checked, then Lightning's shorthands (accelerator, precision, fast_dev_run, profiler, ...)
+        # made a strategy, callbacks and the settings below, in one place: translate takes exactly these arguments.
+        run = translate(**{name: value for name, value in arguments.items() if name != "self"})
         self.strategy, self.callbacks, self.default_root_dir = run.strategy, run.callbacks, run.default_root_dir
         self.max_epochs, self.max_steps, self.min_epochs, self.min_steps = run.max_epochs, run.max_steps, min_epochs, min_steps
         self.limits, self.fast_dev_run, self.overfit_batches = run.limits, fast_dev_run, overfit_batches

@@ -106,6 +106,12 @@ def loss_without_grad(batch_idx: int) -> RuntimeError:
     )
 
 
+def no_training_batches() -> RuntimeError:
+    """The error for a training epoch that got no batch at all."""
+    return RuntimeError("The training DataLoader yielded no batches. Check that the dataset is not empty and that "
+                        "batch_size <= len(dataset) when drop_last=True.")
+
+
 def require_training_module(module: Any, stage: str) -> None:
     from trainer.module import TrainingModule
 

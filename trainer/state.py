@@ -238,10 +238,10 @@ def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> 
 
 
 def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodule: DataModule | None,
-                  end_of_fit: dict[str, Any] | None, preempted_by: int | None) -> dict[str, Any]:
+                  end_of_fit: tuple[TrainingModule, dict[str, Any]] | None, preempted_by: int | None) -> dict[str, Any]:
     """What a spawned rank zero sends back so the caller's objects reflect the run. After fit, that
-    includes the training state the loop ended with (``end_of_fit``: optimizers, schedulers, every
-    rank's RNG), so that ``trainer.save_checkpoint`` in the caller writes a checkpoint that
+    includes the training state the loop ended with (of ``end_of_fit``: optimizers, schedulers,
+    every rank's RNG), so that ``trainer.save_checkpoint`` in the caller writes a checkpoint that
     continues exactly; it costs a copy of the optimizer state through the result file. Not where
     rank zero holds only its shard of that state (FSDP). ``preempted_by``: the signal that stopped fit."""
     return {
@@ -252,7 +252,8 @@ def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodu
         "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         "preempted_by": preempted_by,
-        "end_of_fit": end_of_fit if stage == "fit" and trainer.strategy.whole_state_on_rank_zero else None,
+        "end_of_fit": (end_of_fit[1] if stage == "fit" and end_of_fit is not None
+                       and trainer.strategy.whole_state_on_rank_zero else None),
     }
 
 

@@ -24,7 +24,7 @@ import torch
 import callbacks as callbacks_package
 from callbacks import Callback
 from strategies import Strategy
-from trainer.arguments import loss_of, loss_without_grad
+from trainer.arguments import loss_of, loss_without_grad, no_training_batches
 from trainer.data_source import STAGE_KIND, DataSource, collect_data
 from trainer.datamodule import DataModule
 from trainer.guards import LossGuard
@@ -115,12 +115,11 @@ class Trainer:
         self.max_epochs, self.max_steps, self.min_epochs, self.min_steps = run.max_epochs, run.max_steps, min_epochs, min_steps
         self.limits, self.fast_dev_run, self.overfit_batches = run.limits, fast_dev_run, overfit_batches
         self.val_check_interval, self.check_val_every_n_epoch = run.val_check_interval, run.check_val_every_n_epoch
-        self.num_sanity_val_steps = run.num_sanity_val_steps
+        self.num_sanity_val_steps, self.log_every_n_steps = run.num_sanity_val_steps, log_every_n_steps
         self.reload_dataloaders_every_n_epochs = reload_dataloaders_every_n_epochs
         self.use_distributed_sampler, self.inference_mode = use_distributed_sampler, inference_mode
         self.accumulate_grad_batches = accumulate_grad_batches
         self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
-        self.log_every_n_steps = log_every_n_steps
         self.seed, self.deterministic, self.on_nonfinite_loss = seed, deterministic, on_nonfinite_loss
 
         # Public loop state (Lightning names); batch_idx: of the running training batch, -1 before the first.
@@ -220,10 +219,9 @@ class Trainer:
 
     def predict(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
                 datamodule: DataModule | None = None, return_predictions: bool | None = None) -> list[Any] | None:
-        """Run ``predict_step`` over ``dataloaders``; return the outputs, one per batch, in order (a
-        list of such lists for several loaders; None with ``return_predictions=False``). Under DDP
-        the outputs of every rank come back on the CPU (to the caller of a spawned run, and on every
-        rank under torchrun): the whole dataset, in order, each sample once. See :meth:`validate`."""
+        """Run ``predict_step`` over ``dataloaders``; return the outputs, one per batch, in order (a list of
+        such lists for several loaders; None with ``return_predictions=False``). Under DDP every rank's come
+        back on the CPU: the whole dataset, in order, each sample once. See :meth:`validate`."""
         predictions = self._evaluate("predict", model, dataloaders, ckpt_path, datamodule, verbose=False)
         return None if return_predictions is False else predictions
 
@@ -287,8 +285,7 @@ class Trainer:
                 self._stage_loaders += loaders  # their persistent workers end with the stage
                 setattr(self, NUM_BATCHES[stage], counts)
                 output = self._evaluation_loop(stage, loaders, counts)
-            end_of_fit = self._end_of_fit[1] if self._end_of_fit is not None else None
-            handoff = (handoff_state(self, module, stage, data.datamodule, end_of_fit, self._preemption.stopping_signal())
+            handoff = (handoff_state(self, module, stage, data.datamodule, self._end_of_fit, self._preemption.stopping_signal())
                        if self.strategy.launches_subprocesses else None)
             return output, handoff
         except BaseException as error:
@@ -324,7 +321,8 @@ class Trainer:
         self.strategy.check_placement(module)  # once, before the first step
         loaded_at = self.current_epoch
         if self._finished() and self.is_global_zero:  # a second fit to the same limit, a resume from the end
-            why = self._limit_reached() or "trainer.should_stop was already set. Set trainer.should_stop = False"
+            why = (limit_reached(self.max_epochs, self.max_steps, self.current_epoch, self.global_step)
+                   or "trainer.should_stop was already set. Set trainer.should_stop = False")
             print(f"Trainer.fit trained nothing: {why} to train more.", file=sys.stderr, flush=True)
         while not self._finished():
             if reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, loaded_at, data):
@@ -348,16 +346,13 @@ class Trainer:
         return loaders
 
     def _finished(self) -> bool:
-        return (self.should_stop and self._may_stop()) or self._limit_reached() is not None
-
-    def _limit_reached(self) -> str | None:  # which limit ends fit now, and how to train more
-        return limit_reached(self.max_epochs, self.max_steps, self.current_epoch, self.global_step)
+        limit = limit_reached(self.max_epochs, self.max_steps, self.current_epoch, self.global_step)
+        return (self.should_stop and self._may_stop()) or limit is not None
 
     def _may_stop(self) -> bool:
-        """should_stop is set: stop, unless min_epochs/min_steps are not met yet (as in Lightning,
-        early stopping then waits; a preemption signal does not). Says so once, on rank zero."""
+        """should_stop is set: stop, unless min_epochs/min_steps are not met (said once; as in Lightning)."""
         met = (self.min_epochs or 0) <= self.current_epoch and (self.min_steps or 0) <= self.global_step
-        if met or self._preemption.stop_now:
+        if met or self._preemption.stop_now:  # early stopping waits for them; a preemption signal does not
             return True
         if not self._said_min_not_met and self.is_global_zero:
             self._said_min_not_met = True
@@ -408,17 +403,13 @@ class Trainer:
                 break
         times.end_loop(progress.batches_seen)
         if batch_idx == -1 and progress.resumed is None:
-            raise RuntimeError(
-                "The training DataLoader yielded no batches. Check that the dataset is not empty and "
-                "that batch_size <= len(dataset) when drop_last=True."
-            )
+            raise no_training_batches()
         progress.resumed = None
         self._end_train_epoch()
 
     def _training_step(self, module: TrainingModule, batch: Any, batch_idx: int, num_batches: int | float) -> Any:
-        """Forward and backward for one batch; at the end of each accumulation window the optimizer
-        step (the module's optimizer_step takes it when overridden), zero grad and the
-        step-interval schedulers."""
+        """Forward and backward for one batch; at the end of each accumulation window the optimizer step
+        (the module's optimizer_step takes it when overridden), zero grad, the step-interval schedulers."""
         plan = self._plan
         if not plan.automatic_optimization:
             with plan.hooks.forward_context_manager():
@@ -462,8 +453,8 @@ class Trainer:
         return outputs, loss
 
     def run_backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()`` through the backward seam (AMP scaling) or the strategy, between
-        on_before_backward and on_after_backward when any module or callback implements them."""
+        """``loss.backward()`` through the backward seam (AMP) or the strategy, between on_before_backward
+        and on_after_backward when any module or callback implements them (manual_backward too)."""
         if not loss.requires_grad:
             raise loss_without_grad(self.batch_idx)
         plan = self._plan
@@ -510,8 +501,7 @@ class Trainer:
         self._progress.in_epoch_end, self.batch_idx = False, -1
 
     def _log(self, published: list[tuple[int, dict[str, float]]]) -> None:
-        """The loggers' on_log for what the metric store published (trainer/metrics.py: self.log keeps
-        values on the device; a log step publishes the copy to the host the last one started)."""
+        """The loggers' on_log for the values the metric store published (trainer/metrics.py)."""
         if not self.sanity_checking:
             for step, logged in published:
                 for callback in self.callbacks:
@@ -549,9 +539,7 @@ class Trainer:
         hooks = evaluation_hooks(stage, self, self.callbacks, self.module, several)
         self.model.eval()
         self.metrics.start_evaluation()
-        for hook in hooks.start:
-            hook()
-        for hook in hooks.epoch_start:
+        for hook in hooks.start + hooks.epoch_start:
             hook()
         predictions: list[list[Any]] = []
         with self.strategy.evaluation_context(self.inference_mode):  # no_grad under FSDP
@@ -583,20 +571,22 @@ class Trainer:
         predictions = gather_predictions(predictions, self.strategy)  # every rank's, in the dataset's order
         return predictions if several else predictions[0]
 
-    # --- Lightning's read-only names, looked up where they live on every read (a callback added
-    # to trainer.callbacks is found at once): the process's place from the strategy, the callbacks
-    # that play a named role from trainer.callbacks, in the order given.
+    # --- Lightning's read-only names, looked up on every read where they live: the process's place in
+    # the strategy, the callbacks that play a named role in trainer.callbacks (in the order given).
     is_global_zero = property(lambda self: self.strategy.is_global_zero)
     global_rank = property(lambda self: self.strategy.global_rank)
     world_size = property(lambda self: self.strategy.world_size)
-    progress_bar_callback = property(lambda self: _first(self.callbacks, callbacks_package.ProgressBar))
-    loggers = property(lambda self: [c for c in self.callbacks if isinstance(c, callbacks_package.Logger)])
-    logger = property(lambda self: _first(self.callbacks, callbacks_package.Logger))
-    checkpoint_callback = property(lambda self: _first(self.callbacks, callbacks_package.ModelCheckpoint))
+    progress_bar_callback = property(lambda self: next(iter(self._callbacks_of(callbacks_package.ProgressBar)), None))
+    loggers = property(lambda self: self._callbacks_of(callbacks_package.Logger))
+    logger = property(lambda self: next(iter(self.loggers), None))
+    checkpoint_callback = property(lambda self: next(iter(self._callbacks_of(callbacks_package.ModelCheckpoint)), None))
     num_skipped_steps = property(lambda self: self._guard.skipped)  # steps on_nonfinite_loss="skip" skipped
     callback_metrics = property(lambda self: self.metrics.callback_metrics)  # published values (trainer/metrics.py)
     progress_bar_metrics = property(lambda self: self.metrics.progress_bar_metrics)
     logged_metrics = property(lambda self: self.metrics.logged_metrics)
+
+    def _callbacks_of(self, kind: type) -> list[Any]:
+        return [callback for callback in self.callbacks if isinstance(callback, kind)]
 
     @property
     def estimated_stepping_batches(self) -> int | float:
@@ -608,7 +598,3 @@ class Trainer:
         return estimated_stepping_batches(self.num_training_batches, self.accumulate_grad_batches, self.max_epochs,
                                           self.max_steps)
 
-
-def _first(callbacks: list[Callback], kind: type) -> Any:
-    """The first of ``callbacks`` of class ``kind``, or None."""
-    return next((callback for callback in callbacks if isinstance(callback, kind)), None)

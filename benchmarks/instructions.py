@@ -45,7 +45,7 @@ def run_steps(name: str, steps: int, raw_handover: bool = False) -> None:
     """
     import torch
 
-    from workloads import TINY, Workload, contenders, initial_network, make_loader, run_once
+    from workloads import TINY, Workload, contenders, make_loader, run_once
 
     if not raw_handover:
         from callbacks.async_logger import AsyncLogger

@@ -11,7 +11,9 @@ instructions executed do not. Each contender trains the tiny workload twice unde
 seed), for ``--short`` and ``--long`` steps; the difference divided by the extra steps is its
 instructions per step, start-up and fixed costs cancelled. Overhead = contender minus its hand loop
 (``workloads.baseline_of``: the plain one, or the one under the same autocast for ``cadence-bf16-lean``).
-Repeated runs agree to about 0.2% of a step. Instructions are not time: Python interpreter code
+The loggers' writer threads get the values at the end of the run, not once a second of valgrind's
+slowed-down clock (``run_steps`` says why; ``--raw-handover`` counts as before). Repeated runs agree
+to about 0.2% of a step. Instructions are not time: Python interpreter code
 runs fewer instructions per microsecond than PyTorch's kernels, so read the microseconds from
 ``overhead.py`` and use this table to compare versions of Cadence and to see what an edit saved.
 """
@@ -31,24 +33,36 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def run_steps(name: str, steps: int) -> None:
-    """The measured program: ``steps`` steps of ``name`` on the tiny workload, nothing else."""
+def run_steps(name: str, steps: int, raw_handover: bool = False) -> None:
+    """The measured program: ``steps`` steps of ``name`` on the tiny workload, nothing else.
+
+    The file loggers hand logged values to their writer threads at most once a second
+    (``callbacks/async_logger.py``): in a real tiny run that is every ~2000 steps, but valgrind runs
+    the program ~50 times slower, so a second passes every ~40 steps and the threads' wake-ups and
+    file flushes would be counted per step ~50 times as often as they happen. Unless
+    ``raw_handover``, the values are handed over at the end of the run instead: writing each of
+    them still counts, the flush of a hand-over (once a second in a real run) does not.
+    """
     import torch
 
     from workloads import TINY, Workload, contenders, make_loader, run_once
 
+    if not raw_handover:
+        from callbacks.async_logger import AsyncLogger
+
+        AsyncLogger.handover_seconds = float("inf")
     torch.set_num_threads(1)
     workload = Workload("tiny", TINY.width, TINY.depth, TINY.batch_size, steps, steps, TINY.segment, 1)
     run_once(contenders(variants=True)[name], workload, make_loader(workload))
 
 
-def count(name: str, steps: int) -> int:
+def count(name: str, steps: int, raw_handover: bool = False) -> int:
     """Instructions of a whole process that runs ``steps`` steps of ``name``."""
     env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as scratch:
         command = ["setarch", "-R", "valgrind", "--tool=cachegrind", "--cache-sim=no",
                    f"--cachegrind-out-file={scratch}/out", sys.executable, str(Path(__file__).resolve()),
-                   "--run", name, str(steps)]
+                   "--run", name, str(steps), *(["--raw-handover"] if raw_handover else [])]
         done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=HERE.parent, check=True)
     found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
     if found is None:
@@ -61,11 +75,14 @@ def main() -> None:
     parser.add_argument("contenders", nargs="*", help="default: every installed contender")
     parser.add_argument("--short", type=int, default=100)
     parser.add_argument("--long", type=int, default=600)
+    parser.add_argument("--raw-handover", action="store_true",
+                        help="hand logged values to the writer threads once a second of valgrind's slow time "
+                             "(see run_steps), not at the end")
     parser.add_argument("--run", nargs=2, metavar=("NAME", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
     if args.run:
-        run_steps(args.run[0], int(args.run[1]))
+        run_steps(args.run[0], int(args.run[1]), args.raw_handover)
         return
     if shutil.which("valgrind") is None or shutil.which("setarch") is None:
         sys.exit("instructions.py needs valgrind and setarch (apt-get install valgrind util-linux).")
@@ -76,7 +93,7 @@ def main() -> None:
     names = list(dict.fromkeys(["hand", *(baseline_of(name) for name in chosen), *chosen]))
     jobs = [(name, steps) for name in names for steps in (args.short, args.long)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        counts = dict(zip(jobs, pool.map(lambda job: count(*job), jobs)))
+        counts = dict(zip(jobs, pool.map(lambda job: count(*job, args.raw_handover), jobs)))
     per_step = {name: (counts[name, args.long] - counts[name, args.short]) / (args.long - args.short) for name in names}
     print(f"## instructions per step: tiny, {args.long} - {args.short} steps, valgrind cachegrind\n")
     print("| contender | instructions/step | over its hand loop | share of a hand-loop step |")

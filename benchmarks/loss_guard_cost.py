@@ -10,8 +10,8 @@ and for 1200 steps under ``valgrind --tool=cachegrind``; the difference divided 
 instructions per step, start-up cancelled. "none" keeps nothing: the other rows minus it are what
 the option adds to a step.
 
-    list       the loss itself in a list (what the loop did; wrong under CUDA graphs)
-    clone      a copy of the loss in a list (what the loop does)
+    list       the loss itself in a list (what the loop does where no CUDA graph can replay; wrong under them)
+    clone      a copy of the loss in a list (what the loop does where one can: on CUDA, under a graph-replaying Compile)
     isfinite   the loss's isfinite() in a list (batch known, value lost)
     flag       a device-side "all finite so far" flag, updated in place (which batch is lost)
     sum        a running float64 sum of the losses, non-finite once any loss is (which batch is lost)

@@ -46,6 +46,10 @@ class Callback:
     #: True for callbacks that act on logged metrics (EarlyStopping, ModelCheckpoint): as in Lightning,
     #: their ``on_train_epoch_end`` runs after the module's, so that a metric it logs counts.
     monitors_metrics: bool = False
+    #: Set to True by a callback whose model changes may make a later step overwrite this step's
+    #: outputs in place (CUDA graph replays: ``Compile(mode="reduce-overhead")``); the loop then
+    #: keeps copies of the values it reads later (the losses the non-finite check reads).
+    may_replay_graphs: bool = False
 
     @property
     def state_key(self) -> str:

@@ -86,6 +86,8 @@ class Compile(Callback):
                              "use backend='inductor' or drop them.")
         self.mode, self.fullgraph, self.dynamic, self.backend, self.modules = mode, fullgraph, dynamic, backend, modules
         self.options = options
+        # These replay CUDA graphs, which overwrite a step's outputs at the next (trainer/guards.py).
+        self.may_replay_graphs = mode in ("reduce-overhead", "max-autotune") or bool(options.get("triton.cudagraphs"))
         self.failed: BaseException | None = None  # the build error after which the model runs eagerly
         self.first_step_seconds: float | None = None
         self._targets: list[tuple[str, nn.Module]] = []

@@ -180,8 +180,12 @@ class TensorBoardLogger(AsyncLogger):
         self._summary_writer(purge_step=purge)
 
     def write(self, metrics: dict[str, float], step: int) -> None:
-        for name, value in metrics.items():
-            self._writer.add_scalar(name, value, step)
+        # One event per log step holding every value, as SummaryWriter.add_scalar would write each
+        # (a float, no new_style): one record to encode and checksum instead of one per metric.
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values = [Summary.Value(tag=name, simple_value=float(value)) for name, value in metrics.items()]
+        self._writer.file_writer.add_summary(Summary(value=values), step)
 
     def write_final(self, params: dict[str, Any], metrics: dict[str, float]) -> None:
         """At the end of fit, the HParams session with the final metrics (unless written already)."""

@@ -175,6 +175,15 @@ class Strategy:
         buffers it gathers parameters into)."""
         return torch.inference_mode() if inference_mode else torch.no_grad()
 
+    @property
+    def may_replay_graphs(self) -> bool:
+        """Whether a CUDA graph replay may overwrite a training step's outputs in place before the
+        loop reads them again: on CUDA devices, where the module's own
+        ``torch.compile(mode="reduce-overhead")`` replays into the same output memory at the next
+        step (``callbacks.Compile`` says so itself). The loop then keeps copies of the losses it
+        checks later (``trainer/guards.py``)."""
+        return self.device.type == "cuda"
+
     # --- backward and collectives ---------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

@@ -33,7 +33,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from callbacks import PerformanceReport
+from callbacks import Callback, Compile, PerformanceReport
 from strategies import DDP, MPS, SingleDevice, Strategy, forensics
 from strategies.pickling import PickledWork
 from strategies.prefetch import prefetch_to_device
@@ -462,11 +462,35 @@ class OverwritesItsLastLoss(TrainingModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+class ReplaysGraphs(Callback):
+    """Says its model changes replay CUDA graphs, as ``Compile(mode="reduce-overhead")`` does."""
+
+    may_replay_graphs = True
+
+
 def test_a_nan_loss_is_named_at_its_batch_even_when_the_loss_tensor_is_overwritten_by_the_next_step(
         make_trainer, regression_loader):
-    trainer = make_trainer(max_epochs=1, log_every_n_steps=8)
+    trainer = make_trainer(max_epochs=1, log_every_n_steps=8, callbacks=[ReplaysGraphs()])
     with pytest.raises(FloatingPointError, match=r"The training loss is nan at epoch 0, batch 3 \(global step 3\)"):
         trainer.fit(OverwritesItsLastLoss(), regression_loader)
+
+
+@pytest.mark.parametrize(("compile_", "replays"), [
+    (Compile(mode="reduce-overhead"), True),
+    (Compile(mode="max-autotune"), True),  # its mode options include triton.cudagraphs
+    (Compile(**{"triton.cudagraphs": True}), True),
+    (Compile(), False),
+    (Compile(mode="max-autotune-no-cudagraphs"), False),
+    (Compile(backend="eager"), False),
+])
+def test_compile_configurations_that_replay_cuda_graphs_say_so(compile_, replays):
+    # The loop then copies each loss it checks later; CUDA devices say so for the module's own compile.
+    assert compile_.may_replay_graphs is replays
+
+
+def test_cuda_devices_may_replay_graphs_and_the_cpu_does_not(two_gpus):
+    assert SingleDevice("cuda:0").may_replay_graphs
+    assert not SingleDevice("cpu").may_replay_graphs and not MPS().may_replay_graphs
 
 
 # --- DDP on GPUs: checks before any process starts ---------------------------------------------------

@@ -97,6 +97,21 @@ def loss_of(outputs: Any, batch_idx: int) -> torch.Tensor:
     return loss
 
 
+def loss_without_grad(batch_idx: int) -> RuntimeError:
+    """The error for a loss that cannot be backpropagated (``Trainer.run_backward``)."""
+    return RuntimeError(
+        f"The loss at batch {batch_idx} does not require grad: every parameter is frozen "
+        "(requires_grad=False) or the loss was detached. Unfreeze parameters or return the "
+        "loss tensor itself, not loss.item() or loss.detach()."
+    )
+
+
+def no_training_batches() -> RuntimeError:
+    """The error for a training epoch that got no batch at all."""
+    return RuntimeError("The training DataLoader yielded no batches. Check that the dataset is not empty and that "
+                        "batch_size <= len(dataset) when drop_last=True.")
+
+
 def require_training_module(module: Any, stage: str) -> None:
     from trainer.module import TrainingModule
 

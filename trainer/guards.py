@@ -1,6 +1,7 @@
 """The non-finite loss guard: find the first NaN or infinite training loss without a per-step sync.
 
-The loop appends a copy of each step's loss to a list (one small device op, no host sync). With
+The loop appends a copy of each step's loss to a list (one small device op, no host sync; the list
+and the checks are a :class:`LossGuard`, which the Trainer holds). With
 ``Trainer(on_nonfinite_loss="raise")``, the default, the list is checked with one host sync at
 each log step, at the end of each epoch and before each checkpoint is written, so no checkpoint
 ever holds the weights a non-finite loss produced; the error names the first bad batch exactly
@@ -18,7 +19,10 @@ under graphs); a copy (``loss.detach().clone()``), +12.3k; ``isfinite(loss)`` in
 so far" flag, +47k; a running float64 sum of the losses (non-finite once any is), +19k. The flag
 and the sum forget which batch was bad. The copy is the cheapest correct one and keeps the error's
 precision (the value and the first bad batch); on CUDA it is one small kernel per step, queued on
-the stream right after the step, so it runs before the next replay.
+the stream right after the step, so it runs before the next replay. It is made only where a replay
+can happen: on CUDA devices (``Strategy.may_replay_graphs``: the module may compile itself) and
+under a callback that says its model changes replay graphs (``Compile(mode="reduce-overhead")``);
+elsewhere the loop records the detached loss itself (the copy would cost a step 9.3k instructions).
 """
 
 from __future__ import annotations
@@ -77,28 +81,43 @@ def nonfinite_loss_error(bad: tuple[float, int, int] | None, epoch: int, last_ch
     )
 
 
-def check_losses(trainer: Any) -> None:
-    """on_nonfinite_loss="raise": fail on the first NaN/inf loss since the last check (one host sync)."""
-    losses, trainer._unchecked_losses = trainer._unchecked_losses, []
-    if trainer.on_nonfinite_loss != "raise" or not losses:
-        return
-    bad = first_nonfinite(losses)
-    if trainer.strategy.reduce_any(bad is not None):  # every rank raises, none waits at a collective
-        raise nonfinite_loss_error(bad, trainer.current_epoch, trainer._last_checkpoint)
+class LossGuard:
+    """The non-finite loss guard of one Trainer: the losses recorded since the last check, the last
+    checkpoint written before them (named in the error) and the steps skipped.
 
+    Args:
+        mode: ``Trainer(on_nonfinite_loss=...)``.
+    """
 
-def window_is_finite(trainer: Any) -> bool:
-    """on_nonfinite_loss="skip", before an optimizer step: if a loss of this accumulation window
-    is NaN/inf, drop its gradients, count it and return False. Deciding now costs a host sync."""
-    losses, trainer._unchecked_losses = trainer._unchecked_losses, []
-    bad = first_nonfinite(losses)
-    if not trainer.strategy.reduce_any(bad is not None):
-        return True
-    for optimizer in trainer.optimizers:
-        optimizer.zero_grad(set_to_none=True)
-    trainer.num_skipped_steps += 1
-    if trainer.num_skipped_steps == 1 and trainer.is_global_zero:
-        where = f"the loss is {bad[0]} at batch {bad[1]}" if bad is not None else "another rank saw a non-finite loss"
-        warnings.warn(f"Skipped an optimizer step at epoch {trainer.current_epoch}, global step {trainer.global_step}: "
-                      f"{where}. Further skips are counted in trainer.num_skipped_steps.", stacklevel=3)
-    return False
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.losses: list[RecordedLoss] = []  # the loop appends each step's (loss, batch_idx, global_step)
+        self.last_checkpoint: tuple[str, int] | None = None  # (path, global step) last written or loaded
+        self.skipped = 0  # optimizer steps skipped for a NaN/inf loss ("skip")
+
+    def check(self, strategy: Any, epoch: int) -> None:
+        """"raise": fail on the first NaN/inf loss since the last check (one host sync), on every
+        rank if any rank saw one (none waits at a collective). The others forget the losses."""
+        losses, self.losses = self.losses, []
+        if self.mode != "raise" or not losses:
+            return
+        bad = first_nonfinite(losses)
+        if strategy.reduce_any(bad is not None):
+            raise nonfinite_loss_error(bad, epoch, self.last_checkpoint)
+
+    def window_is_finite(self, strategy: Any, optimizers: list[Any], warn: bool, epoch: int, step: int) -> bool:
+        """"skip", before an optimizer step: if a loss of this accumulation window is NaN/inf on any
+        rank, drop the gradients of ``optimizers``, count the skip and return False; the first skip
+        is said (with ``warn``: on rank zero). Deciding now costs a host sync."""
+        losses, self.losses = self.losses, []
+        bad = first_nonfinite(losses)
+        if not strategy.reduce_any(bad is not None):
+            return True
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        self.skipped += 1
+        if self.skipped == 1 and warn:
+            what = f"the loss is {bad[0]} at batch {bad[1]}" if bad is not None else "another rank saw a non-finite loss"
+            warnings.warn(f"Skipped an optimizer step at epoch {epoch}, global step {step}: {what}. Further skips are "
+                          "counted in trainer.num_skipped_steps.", stacklevel=3)
+        return False

@@ -1,14 +1,15 @@
 """Which hooks a stage calls, built once per stage as bound methods (no hook is looked up by name).
 
 Training calls only the per-batch hooks that do something (:func:`step_hooks`); evaluation calls
-its stage's hooks (:func:`evaluation_hooks`); each seam a callback may take over (backward, the
-optimizer step) has at most one owner (:func:`single_owner`). A Lightning hook that Cadence never
+its stage's hooks (:func:`evaluation_hooks`). A Lightning hook that Cadence never
 calls, defined on a module or a callback, gets one warning (:func:`warn_uncalled_hooks`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import inspect
 import types
 import warnings
@@ -18,6 +19,10 @@ from typing import Any
 from callbacks import Callback
 from trainer.module import TrainingModule
 from trainer.optim import StepOptimizer
+
+
+#: One context serves every forward without a forward context: nullcontext keeps no state.
+_NO_CONTEXT = contextlib.nullcontext()
 
 
 @dataclasses.dataclass
@@ -57,6 +62,20 @@ class StepHooks:
         self.around_zero_grad = bool(self.before_zero_grad or self.module_before_zero_grad
                                      or self.module_optimizer_zero_grad)
         self.before_step = bool(self.before_optimizer_step or self.module_before_optimizer_step)
+
+    def forward_context_manager(self) -> contextlib.AbstractContextManager:
+        """The callbacks' forward contexts (autocast) as one context to enter around a forward."""
+        if not self.forward_context:
+            return _NO_CONTEXT
+        contexts = [context for hook in self.forward_context if (context := hook()) is not None]
+        if not contexts:
+            return _NO_CONTEXT
+        if len(contexts) == 1:
+            return contexts[0]
+        stack = contextlib.ExitStack()
+        for context in contexts:
+            stack.enter_context(context)
+        return stack
 
     # The loop calls these only when the flag above says a hook is implemented.
     def call_around_backward(self, trainer: Any, module: TrainingModule, loss: Any, backward: Any) -> None:
@@ -129,9 +148,9 @@ def step_hooks(callbacks: list[Callback], module: TrainingModule) -> StepHooks:
 
 @dataclasses.dataclass
 class EvaluationHooks:
-    """The hooks of one evaluation stage, as bound methods (no hook is looked up by name): the
-    callbacks' lists (called with the trainer and the module) and the module's own. The per-batch
-    lists keep only implemented hooks."""
+    """The hooks of one evaluation stage, each list in the order they run: the callbacks' (bound to
+    the trainer and the module) then the module's own, as bound methods (no hook is looked up by
+    name). The per-batch lists keep only implemented hooks."""
 
     step: Any
     start: list[Any]
@@ -140,22 +159,17 @@ class EvaluationHooks:
     batch_end: list[Any]
     epoch_end: list[Any]
     end: list[Any]
-    module_start: Any
-    module_epoch_start: Any
-    module_batch_start: list[Any]
-    module_batch_end: list[Any]
-    module_epoch_end: Any
-    module_end: Any
     step_takes_dataloader_idx: bool = False  # pass dataloader_idx to the step (several loaders)
 
 
-def evaluation_hooks(stage: str, callbacks: list[Callback], module: TrainingModule,
+def evaluation_hooks(stage: str, trainer: Any, callbacks: list[Callback], module: TrainingModule,
                      several: bool = False) -> EvaluationHooks:
-    """The hooks of ``stage``; with ``several`` loaders, whether the step takes ``dataloader_idx``
-    (as in Lightning, a step of several loaders must take it, and one of one loader must not require it)."""
+    """The hooks of ``stage``, the callbacks' called with ``trainer`` and ``module``; with ``several``
+    loaders, whether the step takes ``dataloader_idx`` (as in Lightning, a step of several loaders
+    must take it, and one of one loader must not require it)."""
     if stage == "validate":
         step, hooks = module.validation_step, _evaluation_hooks(
-            module.validation_step,
+            trainer, module, module.validation_step,
             [(c.on_validation_start, c.on_validation_epoch_start, c.on_validation_batch_start,
               c.on_validation_batch_end, c.on_validation_epoch_end, c.on_validation_end) for c in callbacks],
             (module.on_validation_start, module.on_validation_epoch_start, module.on_validation_batch_start,
@@ -165,7 +179,7 @@ def evaluation_hooks(stage: str, callbacks: list[Callback], module: TrainingModu
         )
     elif stage == "test":
         step, hooks = module.test_step, _evaluation_hooks(
-            module.test_step,
+            trainer, module, module.test_step,
             [(c.on_test_start, c.on_test_epoch_start, c.on_test_batch_start, c.on_test_batch_end,
               c.on_test_epoch_end, c.on_test_end) for c in callbacks],
             (module.on_test_start, module.on_test_epoch_start, module.on_test_batch_start, module.on_test_batch_end,
@@ -175,7 +189,7 @@ def evaluation_hooks(stage: str, callbacks: list[Callback], module: TrainingModu
         )
     else:
         step, hooks = module.predict_step, _evaluation_hooks(
-            module.predict_step,
+            trainer, module, module.predict_step,
             [(c.on_predict_start, c.on_predict_epoch_start, c.on_predict_batch_start, c.on_predict_batch_end,
               c.on_predict_epoch_end, c.on_predict_end) for c in callbacks],
             (module.on_predict_start, module.on_predict_epoch_start, module.on_predict_batch_start,
@@ -202,20 +216,22 @@ def _takes_dataloader_idx(step: Any, several: bool) -> bool:
     return takes and overridden
 
 
-def _evaluation_hooks(step: Any, of_callbacks: list[tuple], of_module: tuple, no_ops: tuple) -> EvaluationHooks:
+def _evaluation_hooks(trainer: Any, module: TrainingModule, step: Any, of_callbacks: list[tuple], of_module: tuple,
+                      no_ops: tuple) -> EvaluationHooks:
     """Each hook tuple is (start, epoch_start, batch_start, batch_end, epoch_end, end); the per-batch
     hooks keep only those that are not the base classes' no-ops ``no_ops``."""
     columns = [list(column) for column in zip(*of_callbacks)] or [[] for _ in range(6)]  # one list per hook
-    start, epoch_start, batch_start, batch_end, epoch_end, end = columns
     callback_batch_start, callback_batch_end, module_batch_start, module_batch_end = no_ops
-    return EvaluationHooks(
-        step=step_without_batch_idx(step), start=start, epoch_start=epoch_start,
-        batch_start=_implemented(batch_start, callback_batch_start), batch_end=_implemented(batch_end, callback_batch_end),
-        epoch_end=epoch_end, end=end, module_start=of_module[0], module_epoch_start=of_module[1],
-        module_batch_start=_implemented([of_module[2]], module_batch_start),
-        module_batch_end=_implemented([of_module[3]], module_batch_end),
-        module_epoch_end=of_module[4], module_end=of_module[5],
-    )
+    callback_no_ops = (None, None, callback_batch_start, callback_batch_end, None, None)
+    module_no_ops = (None, None, module_batch_start, module_batch_end, None, None)
+    merged = []
+    for hooks, module_hook, callback_no_op, module_no_op in zip(columns, of_module, callback_no_ops, module_no_ops):
+        if callback_no_op is not None:
+            hooks, module_hooks = _implemented(hooks, callback_no_op), _implemented([module_hook], module_no_op)
+        else:
+            module_hooks = [module_hook]
+        merged.append([functools.partial(hook, trainer, module) for hook in hooks] + module_hooks)
+    return EvaluationHooks(step_without_batch_idx(step), *merged)
 
 
 def signature(step: Any) -> inspect.Signature:
@@ -244,14 +260,6 @@ def step_without_batch_idx(step: Any) -> Any:
         return step(batch)
 
     return step_of_batch
-
-
-def single_owner(owners: list[Callback], seam: str) -> Callback | None:
-    """The one callback among ``owners`` (those that set the ``seam`` flag), or None; two are an error."""
-    if len(owners) > 1:
-        names = " and ".join(type(owner).__name__ for owner in owners)
-        raise ValueError(f"{names} both set {seam}=True; one callback may own that seam. Remove one of them.")
-    return owners[0] if owners else None
 
 
 # =============================================================================================

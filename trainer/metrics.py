@@ -213,6 +213,10 @@ class MetricStore:
         self._evaluation_steps: list[tuple[int, dict[str, tuple[Any, MetricSpec]]]] = []  # (batch_idx, values)
         self.evaluation_batches: dict[str, int] = {}  # per stage: the step axis of its on_step values
         self._evaluation_batches_run = 0
+        # Where published values land (Lightning's trainer.callback_metrics, .progress_bar_metrics, .logged_metrics).
+        self.callback_metrics: dict[str, torch.Tensor] = {}
+        self.progress_bar_metrics: dict[str, float] = {}
+        self.logged_metrics: dict[str, float] = {}
 
     def start_evaluation(self) -> None:
         self.evaluation = StageMetrics(default_on_step=False)
@@ -221,16 +225,60 @@ class MetricStore:
     def start_training(self) -> None:
         self.current = self.train
 
-    def start_stage(self) -> None:
-        """A stage begins: fresh training metrics, so that a second ``fit`` of this Trainer
-        registers its names (and metric objects) anew."""
+    def start_stage(self, stage: str) -> None:
+        """A stage begins: fresh training metrics, so that a second ``fit`` registers its names (and
+        metric objects) anew; validate, test and predict start with an empty progress bar."""
         self.train = StageMetrics(default_on_step=True)
         self.current = self.train
         self._pending = None
+        if stage != "fit":
+            self.progress_bar_metrics = {}
 
     def stop(self) -> None:
         """No stage runs: ``self.log`` (a unit test calling ``training_step`` after fit) records nothing."""
         self.current = _NO_STAGE
+
+    # --- publishing: each returns [(step, values for the loggers)], which the Trainer hands to on_log
+    def publish(self, step: int, values: dict[str, float], specs: dict[str, MetricSpec]) -> list[tuple[int, dict]]:
+        """``values`` reach ``callback_metrics``, ``progress_bar_metrics`` and (for the loggers) ``logged_metrics``."""
+        if not values:
+            return []
+        self.callback_metrics.update({key: torch.tensor(value) for key, value in values.items()})
+        self.progress_bar_metrics.update({key: value for key, value in values.items() if specs[key].prog_bar})
+        logged = {key: value for key, value in values.items() if specs[key].logger}
+        self.logged_metrics.update(logged)
+        return [(step, logged)]
+
+    def publish_pending(self) -> list[tuple[int, dict]]:
+        """The copy the last log step started, if any: it has arrived, reading it does not wait.
+        Whatever publishes publishes it first, so that the loggers see the values in step order."""
+        pending = self.receive()
+        return self.publish(*pending) if pending is not None else []
+
+    def log_step(self, step: int) -> list[tuple[int, dict]]:
+        """At a log step: start this step's copy to the host; publish the one of the last log step."""
+        pending = self.receive()
+        self.send_step_values(step)
+        return self.publish(*pending) if pending is not None else []
+
+    def flush(self, step: int, epoch_end: bool = False) -> list[tuple[int, dict]]:
+        """The pending copy, then what was logged since (now: one host sync), at the ``epoch_end``
+        with the epoch's values: for the end of an epoch or a preemption stop."""
+        published = self.publish_pending()
+        self.send_step_values(step)
+        _, values, specs = self.receive()
+        if epoch_end:
+            epoch_values, epoch_specs = self.read_epoch_values(self.train)
+            values, specs = {**epoch_values, **values}, {**epoch_specs, **specs}
+        return published + self.publish(step, values, specs)
+
+    def end_evaluation(self, stage: str, step: int, publish: bool) -> tuple[list[tuple[int, dict]], dict[str, float]]:
+        """At the end of an evaluation: publish its ``on_step`` values, then its epoch values (at
+        ``step``); returns those and the epoch values. Without ``publish`` (sanity) nothing is published."""
+        published = [chunk for received in self.read_evaluation_step_values(stage, publish)
+                     for chunk in self.publish(*received)]
+        values, specs = self.read_epoch_values(self.evaluation)
+        return (published + self.publish(step, values, specs) if publish else []), values
 
     # --- the path to the host ------------------------------------------------------------
     def send_step_values(self, step: int) -> None:

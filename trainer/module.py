@@ -19,7 +19,9 @@ from torch import nn
 from trainer.data_hooks import DataHooks
 from trainer.hparams import chosen_hyperparameters
 from trainer.loading import load_module
-from trainer.optim import clip_optimizer_gradients
+from trainer.optim import (
+    clip_optimizer_gradients, freeze_other_optimizers, optimizers_for_module, unfreeze_other_optimizers,
+)
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -113,6 +115,10 @@ class TrainingModule(DataHooks, nn.Module):
         """The Trainer that runs (or last ran) this module; None before its first stage."""
         return self._trainer
 
+    @trainer.setter
+    def trainer(self, trainer: Trainer | None) -> None:
+        self._trainer = trainer
+
     @property
     def device(self) -> torch.device:
         for parameter in self.parameters():
@@ -189,7 +195,7 @@ class TrainingModule(DataHooks, nn.Module):
         in ``trainer.optim.OwnedStepOptimizer``, so that ``opt.step()`` goes through the scaler
         (skipping the step on inf/NaN gradients); ``.optimizer`` is the torch optimizer itself.
         """
-        optimizers = self._require_trainer("optimizers")._module_optimizers
+        optimizers = optimizers_for_module(self._require_trainer("optimizers"))
         return optimizers[0] if len(optimizers) == 1 else list(optimizers)
 
     def lr_schedulers(self) -> Any:
@@ -221,34 +227,15 @@ class TrainingModule(DataHooks, nn.Module):
     def toggle_optimizer(self, optimizer: Any) -> None:
         """Let only ``optimizer``'s parameters require gradients (a GAN's generator step must not
         compute the discriminator's gradients); :meth:`untoggle_optimizer` restores the others.
-
-        Parameters frozen before (``requires_grad=False``) stay frozen in both calls.
-        """
-        trainer = self._require_trainer("toggle_optimizer")
-        state: dict[nn.Parameter, bool] = {}
-        for other in trainer.optimizers:
-            for group in other.param_groups:
-                for parameter in group["params"]:
-                    if parameter not in state:
-                        state[parameter] = parameter.requires_grad
-                        parameter.requires_grad = False
-        for group in optimizer.param_groups:
-            for parameter in group["params"]:
-                parameter.requires_grad = state.get(parameter, parameter.requires_grad)
-        self._param_requires_grad_state = state
+        Parameters frozen before (``requires_grad=False``) stay frozen in both calls."""
+        optimizers = self._require_trainer("toggle_optimizer").optimizers
+        self._param_requires_grad_state = freeze_other_optimizers(optimizers, optimizer)
 
     def untoggle_optimizer(self, optimizer: Any) -> None:
         """Undo :meth:`toggle_optimizer`: the other optimizers' parameters require gradients again
         as they did before it."""
-        toggled = getattr(optimizer, "optimizer", optimizer)  # a wrapper, or the torch optimizer
-        state = self._param_requires_grad_state
-        for other in self._require_trainer("untoggle_optimizer").optimizers:
-            if other is toggled:
-                continue
-            for group in other.param_groups:
-                for parameter in group["params"]:
-                    if parameter in state:
-                        parameter.requires_grad = state[parameter]
+        optimizers = self._require_trainer("untoggle_optimizer").optimizers
+        unfreeze_other_optimizers(optimizers, optimizer, self._param_requires_grad_state)
         self._param_requires_grad_state = {}
 
     @contextlib.contextmanager

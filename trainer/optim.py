@@ -118,12 +118,23 @@ def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, m
 CLIP_ALGORITHMS = ("norm", "value")
 
 
-def ends_accumulation_window(trainer: Any, batch_idx: int, num_batches: int | float) -> bool:
-    """True after the batch that ends an accumulation window (every batch in manual optimization):
-    a checkpoint there holds no half-accumulated gradients."""
-    if not trainer._automatic_optimization:
-        return True
-    return (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 == num_batches
+def ends_accumulation_window(batch_idx: int, accumulate_grad_batches: int, num_batches: int | float) -> bool:
+    """True after the batch that ends an accumulation window (every batch without accumulation, as
+    in manual optimization): a checkpoint there holds no half-accumulated gradients."""
+    return (batch_idx + 1) % accumulate_grad_batches == 0 or batch_idx + 1 == num_batches
+
+
+def single_owner(owners: list[Any], seam: str) -> Any:
+    """The one callback among ``owners`` (those that set the ``seam`` flag), or None; two are an error."""
+    if len(owners) > 1:
+        names = " and ".join(type(owner).__name__ for owner in owners)
+        raise ValueError(f"{names} both set {seam}=True; one callback may own that seam. Remove one of them.")
+    return owners[0] if owners else None
+
+
+def step_owner(callbacks: list[Any]) -> Any:
+    """The callback that owns the optimizer step (AMP's GradScaler), or None."""
+    return single_owner([c for c in callbacks if c.owns_optimizer_step], "owns_optimizer_step")
 
 
 def clip_gradients(parameters: list[torch.nn.Parameter], value: float, algorithm: str) -> None:
@@ -135,8 +146,9 @@ def clip_gradients(parameters: list[torch.nn.Parameter], value: float, algorithm
 
 
 def clip_optimizer_gradients(trainer: Any, optimizer: Any, value: Any, algorithm: Any) -> None:
-    """``TrainingModule.clip_gradients``: unscale ``optimizer``'s gradients if a callback scaled
-    them (AMP float16), then clip them. ``value`` None clips nothing, as in Lightning."""
+    """``TrainingModule.clip_gradients``: unscale ``optimizer``'s gradients if a callback of the
+    running ``trainer`` scaled them (AMP float16), then clip them. ``value`` None clips nothing,
+    as in Lightning."""
     if algorithm is None:
         algorithm = "norm"
     if algorithm not in CLIP_ALGORITHMS:
@@ -148,10 +160,39 @@ def clip_optimizer_gradients(trainer: Any, optimizer: Any, value: Any, algorithm
     optimizer = optimizer.optimizer if isinstance(optimizer, OptimizerView) else optimizer
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"clip_gradients got {type(optimizer).__name__}; pass an optimizer from self.optimizers().")
-    owner = trainer._step_owner
+    owner = step_owner(trainer.callbacks)
     if owner is not None:
         owner.unscale_gradients(trainer, trainer.module, optimizer)
     clip_gradients([p for group in optimizer.param_groups for p in group["params"]], value, algorithm)
+
+
+def freeze_other_optimizers(optimizers: list[Any], optimizer: Any) -> dict[torch.nn.Parameter, bool]:
+    """``toggle_optimizer``: only ``optimizer``'s parameters (among ``optimizers``') keep requiring
+    gradients; returns every parameter's ``requires_grad`` before, for :func:`unfreeze_other_optimizers`."""
+    state: dict[torch.nn.Parameter, bool] = {}
+    for other in optimizers:
+        for group in other.param_groups:
+            for parameter in group["params"]:
+                if parameter not in state:
+                    state[parameter] = parameter.requires_grad
+                    parameter.requires_grad = False
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            parameter.requires_grad = state.get(parameter, parameter.requires_grad)
+    return state
+
+
+def unfreeze_other_optimizers(optimizers: list[Any], optimizer: Any, state: dict[torch.nn.Parameter, bool]) -> None:
+    """``untoggle_optimizer``: the parameters of ``optimizers`` other than ``optimizer`` require
+    gradients again as ``state`` (from :func:`freeze_other_optimizers`) says they did."""
+    toggled = getattr(optimizer, "optimizer", optimizer)  # a wrapper, or the torch optimizer
+    for other in optimizers:
+        if other is toggled:
+            continue
+        for group in other.param_groups:
+            for parameter in group["params"]:
+                if parameter in state:
+                    parameter.requires_grad = state[parameter]
 
 
 class OptimizerView:
@@ -228,12 +269,13 @@ class OwnedStepOptimizer(OptimizerView):
 
     Args:
         optimizer: the optimizer from ``configure_optimizers``.
-        trainer: the running Trainer; the callback that owns its optimizer step takes the step.
+        owner: the callback that owns the optimizer step; it takes the step.
+        trainer: the running Trainer, which the owner is called with.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, trainer: Any) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, owner: Any, trainer: Any) -> None:
         super().__init__(optimizer)
-        self._trainer = trainer
+        self._owner, self._trainer = owner, trainer
 
     def step(self, closure: Any = None) -> Any:
         """Run ``closure`` (if given, with grad enabled), then the owner's step."""
@@ -242,14 +284,15 @@ class OwnedStepOptimizer(OptimizerView):
             with torch.enable_grad():
                 result = closure()
         trainer = self._trainer
-        if not trainer._step_owner.optimizer_step(trainer, trainer.module, self.optimizer):
+        if not self._owner.optimizer_step(trainer, trainer.module, self.optimizer):
             trainer.global_step += 1  # a step that ran is counted by the optimizer's step hook
         return result
 
 
-def optimizers_for_module(optimizers: list[torch.optim.Optimizer], trainer: Any) -> list[Any]:
-    """What ``self.optimizers()`` hands a manual ``training_step``: the optimizers themselves, or
-    each wrapped in :class:`OwnedStepOptimizer` when a callback owns the optimizer step."""
-    if trainer._step_owner is None:
-        return list(optimizers)
-    return [OwnedStepOptimizer(optimizer, trainer) for optimizer in optimizers]
+def optimizers_for_module(trainer: Any) -> list[Any]:
+    """What ``self.optimizers()`` hands a manual ``training_step``: the running ``trainer``'s
+    optimizers, each wrapped in :class:`OwnedStepOptimizer` when a callback owns the optimizer step."""
+    owner = step_owner(trainer.callbacks)
+    if owner is None:
+        return list(trainer.optimizers)
+    return [OwnedStepOptimizer(optimizer, owner, trainer) for optimizer in trainer.optimizers]

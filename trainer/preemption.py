@@ -28,8 +28,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.publish import flush_step_values, publish
-
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
@@ -103,11 +101,9 @@ class Preemption:
         raise SystemExit(128 + number)
 
 
-def save_for_preemption(trainer: Trainer) -> None:
-    """A preemption signal arrived and the accumulation window has ended: publish what was logged,
-    write last.ckpt (through the ModelCheckpoint, if any), stop the loop."""
-    step, values, specs = flush_step_values(trainer)  # the last log step's copy, and what was logged since
-    publish(trainer, values, specs, step)
+def save_for_preemption(trainer: Trainer, reason: str) -> None:
+    """A preemption signal arrived (``reason``) and the accumulation window has ended: write
+    last.ckpt (through the ModelCheckpoint, if any), stop the loop, say so on rank zero."""
     if trainer.checkpoint_callback is not None:
         path = trainer.checkpoint_callback.write_last(trainer)
     else:
@@ -115,7 +111,7 @@ def save_for_preemption(trainer: Trainer) -> None:
         trainer.save_checkpoint(path)
     trainer.should_stop = True
     if trainer.is_global_zero:
-        print(f"Cadence: {trainer._preemption.reason}; stopped after global step {trainer.global_step} "
+        print(f"Cadence: {reason}; stopped after global step {trainer.global_step} "
               f"(epoch {trainer.current_epoch}, batch {trainer.batch_idx}) and saved {path}. Run the same command "
               "with fit(..., ckpt_path=\"last\") to resume.", file=sys.stderr, flush=True)
 

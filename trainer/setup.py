@@ -1,4 +1,5 @@
-"""The one setup order of every strategy, from the user's module to the model the loop runs.
+"""The one setup order of every strategy, from the user's module to the model the loop runs, and
+what setup decides for the loop (:class:`StagePlan`).
 
 Each step sees what the previous one built::
 
@@ -8,52 +9,100 @@ Each step sees what the previous one built::
     strategy.wrap_module        DDP wraps; FSDP shards the blocks, then the root
     configure_optimizers        so the optimizer holds the parameters it will step (FSDP's shards)
 
-The checkpoint, if any, is restored after this, by the stage. :func:`setup_optimization` also
+The checkpoint, if any, is restored after this, by the stage. :func:`plan_optimization` also
 decides, once per fit, what the hot loop then reads without asking: who owns backward and the
-optimizer step, what clipping walks, and manual optimization's step counters.
+optimizer step, what clipping walks, and manual optimization's step counters. The Trainer holds
+the result as one :class:`StagePlan`; nothing here sets anything on the Trainer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from trainer.hooks import single_owner
-from trainer.optim import optimizers_for_module, parse_optimizers
+from trainer.hooks import StepHooks
+from trainer.optim import SchedulerConfig, parse_optimizers, single_owner, step_owner
+
+import torch
+
+from strategies import Strategy
 
 if TYPE_CHECKING:
-    import torch
-
+    from callbacks import Callback
     from trainer.module import TrainingModule
-    from trainer.trainer import Trainer
 
 
-def setup_model(trainer: Trainer, module: TrainingModule, stage: str) -> torch.nn.Module:
-    """Set ``module`` up in the order above; return what the loop runs (the strategy's wrapper, or
-    the module itself)."""
+@dataclasses.dataclass(frozen=True)
+class StagePlan:
+    """What setup decided for one stage: read by the loop at every step, decided once.
+
+    Args:
+        hooks: the hooks each batch calls (only those a callback or the module implements).
+        training_step: ``training_step(batch, batch_idx)`` of the module through the strategy
+            (DDP's forward), bound once.
+        backward: ``loss.backward()`` through the callback that owns backward (AMP's scaler) or
+            the strategy (DDP), bound once.
+        automatic_optimization: the module's ``automatic_optimization``, read once per fit.
+        step_owner: the callback that owns the optimizer step (AMP float16), or None.
+        clip_parameters: what gradient clipping walks (the first optimizer's parameters).
+        step_hook_handles: manual optimization's optimizer hooks (``global_step``,
+            ``on_before_optimizer_step``), removed at teardown.
+        copy_losses: the non-finite guard keeps a copy of each step's loss, because a CUDA graph
+            replay may overwrite it in place (the strategy's or a callback's ``may_replay_graphs``;
+            ``trainer/guards.py``).
+    """
+
+    hooks: StepHooks
+    training_step: Callable[[Any, int], Any]
+    backward: Callable[[torch.Tensor], None]
+    automatic_optimization: bool = True
+    step_owner: Callback | None = None
+    clip_parameters: list[Any] = dataclasses.field(default_factory=list)
+    step_hook_handles: list[Any] = dataclasses.field(default_factory=list)
+    copy_losses: bool = True
+
+
+def setup_model(module: TrainingModule, strategy: Strategy, callbacks: list[Callback], stage: str) -> torch.nn.Module:
+    """Set ``module`` up in the order above, up to the strategy's wrap; return what the loop runs
+    (the strategy's wrapper, or the module itself)."""
     module.configure_model()
-    module = trainer.strategy.setup_module(module)
-    for callback in trainer.callbacks:
+    module = strategy.setup_module(module)
+    for callback in callbacks:
         configured = callback.configure_model(module)
         if configured is not module:
             raise RuntimeError(
                 f"{type(callback).__name__}.configure_model returned a new object; modify the "
                 "module in place (module.compile(), wrapping submodules) so its state_dict keeps its keys."
             )
-    model = trainer.strategy.wrap_module(module, stage)
-    if stage == "fit":
-        setup_optimization(trainer, module)
-    return model
+    return strategy.wrap_module(module, stage)
 
 
-def setup_optimization(trainer: Trainer, module: TrainingModule) -> None:
-    """configure_optimizers, read once; the seams' owners; what clipping walks."""
-    trainer.optimizers, trainer.lr_scheduler_configs = parse_optimizers(module.configure_optimizers())
-    trainer._automatic_optimization = module.automatic_optimization  # read once: the hot loop reads it every step
-    if trainer._automatic_optimization:
-        if len(trainer.optimizers) > 1:
+def plan_evaluation(hooks: StepHooks, model: torch.nn.Module, strategy: Strategy) -> StagePlan:
+    """The plan of validate, test and predict: their forward contexts; no optimizer."""
+    return StagePlan(hooks, functools.partial(strategy.training_step, model), strategy.backward)
+
+
+def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Module, hooks: StepHooks,
+                      ) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig], StagePlan]:
+    """``configure_optimizers``, read once; the seams' owners; what clipping walks.
+
+    Returns the optimizers and scheduler configs (``trainer.optimizers``,
+    ``trainer.lr_scheduler_configs``) and the fit's plan, from the running ``trainer``'s public
+    settings (its strategy, callbacks, accumulation, clipping, ``on_nonfinite_loss``); the callback
+    that owns backward is called with ``trainer``. ``model`` is what the strategy wrapped. In manual
+    optimization, each optimizer's step hooks count ``trainer.global_step`` (optimizer steps, as in
+    Lightning) and call ``on_before_optimizer_step``; they are removed at teardown.
+    """
+    strategy, callbacks = trainer.strategy, trainer.callbacks
+    optimizers, scheduler_configs = parse_optimizers(module.configure_optimizers())
+    automatic = module.automatic_optimization  # read once: the hot loop reads it every step
+    handles: list[Any] = []
+    if automatic:
+        if len(optimizers) > 1:
             raise ValueError(
-                f"configure_optimizers returned {len(trainer.optimizers)} optimizers. Several optimizers "
+                f"configure_optimizers returned {len(optimizers)} optimizers. Several optimizers "
                 "need manual optimization: set self.automatic_optimization = False in __init__ and "
                 "step them in training_step (self.optimizers(), self.manual_backward(loss))."
             )
@@ -68,16 +117,31 @@ def setup_optimization(trainer: Trainer, module: TrainingModule) -> None:
                 "Trainer(on_nonfinite_loss='skip') skips optimizer steps the Trainer takes; with "
                 "self.automatic_optimization = False, check the loss in training_step instead."
             )
-        # global_step counts optimizer steps, as in Lightning; the hooks go away at teardown.
-        trainer._step_hook_handles = [optimizer.register_step_post_hook(trainer._count_manual_step)
-                                      for optimizer in trainer.optimizers]
-        if trainer._hooks.before_step:  # on_before_optimizer_step when training_step calls opt.step()
-            trainer._step_hook_handles += [optimizer.register_step_pre_hook(trainer._before_manual_step)
-                                           for optimizer in trainer.optimizers]
-    owner = single_owner([c for c in trainer.callbacks if c.owns_backward], "owns_backward")
-    # Bound once: the step calls it without asking who owns backward.
-    trainer._backward = (functools.partial(owner.backward, trainer, module) if owner is not None
-                         else trainer.strategy.backward)
-    trainer._step_owner = single_owner([c for c in trainer.callbacks if c.owns_optimizer_step], "owns_optimizer_step")
-    trainer._clip_parameters = [p for group in trainer.optimizers[0].param_groups for p in group["params"]]
-    trainer._module_optimizers = optimizers_for_module(trainer.optimizers, trainer)  # self.optimizers() in manual mode
+        def count_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            trainer.global_step += 1
+
+        def before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            hooks.call_before_optimizer_step(trainer, module, optimizer)
+
+        handles = [optimizer.register_step_post_hook(count_step) for optimizer in optimizers]
+        if hooks.before_step:  # on_before_optimizer_step when training_step calls opt.step()
+            handles += [optimizer.register_step_pre_hook(before_step) for optimizer in optimizers]
+    owner = single_owner([c for c in callbacks if c.owns_backward], "owns_backward")
+    # Bound once: the step calls them without asking who owns them. Where the strategy's seam is the
+    # base class's (one device), the step calls the module and the loss itself: one call fewer each.
+    if type(strategy).training_step is Strategy.training_step:
+        training_step = model.training_step
+    else:
+        training_step = functools.partial(strategy.training_step, model)
+    if owner is not None:
+        backward = functools.partial(owner.backward, trainer, module)
+    else:
+        backward = torch.Tensor.backward if type(strategy).backward is Strategy.backward else strategy.backward
+    plan = StagePlan(
+        hooks, training_step, backward, automatic_optimization=automatic, step_owner=step_owner(callbacks),
+        clip_parameters=[p for group in optimizers[0].param_groups for p in group["params"]],
+        step_hook_handles=handles,
+        copy_losses=strategy.may_replay_graphs or any(callback.may_replay_graphs for callback in callbacks),
+    )
+    return optimizers, scheduler_configs, plan
+

@@ -1,7 +1,8 @@
-"""Lightning's Trainer shorthands, translated once, at construction, into what the loop knows.
+"""The Trainer's arguments, checked and translated once, at construction, into what the loop knows.
 
-The loop reads none of these arguments; each becomes a strategy, callbacks or the plain settings
-it already has:
+:func:`translate` is ``Trainer.__init__``'s one call: every argument is checked
+(``trainer/arguments.py``), then Lightning's shorthands are translated. The loop reads none of
+them; each becomes a strategy, callbacks or the plain settings it already has:
 
     accelerator, devices, strategy, num_nodes   -> a Strategy (strategies.resolve_strategy)
     fast_dev_run=n                              -> n batches of each stage (limits, max_steps=n, one epoch,
@@ -12,6 +13,8 @@ it already has:
     enable_model_summary                        -> callbacks.ModelSummary
     benchmark, detect_anomaly                   -> callbacks.TorchFlags
     sync_batchnorm                              -> callbacks.SyncBatchNorm
+    precision="16-mixed", "bf16-mixed"          -> callbacks.AMP, or the strategy's policy (trainer/precision.py)
+    profiler, report                            -> callbacks.Profiler, callbacks.PerformanceReport
 
 :func:`reject_unknown_arguments` turns a misspelled or Lightning-only keyword into an error that
 names the close match, or the Cadence way to do the same.
@@ -24,6 +27,7 @@ import difflib
 import inspect
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import callbacks as callbacks_package
@@ -31,7 +35,10 @@ import strategies as strategies_package
 from callbacks import Callback, ModelSummary, SyncBatchNorm, Timer, TorchFlags
 from callbacks.timer import parse_duration
 from strategies import Strategy
+from trainer.arguments import check_trainer_arguments
 from trainer.data import check_limit
+from trainer.precision import add_precision_callback
+from trainer.seed import seed_generators, set_cublas_workspace_config
 
 #: Trainer arguments of Lightning (1.x and 2.x) that Cadence does not take, and what to do instead.
 LIGHTNING_ONLY = {
@@ -89,30 +96,58 @@ def reject_unknown_arguments(unknown: dict[str, Any], function: Callable[..., An
 
 @dataclasses.dataclass
 class Translated:
-    """What ``Trainer.__init__`` stores: the strategy, the callbacks, and the loop's plain settings."""
+    """What ``Trainer.__init__`` stores besides the arguments it keeps as given: the strategy, the
+    callbacks, and the plain settings that a shorthand may override."""
 
     strategy: Strategy
     callbacks: list[Callback]
     max_epochs: int | None
     max_steps: int
-    limits: dict[str, Any]
+    limits: dict[str, Any]  # limit_{train,val,test,predict}_batches by stage: train, validate, test, predict
     num_sanity_val_steps: int
     val_check_interval: int | float
     check_val_every_n_epoch: int | None
+    default_root_dir: Path
 
 
-def translate(*, accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, callbacks: Any, logger: Any,
-              enable_progress_bar: bool, enable_checkpointing: bool, enable_model_summary: bool,
-              fast_dev_run: Any, overfit_batches: Any, max_time: Any, max_epochs: Any, max_steps: Any,
-              limits: dict[str, Any], num_sanity_val_steps: Any, val_check_interval: Any,
-              check_val_every_n_epoch: Any, benchmark: Any, detect_anomaly: Any, sync_batchnorm: Any) -> Translated:
-    """Check the shorthands and translate them (see the module's docstring). Plain arguments come
-    back unchanged unless ``fast_dev_run`` or ``overfit_batches`` overrides them."""
+def translate(*, max_epochs: Any, max_steps: Any, strategy: Any, devices: Any, precision: Any, callbacks: Any,
+              accumulate_grad_batches: Any, gradient_clip_val: Any, gradient_clip_algorithm: Any,
+              val_check_interval: Any, check_val_every_n_epoch: Any, limit_train_batches: Any, limit_val_batches: Any,
+              limit_test_batches: Any, limit_predict_batches: Any, num_sanity_val_steps: Any, log_every_n_steps: Any,
+              default_root_dir: Any, enable_progress_bar: Any, enable_checkpointing: Any, logger: Any, seed: Any,
+              deterministic: Any, on_nonfinite_loss: Any, accelerator: Any, num_nodes: Any, fast_dev_run: Any,
+              min_epochs: Any, min_steps: Any, max_time: Any, overfit_batches: Any, enable_model_summary: Any,
+              benchmark: Any, detect_anomaly: Any, inference_mode: Any, use_distributed_sampler: Any,
+              sync_batchnorm: Any, reload_dataloaders_every_n_epochs: Any, profiler: Any, report: Any) -> Translated:
+    """Check every ``Trainer`` argument (each keyword is the Trainer's), then translate the
+    shorthands (see the module's docstring). Plain arguments come back unchanged unless
+    ``fast_dev_run`` or ``overfit_batches`` overrides them.
+
+    ``seed`` seeds the process now (which also checks it; each stage seeds again) and
+    ``deterministic`` configures cuBLAS before it first runs (the rest waits for each stage).
+    """
+    limits = {"train": limit_train_batches, "validate": limit_val_batches,
+              "test": limit_test_batches, "predict": limit_predict_batches}
+    check_trainer_arguments(
+        max_epochs=max_epochs, max_steps=max_steps, accumulate_grad_batches=accumulate_grad_batches,
+        log_every_n_steps=log_every_n_steps, check_val_every_n_epoch=check_val_every_n_epoch,
+        gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
+        val_check_interval=val_check_interval, limits=limits, num_sanity_val_steps=num_sanity_val_steps,
+        on_nonfinite_loss=on_nonfinite_loss, min_epochs=min_epochs, min_steps=min_steps,
+        reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
+        flags={"benchmark": benchmark, "detect_anomaly": detect_anomaly, "inference_mode": inference_mode,
+               "use_distributed_sampler": use_distributed_sampler, "sync_batchnorm": sync_batchnorm},
+    )
+    if seed is not None:
+        seed_generators(seed)  # validates; seeded again at the start of each stage
+    if deterministic:
+        set_cublas_workspace_config()
     run = Translated(
         strategy=strategies_package.resolve_strategy(strategy, devices, accelerator=accelerator, num_nodes=num_nodes),
         callbacks=[], max_epochs=max_epochs, max_steps=max_steps, limits=dict(limits),
         num_sanity_val_steps=num_sanity_val_steps, val_check_interval=val_check_interval,
         check_val_every_n_epoch=check_val_every_n_epoch,
+        default_root_dir=Path(default_root_dir) if default_root_dir is not None else Path.cwd(),
     )
     batches = _fast_dev_run_batches(fast_dev_run)
     check_limit(overfit_batches, "overfit_batches")
@@ -141,6 +176,9 @@ def translate(*, accelerator: Any, strategy: Any, devices: Any, num_nodes: Any, 
         run.callbacks.append(TorchFlags(cudnn_benchmark=benchmark, detect_anomaly=bool(detect_anomaly)))
     if sync_batchnorm:
         run.callbacks.insert(0, SyncBatchNorm())  # before compile and other model changes
+    run.strategy.validate()
+    run.callbacks = add_precision_callback(precision, run.strategy, run.callbacks)  # "16-mixed": an AMP first
+    run.callbacks = callbacks_package.observability_callbacks(run.callbacks, profiler=profiler, report=report)
     return run
 
 

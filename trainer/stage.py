@@ -2,7 +2,8 @@
 
 ``Trainer._launch`` calls :func:`prepare_launch` in the calling process, before the strategy
 starts any (the module's callbacks join, ``ckpt_path`` is resolved so that a wrong one costs
-nothing, the log directory is chosen); then each process of the stage runs
+nothing, the log directory is chosen: returned for the Trainer to take); then each process of
+the stage runs
 ``Trainer._run_stage``, which calls :func:`enter_stage` (this process's rank and log directory),
 :func:`setup_stage` (seeding, ``prepare_data``, the ``setup`` hooks) and, whatever happened,
 :func:`teardown_stage`. The loop itself stays in ``trainer/trainer.py``.
@@ -24,49 +25,47 @@ from trainer.stage_loaders import end_workers
 from trainer.utilities import rank_zero_only
 
 if TYPE_CHECKING:
+    from callbacks import Callback
     from trainer.data_source import DataSource
     from trainer.module import TrainingModule
+    from trainer.setup import StagePlan
     from trainer.trainer import Trainer
 
 
-def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> Any:
-    """In the calling process, before the strategy launches: the callbacks, the checkpoint path
-    (resolved: ``"last"``, ``"best"`` or a file) and the log directory. Returns the resolved path."""
-    trainer.callbacks = callbacks_package.with_module_callbacks(trainer.callbacks, module.configure_callbacks(),
-                                                                type(module).__name__)
+def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_path: Any) -> tuple[list[Callback], Any, Path]:
+    """In the calling process, before the strategy launches: the Trainer's callbacks with the
+    module's, the checkpoint path (resolved: ``"last"``, ``"best"`` or a file) and the log
+    directory, returned in that order."""
+    callbacks = callbacks_package.with_module_callbacks(trainer.callbacks, module.configure_callbacks(),
+                                                        type(module).__name__)
     if rank_zero_only.rank == 0:
-        warn_uncalled_hooks([module, *trainer.callbacks])
-    # The module keeps answering module.trainer and module.global_step after the stage.
-    module._trainer = trainer
+        warn_uncalled_hooks([module, *callbacks])
+    loggers = [c for c in callbacks if isinstance(c, callbacks_package.Logger)]
     if ckpt_path is not None:  # before anything starts, so a wrong path costs nothing
-        directories = [Path(c.dirpath) for c in trainer.callbacks
-                       if isinstance(c, callbacks_package.ModelCheckpoint) and c.dirpath is not None]
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback is not None else None
-        versions = versions_root(trainer.loggers, trainer.default_root_dir)
+        checkpoints = [c for c in callbacks if isinstance(c, callbacks_package.ModelCheckpoint)]
+        directories = [Path(c.dirpath) for c in checkpoints if c.dirpath is not None]
+        best = checkpoints[0].best_model_path if checkpoints else None
+        versions = versions_root(loggers, trainer.default_root_dir)
         ckpt_path = checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, versions, trainer.is_global_zero,
                                                     best=best)
-    if trainer.log_dir is None:  # a resumed run keeps the version directory its checkpoint is in
-        trainer.log_dir = choose_log_dir(trainer.loggers, trainer.default_root_dir, ckpt_path if stage == "fit" else None)
-    trainer.lightning_module = module  # after the stage too: validate/test/predict(model=None) use it
-    if data.datamodule is not None:
-        trainer.datamodule = data.datamodule
-    return ckpt_path
+    log_dir = trainer.log_dir
+    if log_dir is None:  # a resumed run keeps the version directory its checkpoint is in
+        log_dir = choose_log_dir(loggers, trainer.default_root_dir, ckpt_path if stage == "fit" else None)
+    return callbacks, ckpt_path, log_dir
 
 
 def enter_stage(trainer: Trainer, stage: str, module: TrainingModule, data: DataSource) -> None:
     """In each process of the stage, first: its rank and environment, rank zero's log directory,
-    the running module and data."""
+    the running module (the Trainer holds ``data`` itself)."""
     trainer.stage = stage
-    if stage != "fit":
-        trainer.progress_bar_metrics = {}
     trainer.strategy.setup_environment()
     rank_zero_only.rank = trainer.global_rank
     trainer.log_dir = trainer.strategy.broadcast_object(trainer.log_dir)  # torchrun ranks each chose one; use rank zero's
-    trainer.module, trainer._data = module, data
-    module._trainer = trainer
+    trainer.module = module
+    module.trainer = trainer
     if data.datamodule is not None:
         data.datamodule.trainer = trainer
-    trainer.metrics.start_stage()
+    trainer.metrics.start_stage(stage)  # validate, test, predict: an empty progress bar
     if stage == "fit" and not takes_batch_idx(module.training_step):
         # training_step(self, batch) without batch_idx, as Lightning allows: the strategy (and
         # DDP's forward) call module.training_step(batch, batch_idx), so this stage's module
@@ -74,39 +73,41 @@ def enter_stage(trainer: Trainer, stage: str, module: TrainingModule, data: Data
         module.training_step = step_without_batch_idx(module.training_step)
 
 
-def setup_stage(trainer: Trainer, stage: str, module: TrainingModule, data: DataSource) -> None:
-    """Seed, deterministic kernels, prepare_data, then the setup hooks: datamodule, callbacks, module."""
+def setup_stage(trainer: Trainer, stage: str, module: TrainingModule, data: DataSource, described: str | None) -> str | None:
+    """Seed, deterministic kernels, the device report (unless it is ``described``, the one printed
+    last), prepare_data, then the setup hooks: datamodule, callbacks, module. Returns the report
+    printed last."""
     if trainer.seed is not None:
         seed_generators(trainer.seed)
     if trainer.deterministic:
         use_deterministic_algorithms()
     if trainer.strategy.is_global_zero:  # once per Trainer and process, not again for each stage
         description = trainer.strategy.describe()
-        if description != trainer._described:
+        if description != described:
             print(description, file=sys.stderr)
-            trainer._described = description
+            described = description
     prepare_data(data, trainer.strategy)  # local rank zero; the other processes wait
     if data.datamodule is not None:
         data.datamodule.setup(stage)
     for callback in trainer.callbacks:
         callback.setup(trainer, module, stage)
     module.setup(stage)
+    return described
 
 
-def teardown_stage(trainer: Trainer, stage: str, module: TrainingModule, data: DataSource) -> None:
-    """Also after an error: the teardown hooks (datamodule, callbacks, module), the strategy's, and
-    what the stage attached to the module and the Trainer."""
+def teardown_stage(trainer: Trainer, stage: str, module: TrainingModule, data: DataSource, plan: StagePlan | None,
+                   loaders: list[Any]) -> None:
+    """Also after an error: the teardown hooks (datamodule, callbacks, module), the strategy's, what
+    the stage attached to the module and the optimizers (``plan``'s step hooks), and the workers of
+    the ``loaders`` it made."""
     if data.datamodule is not None:
         data.datamodule.teardown(stage)
     for callback in trainer.callbacks:
         callback.teardown(trainer, module, stage)
     module.teardown(stage)
     trainer.strategy.teardown()
-    for handle in trainer._step_hook_handles:
-        handle.remove()
-    trainer._step_hook_handles = []
+    for handle in plan.step_hook_handles if plan is not None else ():
+        handle.remove()  # manual optimization's optimizer hooks
     vars(module).pop("training_step", None)  # enter_stage's batch_idx adapter, if any
     trainer.metrics.stop()
-    end_workers(trainer._stage_loaders)
-    trainer._stage_loaders = []
-    trainer.module = trainer.model = trainer._data = trainer._early_fit_data = None
+    end_workers(loaders)

@@ -4,22 +4,31 @@ mid-epoch.
 
 Where the loaders come from is ``trainer/data_source.py``; what preparing one does is
 ``trainer/data.py``; resuming at the index level is ``trainer/resume.py``. These functions put
-them together for the Trainer and set its public counts (``num_training_batches``,
-``num_val_batches``, ...), once per stage or epoch: nothing here runs per batch.
+them together for the Trainer and return them with their counts (``num_training_batches``,
+``num_val_batches``, ...), once per stage or epoch. When the training loop reloads them and when
+it validates (``val_check_interval``, ``check_val_every_n_epoch``, as in Lightning) are decided
+here too, and which limit ends fit (:func:`limit_reached`); :func:`validation_due` is the only
+function here that runs per batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from strategies.transfer import move_to_device
 from trainer.data import default_max_epochs, loader_length, prepare_loader, set_sampler_epoch
 from trainer.resume import resumable, resume_iterator
 
 if TYPE_CHECKING:
     from trainer.data_source import DataSource
+    from trainer.resume import ResumableBatchSampler
+    from trainer.state import Progress
     from trainer.trainer import Trainer
 
 #: The attribute holding each evaluation stage's batches per loader (Lightning's names).
@@ -30,83 +39,125 @@ def prepare_stage_loader(trainer: Trainer, loader: Any, stage: str, shuffle: boo
                          seed_offset: int = 0) -> tuple[Any, int | float]:
     """``loader`` prepared under the Trainer's settings, and its number of batches under the limit."""
     seed = None if trainer.seed is None else trainer.seed + seed_offset
-    prepared, count = prepare_loader(loader, stage, shuffle=shuffle, strategy=trainer.strategy, seed=seed,
-                                     limit=trainer.limits[stage], sequential=bool(trainer.overfit_batches),
-                                     shard=trainer.use_distributed_sampler)
-    trainer._stage_loaders.append(prepared)  # their persistent workers end with the stage
-    return prepared, count
+    return prepare_loader(loader, stage, shuffle=shuffle, strategy=trainer.strategy, seed=seed,
+                          limit=trainer.limits[stage], sequential=bool(trainer.overfit_batches),
+                          shard=trainer.use_distributed_sampler)
 
 
-def load_fit_data(trainer: Trainer, data: DataSource) -> tuple[Any, list[Any] | None]:
-    """The training loader and the validation loaders (None: no validation), prepared."""
+@dataclasses.dataclass(frozen=True)
+class FitLoaders:
+    """fit's loaders as the loop runs them (sharded, seeded, limited), and what the Trainer takes
+    from them: its ``max_epochs`` (a default when neither limit is given), the counts of batches."""
+
+    train: Any  # iterated through ``sampler``, a ResumableBatchSampler
+    sampler: ResumableBatchSampler  # records each epoch's RNG for resuming
+    val: list[Any] | None  # None: no validation
+    max_epochs: int | None
+    num_training_batches: int | float
+    num_val_batches: list[int | float]
+    made: list[Any]  # every loader made: their persistent workers end with the stage (end_workers)
+
+
+def load_fit_data(trainer: Trainer, data: DataSource) -> FitLoaders:
+    """The training loader and the validation loaders, prepared under the Trainer's settings."""
     [train_loader] = data.loaders("train")
-    trainer.max_epochs = default_max_epochs(trainer.max_epochs, trainer.max_steps, train_loader,
-                                            warn=trainer.is_global_zero)
+    max_epochs = default_max_epochs(trainer.max_epochs, trainer.max_steps, train_loader, warn=trainer.is_global_zero)
     every = trainer.reload_dataloaders_every_n_epochs  # a reloaded loader gets a seed of its own, not epoch 0's
     offset = trainer.current_epoch - trainer.current_epoch % every if every else 0
-    train_loader, trainer.num_training_batches = prepare_stage_loader(trainer, train_loader, "train", True, offset)
-    train_loader, trainer._train_sampler = resumable(train_loader)  # records each epoch's RNG for resuming
-    trainer._stage_loaders.append(train_loader)
-    trainer.train_dataloader = train_loader
-    prepared = [prepare_stage_loader(trainer, loader, "validate", False, offset) for loader in data.loaders("val")]
-    trainer.num_val_batches = [count for _, count in prepared]
-    if not any(trainer.num_val_batches):
-        return train_loader, None  # limit_val_batches=0: no validation at all, hooks included (as in Lightning)
-    return train_loader, [loader for loader, _ in prepared]
+    prepared, num_batches = prepare_stage_loader(trainer, train_loader, "train", True, offset)
+    train_loader, sampler = resumable(prepared)  # records each epoch's RNG for resuming
+    val = [prepare_stage_loader(trainer, loader, "validate", False, offset) for loader in data.loaders("val")]
+    val_counts = [count for _, count in val]
+    return FitLoaders(train_loader, sampler,
+                      # limit_val_batches=0: no validation at all, hooks included (as in Lightning)
+                      [loader for loader, _ in val] if any(val_counts) else None,
+                      max_epochs, num_batches, val_counts, [prepared, train_loader, *(loader for loader, _ in val)])
 
 
-def estimated_stepping_batches(trainer: Trainer) -> int | float:
+def estimated_stepping_batches(num_batches: int | float, accumulate_grad_batches: int, max_epochs: int | None,
+                               max_steps: int) -> int | float:
     """Lightning's ``trainer.estimated_stepping_batches``: the optimizer steps ``fit`` will take, for
     schedulers that need the total (``OneCycleLR(total_steps=...)``) in ``configure_optimizers``.
 
-    The batches per epoch (after ``limit_train_batches`` and, under DDP, per rank) over
-    ``accumulate_grad_batches``, times ``max_epochs``, capped by ``max_steps``; ``inf`` when neither
-    bounds the run. Asked during ``fit`` before the loaders are made (``configure_optimizers`` runs
-    first), it makes them now, once: ``fit`` then trains on those (so a DataModule's state from
-    ``ckpt_path`` is not restored into them yet).
+    The batches per epoch (``num_batches``: after ``limit_train_batches`` and, under DDP, per rank)
+    over ``accumulate_grad_batches``, times ``max_epochs``, capped by ``max_steps``; ``inf`` when
+    neither bounds the run.
     """
-    if trainer.stage == "fit" and trainer._data is not None and trainer._early_fit_data is None \
-            and math.isinf(trainer.num_training_batches):
-        trainer._early_fit_data = load_fit_data(trainer, trainer._data)
-    batches = trainer.num_training_batches
-    epochs = trainer.max_epochs if trainer.max_epochs not in (None, -1) else math.inf
-    if math.isinf(batches):  # a loader without a length (an IterableDataset): only max_steps bounds it
+    epochs = max_epochs if max_epochs not in (None, -1) else math.inf
+    if math.isinf(num_batches):  # a loader without a length (an IterableDataset): only max_steps bounds it
         total = math.inf
     else:
-        total = math.ceil(batches / trainer.accumulate_grad_batches) * max(epochs, 1) if batches else 0
-    return min(total, trainer.max_steps) if trainer.max_steps != -1 else total
+        total = math.ceil(num_batches / accumulate_grad_batches) * max(epochs, 1) if num_batches else 0
+    return min(total, max_steps) if max_steps != -1 else total
 
 
-def reload_due(trainer: Trainer, data: DataSource, loaded_at: int) -> bool:
-    """reload_dataloaders_every_n_epochs: at epochs 0, n, 2n, ... the hooks make new loaders."""
-    every = trainer.reload_dataloaders_every_n_epochs
-    return (bool(every) and trainer.current_epoch % every == 0 and trainer.current_epoch != loaded_at
-            and (data.from_hook("train") or data.from_hook("val")))
+def limit_reached(max_epochs: int | None, max_steps: int, epoch: int, step: int) -> str | None:
+    """Which of ``max_steps`` and ``max_epochs`` ends fit at ``epoch`` and global ``step``, and how
+    to train more; None: neither."""
+    if max_steps != -1 and step >= max_steps:
+        return f"max_steps={max_steps} reached (global_step={step}). Raise max_steps"
+    if max_epochs not in (None, -1) and epoch >= max_epochs:
+        return f"max_epochs={max_epochs} reached (current_epoch={epoch}). Raise max_epochs"
+    return None
+
+
+def reload_due(every: int, epoch: int, loaded_at: int, data: DataSource) -> bool:
+    """reload_dataloaders_every_n_epochs (``every``): at epochs 0, n, 2n, ... the hooks make new
+    loaders; ``loaded_at``, the epoch the loaders in use were made at."""
+    return bool(every) and epoch % every == 0 and epoch != loaded_at and (data.from_hook("train") or data.from_hook("val"))
+
+
+def validation_interval(val_check_interval: int | float, check_val_every_n_epoch: int | None, epoch: int,
+                        num_batches: int | float) -> int | None:
+    """Validate every this many training batches in ``epoch``; None: not in this epoch."""
+    if check_val_every_n_epoch is not None and (epoch + 1) % check_val_every_n_epoch != 0:
+        return None
+    if isinstance(val_check_interval, int):
+        if check_val_every_n_epoch is not None and val_check_interval > num_batches:
+            raise ValueError(
+                f"Trainer(val_check_interval={val_check_interval}) is more than the {num_batches} "
+                "training batches of an epoch, so validation would never run. Use a smaller int, or "
+                "check_val_every_n_epoch=None to count batches across epochs."
+            )
+        return val_check_interval
+    if num_batches == math.inf:
+        raise ValueError(
+            "val_check_interval is a fraction of the epoch, but the training loader has no length. "
+            "Use an int val_check_interval (every N batches)."
+        )
+    return max(1, int(num_batches * val_check_interval))
+
+
+def validation_due(val_check_interval: int | float, check_val_every_n_epoch: int | None, batch_idx: int,
+                   every: int, num_batches: int | float, batches_seen: int) -> bool:
+    """As in Lightning: an int interval counts batches of the epoch, or of the whole run (``batches_seen``)
+    when check_val_every_n_epoch is None; a float interval also validates after the epoch's last batch."""
+    if isinstance(val_check_interval, float):
+        return (batch_idx + 1) % every == 0 or batch_idx + 1 == num_batches
+    count = batches_seen if check_val_every_n_epoch is None else batch_idx + 1
+    return count % every == 0
 
 
 def evaluation_loaders(trainer: Trainer, stage: str, loaders: list[Any]) -> tuple[list[Any], list[int | float]]:
-    """Validate, test or predict's loaders, prepared, and their numbers of batches (also set as
-    ``trainer.num_val_batches``, ``num_test_batches`` or ``num_predict_batches``)."""
+    """Validate, test or predict's loaders, prepared, and their numbers of batches (the Trainer's
+    ``num_val_batches``, ``num_test_batches`` or ``num_predict_batches``: :data:`NUM_BATCHES`)."""
     if not loaders:
         raise ValueError(f"Trainer.{stage} got an empty list of loaders; pass at least one DataLoader.")
     prepared = [prepare_stage_loader(trainer, loader, stage, False) for loader in loaders]
-    counts = [count for _, count in prepared]
-    setattr(trainer, NUM_BATCHES[stage], counts)
-    return [loader for loader, _ in prepared], counts
+    return [loader for loader, _ in prepared], [count for _, count in prepared]
 
 
-def train_batches(trainer: Trainer, loader: Any) -> Iterator[tuple[int, Any]]:
-    """``enumerate(loader)`` under limit_train_batches, resuming mid-epoch at the index level."""
-    set_sampler_epoch(loader, trainer.current_epoch)
-    skip = 0
-    if trainer._resume_position is not None and trainer._resume_position[0] == trainer.current_epoch:
-        skip = trainer._resume_position[1]
-    limit = trainer.num_training_batches
+def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progress) -> Iterator[tuple[int, Any]]:
+    """``enumerate(loader)`` over epoch ``epoch`` under ``limit`` (its number of batches), resuming
+    mid-epoch at the index level when ``progress.resumed`` (a restored checkpoint) is in this epoch."""
+    set_sampler_epoch(loader, epoch)
+    resumed = progress.resumed
+    skip = resumed.batches_done if resumed is not None and resumed.epoch == epoch else 0
     if skip >= limit:  # the checkpoint was written after the epoch's last batch
         return iter(())
     # Resuming mid-epoch redraws the epoch's order from the RNG state it began with and skips
     # the batches already trained as indices; nothing is fetched twice (trainer/resume.py).
-    iterator = resume_iterator(loader, trainer._train_sampler, skip, trainer._resume_rng) if skip else iter(loader)
+    iterator = resume_iterator(loader, progress.sampler, skip, resumed.rng) if skip else iter(loader)
     batches = enumerate(iterator, start=skip)  # hot loop: C iterators only, no generator frame
     if limit < (loader_length(loader) or math.inf):
         # islice stops after the last batch without fetching another. Otherwise the loader runs
@@ -114,6 +165,17 @@ def train_batches(trainer: Trainer, loader: Any) -> Iterator[tuple[int, Any]]:
         # generator when it runs out, so stopping one next() early changes every later epoch's order.
         return itertools.islice(batches, limit - skip)
     return batches
+
+
+def gather_predictions(predictions: list[list[Any]], strategy: Any) -> list[list[Any]]:
+    """Each loader's predictions of every rank, end to end on the CPU. Each rank predicted one
+    contiguous block of the dataset (the predict loader's sharding): together, the whole dataset in
+    order, each sample once."""
+    if strategy.world_size == 1:
+        return predictions
+    gathered = (strategy.all_gather_object(move_to_device(shard, torch.device("cpu"), non_blocking=False))
+                for shard in predictions)
+    return [[prediction for rank in ranks for prediction in rank] for ranks in gathered]
 
 
 def end_workers(loaders: list[Any]) -> None:

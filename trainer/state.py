@@ -3,8 +3,9 @@
 ``training_state`` gathers a Trainer's training state (optimizers, counters, every rank's RNG)
 and ``checkpoint_state`` adds the module's weights, as tensors and plain data (the files, their
 format and checks, and the one read path live in ``strategies/checkpoint/``); ``read_checkpoint``
-reads one through the strategy, and ``restore`` puts it back, so that the loop
-continues exactly where the checkpoint was written. The training state at the end of ``fit`` is
+reads one through the strategy, and ``restore`` puts it back and returns where the loop continues
+(:class:`Resumed`, which the Trainer takes as its loop state), so that the loop continues exactly
+where the checkpoint was written. The training state at the end of ``fit`` is
 kept, so that ``save_checkpoint`` after fit writes it (``end_of_fit_checkpoint``).
 ``handoff_state`` and ``receive_handoff`` carry rank zero's results (that state included) back to
 the caller after a DDP spawn.
@@ -12,6 +13,7 @@ the caller after a DDP spawn.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import os
@@ -23,29 +25,43 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies import checkpoint as checkpoint_io
-from trainer.guards import check_losses
 from trainer.optim import ends_accumulation_window
 from trainer.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
     from strategies import Strategy
     from trainer.datamodule import DataModule
+    from trainer.metrics import MetricStore
     from trainer.module import TrainingModule
+    from trainer.resume import ResumableBatchSampler
     from trainer.trainer import Trainer
 
 
-def training_state(trainer: Trainer) -> dict[str, Any]:
+@dataclasses.dataclass
+class Progress:
+    """Where fit is beyond Lightning's counters (``current_epoch``, ``global_step``,
+    ``batch_idx``): what a checkpoint holds to continue exactly, and what a resumed run skips. The
+    Trainer holds one; :func:`training_state` reads it."""
+
+    batches_seen: int = 0  # training batches run since the first fit: the log-step clock
+    in_epoch_end: bool = False  # the epoch-end hooks run: the epoch is done
+    sampler: ResumableBatchSampler | None = None  # the training loader's; it records each epoch's RNG
+    resumed: Resumed | None = None  # where a restored run continues, until its first epoch ends
+
+
+def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
     """What a checkpoint holds besides the module's weights and hyperparameters: optimizers,
-    schedulers, loop counters, every rank's RNG states, callback states. Gathers the RNG states of
-    every rank: call it on every rank."""
-    epoch, batches_done = loop_position(trainer)
-    if (trainer.stage == "fit" and batches_done and not ends_accumulation_window(trainer, trainer.batch_idx, trainer.num_training_batches)
-            and trainer.is_global_zero):
+    schedulers, loop counters, every rank's RNG states, callback states, from the running
+    ``trainer``'s public state and its ``progress``. Gathers the RNG states of every rank: call it
+    on every rank."""
+    epoch, batches_done = loop_position(trainer.current_epoch, trainer.batch_idx, progress.in_epoch_end)
+    sampler = progress.sampler
+    window_ended = ends_accumulation_window(trainer.batch_idx, trainer.accumulate_grad_batches, trainer.num_training_batches)
+    if trainer.stage == "fit" and batches_done and not window_ended and trainer.is_global_zero:
         warnings.warn(
             f"save_checkpoint after batch {trainer.batch_idx}, inside an accumulation window of "
             f"{trainer.accumulate_grad_batches} batches: the gradients accumulated so far are not saved, so a run "
             "resumed from it is not exact. Save after the window's last batch (ModelCheckpoint does).", stacklevel=3)
-    sampler = trainer._train_sampler
     # Each rank's RNG states: ranks may draw differently (dropout, per-rank augmentation). "now"
     # includes the training loader's own generators, whose state the next epoch's order comes from.
     rng = trainer.strategy.all_gather_object({
@@ -57,23 +73,25 @@ def training_state(trainer: Trainer) -> dict[str, Any]:
                              for optimizer in trainer.optimizers],
         "lr_schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
         "loops": {"epoch": epoch, "batches_done": batches_done, "global_step": trainer.global_step,
-                  "train_batches_seen": trainer._train_batches_seen, "world_size": trainer.world_size},
+                  "train_batches_seen": progress.batches_seen, "world_size": trainer.world_size},
         "rng": rng,
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         "callback_metrics": dict(trainer.callback_metrics),
     }
 
 
-def checkpoint_state(trainer: Trainer, module: TrainingModule, training: dict[str, Any]) -> dict[str, Any]:
+def checkpoint_state(trainer: Trainer, module: TrainingModule, training: dict[str, Any],
+                     datamodule: DataModule | None = None) -> dict[str, Any]:
     """The whole checkpoint: ``module``'s weights and hyperparameters with ``training`` (from
-    :func:`training_state`), after the callbacks' and the module's ``on_save_checkpoint``."""
+    :func:`training_state`) and the running stage's ``datamodule``'s state, after the callbacks'
+    and the module's ``on_save_checkpoint``."""
     state = {
         "format": checkpoint_io.FORMAT_VERSION,
         "state_dict": trainer.strategy.module_state_dict(module),  # under FSDP: this rank's shards
         **training,
         "hyper_parameters": checkpoint_io.plain_hyperparameters(module.hparams),
         "hyper_parameters_inexact": checkpoint_io.inexact_hyperparameters(module.hparams),
-        **_datamodule_state(trainer),
+        **_datamodule_state(datamodule),
         **({} if training else {"weights_only": True}),
         "versions": {"torch": str(torch.__version__), "python": platform.python_version(), "cadence": _version()},
     }
@@ -113,64 +131,75 @@ def fitted_module(trainer: Trainer, stage: str, ckpt_path: Any) -> tuple[Trainin
     return trainer.lightning_module, ckpt_path
 
 
-def _datamodule_state(trainer: Trainer) -> dict[str, Any]:
-    datamodule = trainer._data.datamodule if trainer._data is not None else None
+def _datamodule_state(datamodule: DataModule | None) -> dict[str, Any]:
     if datamodule is None:
         return {}
     return {"datamodule": datamodule.state_dict(),
             "datamodule_hyper_parameters": checkpoint_io.plain_hyperparameters(datamodule.hparams)}
 
 
-def end_of_fit_checkpoint(trainer: Trainer, weights_only: bool = False) -> dict[str, Any]:
+def end_of_fit_checkpoint(trainer: Trainer, end_of_fit: tuple[TrainingModule, dict[str, Any]] | None,
+                          weights_only: bool = False) -> dict[str, Any]:
     """The checkpoint ``save_checkpoint`` writes when no stage runs: the fitted module's weights as
-    they are now, with the training state its last fit ended with (``Trainer._end_of_fit``)."""
-    if trainer._end_of_fit is None:
+    they are now, with the training state its last fit ended with (``end_of_fit``: the module and
+    its :func:`training_state`, or None when no fit has ended)."""
+    if end_of_fit is None:
         raise RuntimeError(
             "Trainer.save_checkpoint has no training state to write: no fit has finished on this Trainer, or "
             "it ran in spawned FSDP workers, whose optimizer state stays sharded there. Call it after fit "
             "returns, or during a stage (from a callback or a module hook; ModelCheckpoint does); for the "
             "weights alone, torch.save(model.state_dict(), path)."
         )
-    module, training = trainer._end_of_fit
+    module, training = end_of_fit
     return checkpoint_state(trainer, module, {} if weights_only else training)
 
 
-def write_checkpoint(trainer: Trainer, path: str | os.PathLike, weights_only: bool = False,
-                     storage_options: Any = None) -> None:
-    """``Trainer.save_checkpoint``: during a stage, the running state in the strategy's layout
-    (every rank takes part); when no stage runs, the state the last fit ended with (rank zero).
-    ``weights_only``: the weights and hyperparameters, without the training state (as in
-    Lightning, the callbacks' ``on_save_checkpoint`` is not called; the module's is)."""
-    if storage_options is not None:
-        raise ValueError("Trainer.save_checkpoint(storage_options=...): Cadence writes local files only; leave it "
-                         "None and copy the file where it should go.")
+def write_checkpoint(trainer: Trainer, path: str | os.PathLike, training: dict[str, Any] | None,
+                     datamodule: DataModule | None, end_of_fit: tuple[TrainingModule, dict[str, Any]] | None,
+                     weights_only: bool = False) -> int:
+    """``Trainer.save_checkpoint``: during a stage, the running state (``training``, with the
+    stage's ``datamodule``) in the strategy's layout (every rank takes part); when no stage runs,
+    the state the last fit ended with (``end_of_fit``; rank zero writes). ``weights_only``: the
+    weights and hyperparameters, without the training state (as in Lightning, the callbacks'
+    ``on_save_checkpoint`` is not called; the module's is). Returns its global step."""
     if trainer.module is None:  # no stage runs: the state the last fit ended with
-        state = end_of_fit_checkpoint(trainer, weights_only)
+        state = end_of_fit_checkpoint(trainer, end_of_fit, weights_only)
         if trainer.strategy.is_global_zero:  # the processes of a run have left their group: no barrier
             checkpoint_io.save_atomic(state, path)
-        if not weights_only:
-            trainer._last_checkpoint = (str(path), state["loops"]["global_step"])
-        return
-    check_losses(trainer)  # never write weights that a non-finite loss produced
-    state = checkpoint_state(trainer, trainer.module, {} if weights_only else training_state(trainer))
+        return end_of_fit[1]["loops"]["global_step"]
+    state = checkpoint_state(trainer, trainer.module, {} if weights_only else training, datamodule)
     trainer.strategy.save_checkpoint(state, path)  # every rank returns, or raises, together
-    if not weights_only:  # the last checkpoint a run can resume from, named when a loss turns NaN
-        trainer._last_checkpoint = (str(path), trainer.global_step)
+    return trainer.global_step
 
 
-def loop_position(trainer: Trainer) -> tuple[int, int]:
+def loop_position(epoch: int, batch_idx: int, in_epoch_end: bool) -> tuple[int, int]:
     """Where a resumed run continues: (epoch, batches of it already trained). During the
-    epoch-end hooks the epoch is done; otherwise batch ``batch_idx`` is (-1: none yet)."""
-    if trainer._in_epoch_end:
-        return trainer.current_epoch + 1, 0
-    return trainer.current_epoch, trainer.batch_idx + 1
+    epoch-end hooks (``in_epoch_end``) the epoch is done; otherwise batch ``batch_idx`` is (-1: none yet)."""
+    if in_epoch_end:
+        return epoch + 1, 0
+    return epoch, batch_idx + 1
 
 
-def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: bool = False) -> None:
+@dataclasses.dataclass(frozen=True)
+class Resumed:
+    """Where a restored run continues: the Trainer takes these as its loop state."""
+
+    epoch: int
+    global_step: int
+    batches_done: int  # of epoch ``epoch``
+    batches_seen: int  # training batches run since the first fit (the log-step clock)
+    rng: dict[str, Any]  # this rank's checkpointed RNG states, for a mid-epoch replay (trainer/resume.py)
+    callback_metrics: dict[str, Any]
+
+
+def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: bool = False,
+            sampler: ResumableBatchSampler | None = None) -> Resumed | None:
     """Load ``state``, the checkpoint :func:`read_checkpoint` read from ``path``: the weights and,
-    unless ``model_only``, the training state. Under FSDP each rank read its own part of the shards
-    (resharded when the checkpoint was written by another number of processes). A datamodule's
-    state was restored when it was read."""
+    unless ``model_only``, the optimizers, schedulers, callbacks, RNG states and ``sampler``'s
+    generators (the next epoch's order); returns where the loop continues (None with
+    ``model_only``). Under FSDP each rank read its own part of the shards (resharded when the
+    checkpoint was written by another number of processes). A datamodule's state was restored
+    when it was read."""
     strategy, module = trainer.strategy, trainer.module
     if not model_only:
         checkpoint_io.check_resumable(state, path)
@@ -180,25 +209,22 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
     checkpoint_io.check_weights(module, state, path)
     strategy.load_module_state_dict(module, state["state_dict"])
     if model_only:
-        return
+        return None
     checkpoint_io.load_optimizers(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], state, path,
                                   functools.partial(strategy.load_optimizer_state_dict, module))
     _restore_callbacks(trainer, state["callbacks"], path)
-    loops = state["loops"]
-    trainer.current_epoch, trainer.global_step = loops["epoch"], loops["global_step"]
-    trainer._train_batches_seen, trainer.batch_idx = loops["train_batches_seen"], loops["batches_done"] - 1
-    trainer._resume_position = (loops["epoch"], loops["batches_done"])
-    trainer.callback_metrics.update(state.get("callback_metrics", {}))
     rng = state["rng"]  # one entry per rank
     if len(rng) != trainer.world_size and trainer.is_global_zero:
         warnings.warn(f"Checkpoint {path} was written by {len(rng)} processes and resumes on {trainer.world_size}: "
                       "the weights and optimizer states load whole, but random draws and the rest of the epoch's "
                       "data order will differ.", stacklevel=3)
-    trainer._resume_rng = rng[trainer.global_rank] if trainer.global_rank < len(rng) else rng[0]
-    restore_rng_state(trainer._resume_rng["now"])  # and again after a mid-epoch replay (trainer/resume.py)
-    if trainer._train_sampler is not None:  # the loader's own generators: the next epoch's order
-        trainer._train_sampler.set_generator_states(trainer._resume_rng["now"].get("generators", []))
-    trainer._last_checkpoint = (str(path), trainer.global_step)
+    rank_rng = rng[trainer.global_rank] if trainer.global_rank < len(rng) else rng[0]
+    restore_rng_state(rank_rng["now"])  # and again after a mid-epoch replay (trainer/resume.py)
+    if sampler is not None:  # the loader's own generators: the next epoch's order
+        sampler.set_generator_states(rank_rng["now"].get("generators", []))
+    loops = state["loops"]
+    return Resumed(loops["epoch"], loops["global_step"], loops["batches_done"], loops["train_batches_seen"], rank_rng,
+                   state.get("callback_metrics", {}))
 
 
 def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> None:
@@ -211,12 +237,13 @@ def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> 
                       "It is not restored; pass the same callbacks (same monitor, mode and trigger) to continue them.", stacklevel=3)
 
 
-def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodule: DataModule | None = None) -> dict[str, Any]:
+def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodule: DataModule | None,
+                  end_of_fit: tuple[TrainingModule, dict[str, Any]] | None, preempted_by: int | None) -> dict[str, Any]:
     """What a spawned rank zero sends back so the caller's objects reflect the run. After fit, that
-    includes the training state the loop ended with (optimizers, schedulers, every rank's RNG), so
-    that ``trainer.save_checkpoint`` in the caller writes a checkpoint that continues exactly; it
-    costs a copy of the optimizer state through the result file. Not where rank zero holds only its
-    shard of that state (FSDP)."""
+    includes the training state the loop ended with (of ``end_of_fit``: optimizers, schedulers,
+    every rank's RNG), so that ``trainer.save_checkpoint`` in the caller writes a checkpoint that
+    continues exactly; it costs a copy of the optimizer state through the result file. Not where
+    rank zero holds only its shard of that state (FSDP). ``preempted_by``: the signal that stopped fit."""
     return {
         "datamodule": datamodule.state_dict() if datamodule is not None else None,
         "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.module_state_dict(module, full=True).items()},
@@ -224,14 +251,17 @@ def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodu
         "global_step": trainer.global_step,
         "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
-        "preempted_by": trainer._preemption.stopping_signal(),
-        "end_of_fit": (trainer._end_of_fit[1] if stage == "fit" and trainer._end_of_fit is not None
+        "preempted_by": preempted_by,
+        "end_of_fit": (end_of_fit[1] if stage == "fit" and end_of_fit is not None
                        and trainer.strategy.whole_state_on_rank_zero else None),
     }
 
 
-def receive_handoff(trainer: Trainer, module: TrainingModule, handoff: dict[str, Any],
+def receive_handoff(module: TrainingModule, callbacks: list[Any], metrics: MetricStore, handoff: dict[str, Any],
                     datamodule: DataModule | None = None) -> None:
+    """In the caller, after a spawned run: load rank zero's results into ``module``, ``callbacks``,
+    the metric store's ``callback_metrics`` and ``datamodule`` (the Trainer takes the handoff's
+    counters, ``end_of_fit`` and ``preempted_by`` itself)."""
     # Layers that configure_model builds (late, in the workers) are built here too; built on the
     # meta device (for FSDP), they take the trained tensors as they are (assign).
     module.configure_model()
@@ -239,14 +269,10 @@ def receive_handoff(trainer: Trainer, module: TrainingModule, handoff: dict[str,
     module.load_state_dict(handoff["state_dict"], assign=on_meta)
     if datamodule is not None and handoff.get("datamodule") is not None:
         datamodule.load_state_dict(handoff["datamodule"])
-    if handoff["end_of_fit"] is not None:
-        trainer._end_of_fit = (module, handoff["end_of_fit"])
-    trainer._preemption.signal_number = handoff.get("preempted_by")
-    trainer.current_epoch, trainer.global_step = handoff["current_epoch"], handoff["global_step"]
-    trainer.callback_metrics = {k: torch.tensor(v) for k, v in handoff["callback_metrics"].items()}
-    for callback in trainer.callbacks:
+    for callback in callbacks:
         if callback.state_key in handoff["callbacks"]:
             callback.load_state_dict(handoff["callbacks"][callback.state_key])
+    metrics.callback_metrics = {key: torch.tensor(value) for key, value in handoff["callback_metrics"].items()}
 
 
 def _version() -> str:

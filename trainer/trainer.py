@@ -10,11 +10,11 @@ Performance notes are marked "hot loop": nothing there converts a tensor to a Py
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import itertools
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,33 +24,28 @@ import torch
 import callbacks as callbacks_package
 from callbacks import Callback
 from strategies import Strategy
-from strategies.transfer import move_to_device
-from trainer import properties
-from trainer.arguments import check_trainer_arguments, loss_of
+from trainer.arguments import loss_of, loss_without_grad, no_training_batches
 from trainer.data_source import STAGE_KIND, DataSource, collect_data
 from trainer.datamodule import DataModule
-from trainer.guards import check_losses, window_is_finite
+from trainer.guards import LossGuard
 from trainer.hooks import evaluation_hooks, step_hooks
 from trainer.metrics import MetricStore, format_results, split_by_dataloader
 from trainer.module import TrainingModule
 from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_window, step_schedulers
-from trainer.precision import add_precision_callback
 from trainer.preemption import Preemption, save_for_preemption
-from trainer.publish import publish, publish_received, publish_train_epoch
-from trainer.schedule import may_stop, say_nothing_to_train, validation_due, validation_interval
-from trainer.seed import preserved_rng, seed_generators, set_cublas_workspace_config
-from trainer.setup import setup_model
-from trainer.shorthands import reject_unknown_arguments
-from trainer.shorthands import translate as translate_shorthands
+from trainer.seed import preserved_rng
+from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_model
+from trainer.shorthands import reject_unknown_arguments, translate
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
-from trainer.stage_loaders import estimated_stepping_batches as estimated_steps
-from trainer.stage_loaders import evaluation_loaders, load_fit_data, reload_due, train_batches
+from trainer.stage_loaders import (
+    NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_loaders, gather_predictions, limit_reached,
+    load_fit_data, reload_due, train_batches, validation_due, validation_interval,
+)
 from trainer.state import (
-    fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
+    Progress, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
 )
 from trainer.timing import PhaseTimes, measured
 
-STAGES = ("fit", "validate", "test", "predict")
 CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
 
 
@@ -60,16 +55,14 @@ class Trainer:
     Args mean what they mean in PyTorch Lightning; the ones Cadence adds:
         seed: seed Python, NumPy, torch and DataLoader workers (per worker and per rank) first.
         deterministic: also ask PyTorch for deterministic kernels (slower on GPUs).
-        on_nonfinite_loss: a NaN or infinite training loss ``"raise"``s an error naming the batch
-            and the last good checkpoint (checked at log steps: no per-step sync), or ``"skip"``s
-            that optimizer step (one host sync per step; counted in ``num_skipped_steps``), or
-            is ``"ignore"``d.
-        precision: ``"bf16-mixed"`` or ``"16-mixed"`` adds a ``callbacks.AMP`` (autocast, and a
-            GradScaler for float16); under FSDP it sets the strategy's mixed-precision policy.
-        report: after ``fit``, print (and save in ``log_dir``) where the time went, with
-            recommendations (``callbacks.PerformanceReport``).
-        profiler: ``"pytorch"`` (or a ``callbacks.Profiler``) traces a few training batches
-            with ``torch.profiler``; ``"simple"`` is the performance report.
+        on_nonfinite_loss: a NaN or infinite training loss ``"raise"``s an error naming the batch and
+            the last good checkpoint (checked at log steps: no per-step sync), or ``"skip"``s that
+            optimizer step (a host sync per step; counted in ``num_skipped_steps``), or is ``"ignore"``d.
+        precision: ``"bf16-mixed"`` or ``"16-mixed"`` adds a ``callbacks.AMP`` (autocast; a GradScaler
+            for float16); under FSDP it sets the strategy's mixed-precision policy.
+        report: after ``fit``, print (and save in ``log_dir``) where the time went, with advice.
+        profiler: ``"pytorch"`` (or a ``callbacks.Profiler``) traces a few training batches with
+            ``torch.profiler``; ``"simple"`` is the performance report.
 
     SIGTERM and SIGUSR1 during ``fit`` save ``last.ckpt`` at the end of the current step and end
     the process (see ``trainer/preemption.py``); ``fit(ckpt_path="last")`` resumes.
@@ -90,106 +83,51 @@ class Trainer:
         precision: str | int | None = None,
         callbacks: list[Callback] | Callback | None = None,
         accumulate_grad_batches: int = 1,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str = "norm",
-        val_check_interval: int | float = 1.0,
-        check_val_every_n_epoch: int | None = 1,
-        limit_train_batches: int | float | None = None,
-        limit_val_batches: int | float | None = None,
-        limit_test_batches: int | float | None = None,
-        limit_predict_batches: int | float | None = None,
+        gradient_clip_val: float | None = None, gradient_clip_algorithm: str = "norm",
+        val_check_interval: int | float = 1.0, check_val_every_n_epoch: int | None = 1,
+        limit_train_batches: int | float | None = None, limit_val_batches: int | float | None = None,
+        limit_test_batches: int | float | None = None, limit_predict_batches: int | float | None = None,
         num_sanity_val_steps: int = 2,
         log_every_n_steps: int = 50,
         default_root_dir: str | os.PathLike | None = None,
-        enable_progress_bar: bool = True,
-        enable_checkpointing: bool = True,
+        enable_progress_bar: bool = True, enable_checkpointing: bool = True,
         logger: bool | Callback | list[Callback] = True,
-        seed: int | None = None,
-        deterministic: bool = False,
+        seed: int | None = None, deterministic: bool = False,
         on_nonfinite_loss: str = "raise",
-        accelerator: str = "auto",
-        num_nodes: int = 1,
+        accelerator: str = "auto", num_nodes: int = 1,
         fast_dev_run: bool | int = False,
-        min_epochs: int | None = None,
-        min_steps: int | None = None,
+        min_epochs: int | None = None, min_steps: int | None = None,
         max_time: str | datetime.timedelta | dict[str, int] | None = None,
         overfit_batches: int | float = 0.0,
         enable_model_summary: bool = True,
-        benchmark: bool | None = None,
-        detect_anomaly: bool = False,
-        inference_mode: bool = True,
-        use_distributed_sampler: bool = True,
-        sync_batchnorm: bool = False,
+        benchmark: bool | None = None, detect_anomaly: bool = False,
+        inference_mode: bool = True, use_distributed_sampler: bool = True, sync_batchnorm: bool = False,
         reload_dataloaders_every_n_epochs: int = 0,
-        profiler: str | Callback | None = None,
-        report: bool = True,
+        profiler: str | Callback | None = None, report: bool = True,
         **unknown: Any,
     ) -> None:
-        reject_unknown_arguments(unknown, Trainer.__init__)  # a close match, or the Cadence way (trainer/shorthands.py)
-        limits = {"train": limit_train_batches, "validate": limit_val_batches,
-                  "test": limit_test_batches, "predict": limit_predict_batches}
-        check_trainer_arguments(
-            max_epochs=max_epochs, max_steps=max_steps, accumulate_grad_batches=accumulate_grad_batches,
-            log_every_n_steps=log_every_n_steps, check_val_every_n_epoch=check_val_every_n_epoch,
-            gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
-            val_check_interval=val_check_interval, limits=limits, num_sanity_val_steps=num_sanity_val_steps,
-            on_nonfinite_loss=on_nonfinite_loss, min_epochs=min_epochs, min_steps=min_steps,
-            reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
-            flags={"benchmark": benchmark, "detect_anomaly": detect_anomaly, "inference_mode": inference_mode,
-                   "use_distributed_sampler": use_distributed_sampler, "sync_batchnorm": sync_batchnorm},
-        )
-        if seed is not None:
-            seed_generators(seed)  # validates; seeded again at the start of each stage
-        if deterministic:
-            set_cublas_workspace_config()  # before cuBLAS first runs; the rest at the start of each stage
-
-        # Lightning's shorthands become a strategy, callbacks and the plain settings below.
-        run = translate_shorthands(
-            accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes, callbacks=callbacks,
-            logger=logger, enable_progress_bar=enable_progress_bar, enable_checkpointing=enable_checkpointing,
-            enable_model_summary=enable_model_summary, fast_dev_run=fast_dev_run, overfit_batches=overfit_batches,
-            max_time=max_time, max_epochs=max_epochs, max_steps=max_steps, limits=limits,
-            num_sanity_val_steps=num_sanity_val_steps, val_check_interval=val_check_interval,
-            check_val_every_n_epoch=check_val_every_n_epoch, benchmark=benchmark, detect_anomaly=detect_anomaly,
-            sync_batchnorm=sync_batchnorm,
-        )
-        self.strategy = run.strategy
-        self.strategy.validate()
-        self.callbacks = add_precision_callback(precision, self.strategy, run.callbacks)  # "16-mixed" -> AMP
-        self.callbacks = callbacks_package.observability_callbacks(self.callbacks, profiler=profiler, report=report)
-        self.max_epochs, self.max_steps = run.max_epochs, run.max_steps
-        self.min_epochs, self.min_steps = min_epochs, min_steps
-        self.fast_dev_run = fast_dev_run
-        self.overfit_batches = overfit_batches
-        self.val_check_interval = run.val_check_interval
-        self.check_val_every_n_epoch = run.check_val_every_n_epoch
-        self.limits = run.limits
-        self.num_sanity_val_steps = run.num_sanity_val_steps
+        arguments = dict(locals())  # exactly this signature's: nothing else is bound yet
+        reject_unknown_arguments(arguments.pop("unknown"), Trainer.__init__)  # a close match, or the Cadence way
+        # Every argument checked, then Lightning's shorthands (accelerator, precision, fast_dev_run, profiler, ...)
+        # made a strategy, callbacks and the settings below, in one place: translate takes exactly these arguments.
+        run = translate(**{name: value for name, value in arguments.items() if name != "self"})
+        self.strategy, self.callbacks, self.default_root_dir = run.strategy, run.callbacks, run.default_root_dir
+        self.max_epochs, self.max_steps, self.min_epochs, self.min_steps = run.max_epochs, run.max_steps, min_epochs, min_steps
+        self.limits, self.fast_dev_run, self.overfit_batches = run.limits, fast_dev_run, overfit_batches
+        self.val_check_interval, self.check_val_every_n_epoch = run.val_check_interval, run.check_val_every_n_epoch
+        self.num_sanity_val_steps, self.log_every_n_steps = run.num_sanity_val_steps, log_every_n_steps
         self.reload_dataloaders_every_n_epochs = reload_dataloaders_every_n_epochs
-        self.use_distributed_sampler = use_distributed_sampler
-        self.inference_mode = inference_mode
+        self.use_distributed_sampler, self.inference_mode = use_distributed_sampler, inference_mode
         self.accumulate_grad_batches = accumulate_grad_batches
-        self.gradient_clip_val = gradient_clip_val
-        self.gradient_clip_algorithm = gradient_clip_algorithm
-        self.log_every_n_steps = log_every_n_steps
-        self.default_root_dir = Path(default_root_dir) if default_root_dir is not None else Path.cwd()
-        self.seed = seed
-        self.deterministic = deterministic
-        self.on_nonfinite_loss = on_nonfinite_loss
+        self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
+        self.seed, self.deterministic, self.on_nonfinite_loss = seed, deterministic, on_nonfinite_loss
 
-        # Public loop state (Lightning names).
-        self.current_epoch = 0
-        self.global_step = 0
-        self.should_stop = False
-        self.sanity_checking = False
+        # Public loop state (Lightning names); batch_idx: of the running training batch, -1 before the first.
+        self.current_epoch, self.global_step, self.batch_idx = 0, 0, -1
+        self.should_stop = self.sanity_checking = False
         self.stage: str | None = None
-        self.callback_metrics: dict[str, torch.Tensor] = {}
-        self.logged_metrics: dict[str, float] = {}
-        self.progress_bar_metrics: dict[str, float] = {}
-        self.num_training_batches: int | float = math.inf
-        self.num_val_batches: list[int | float] = []  # per validation loader (also for Trainer.validate)
-        self.num_test_batches: list[int | float] = []
-        self.num_predict_batches: list[int | float] = []
+        self.num_training_batches: int | float = math.inf  # then per loader (num_val_batches also for validate):
+        self.num_val_batches, self.num_test_batches, self.num_predict_batches = [], [], []
         self.lightning_module: TrainingModule | None = None  # the module of the running or last stage
         self.datamodule: DataModule | None = None  # the DataModule of the latest stage given one
         self._data: DataSource | None = None  # where the running stage's loaders come from
@@ -200,26 +138,18 @@ class Trainer:
         self.train_dataloader: Any = None  # the training loader as fit runs it (sharded, seeded)
         self.lr_scheduler_configs: list[SchedulerConfig] = []
         self.metrics = MetricStore(self.strategy.all_reduce, self.strategy.all_gather_object)
-        self.batch_idx = -1  # index of the training batch being run, within its epoch; -1 before the first
-        self.num_skipped_steps = 0  # optimizer steps skipped for a NaN/inf loss (on_nonfinite_loss="skip")
-        self._resume_position: tuple[int, int] | None = None  # (epoch, batches to skip) after a restore
-        self._resume_rng: dict | None = None  # this rank's checkpointed RNG states, for the replay
-        self._train_sampler = None  # the training loader's ResumableBatchSampler (trainer/resume.py)
-        self._in_epoch_end = False
-        self._step_hook_handles: list[Any] = []  # manual optimization's global_step counters
-        self._train_batches_seen = 0  # training batches run since the first fit (log-step clock)
-        self._unchecked_losses: list = []  # (loss, batch_idx, global_step) since the last NaN check
-        self._last_checkpoint: tuple[str, int] | None = None  # (path, global step) last written or loaded
+        self._progress = Progress()  # where fit is, for checkpoints and resuming (trainer/state.py)
+        self._plan: StagePlan | None = None  # what setup decided for the running stage (trainer/setup.py)
+        self._guard = LossGuard(on_nonfinite_loss)  # the losses since the last check (trainer/guards.py)
         self._end_of_fit: tuple[TrainingModule, dict] | None = None  # (module, training_state) when fit ended
-        self._preemption = Preemption()
+        self._preemption = Preemption()  # SIGTERM/SIGUSR1 during fit (trainer/preemption.py)
         self._stage_loaders: list[Any] = []  # the loaders this stage made (trainer/stage_loaders.py)
-        self._early_fit_data: tuple[Any, Any] | None = None  # fit's loaders, made for estimated_stepping_batches
+        self._early_fit_data: FitLoaders | None = None  # fit's loaders, made for estimated_stepping_batches
         self._described: str | None = None  # the device report last printed (trainer/stage.py)
+        self._said_min_not_met = False  # the min_epochs/min_steps notice was printed in this fit
         self.phase_times = PhaseTimes()  # host seconds per phase, for the performance report
 
-    # =========================================================================================
-    # The public entry points
-    # =========================================================================================
+    # --- the public entry points -----------------------------------------------------------
     def fit(self, model: TrainingModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: DataModule | None = None, ckpt_path: str | os.PathLike | None = None) -> None:
         """Train ``model``. What happens, in order:
@@ -264,14 +194,13 @@ class Trainer:
         Callbacks run in the order given, each before the module's hook of the same name; a hook
         that nobody implements costs nothing per step. A checkpoint gets every callback's
         ``state_dict``, then ``on_save_checkpoint`` (the callbacks', then the module's).
-        ``ckpt_path`` is a checkpoint file, or "last" (``strategies/checkpoint/``): the run then
-        continues exactly where that checkpoint was written, in the same log directory.
+        ``ckpt_path``: a checkpoint file, or "last" (``strategies/checkpoint/``); the run continues
+        exactly where it was written, in the same log directory.
 
-        Where Cadence differs from Lightning on purpose: the gradients are cleared right after
-        the optimizer step (Lightning clears them before the next window's backward: the same
-        gradients, but here their memory is free during the next forward), and an
-        ``optimizer_step`` override runs after the batch's forward and backward, so its closure
-        returns the loss instead of computing it.
+        Where Cadence differs from Lightning on purpose: the gradients are cleared right after the
+        optimizer step (the same gradients; their memory is free during the next forward), and an
+        ``optimizer_step`` override runs after the batch's forward and backward (its closure
+        returns the loss instead of computing it).
         """
         data = collect_data("fit", model, train_dataloaders, val_dataloaders, datamodule,
                             validates=self.limits["validate"] != 0)
@@ -280,12 +209,9 @@ class Trainer:
     def validate(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
                  datamodule: DataModule | None = None, verbose: bool = True) -> list[dict[str, float]]:
         """Run ``validation_step`` over ``dataloaders`` (one loader, or a list or dict of them);
-        return one dict of epoch metrics per loader, ``[{metric: value}]``.
-
-        Without ``model``: the module of the last ``fit``, with the weights of ``ckpt_path``
-        (``"best"``, ``"last"`` or a file; when not given, the best checkpoint of that fit, if any).
-        ``verbose`` prints the metrics on rank zero.
-        """
+        return one dict of epoch metrics per loader, ``[{metric: value}]``. Without ``model``: the
+        module of the last ``fit``, with the weights of ``ckpt_path`` (``"best"``, ``"last"`` or a
+        file; by default the best checkpoint of that fit, if any). ``verbose`` prints the metrics."""
         return self._evaluate("validate", model, dataloaders, ckpt_path, datamodule, verbose)
 
     def test(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
@@ -296,37 +222,35 @@ class Trainer:
 
     def predict(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
                 datamodule: DataModule | None = None, return_predictions: bool | None = None) -> list[Any] | None:
-        """Run ``predict_step`` over ``dataloaders``; return the outputs, one per batch, in order (a
-        list of such lists for several loaders; None with ``return_predictions=False``).
-
-        Under DDP each rank predicts one contiguous block of the dataset, and the outputs of all
-        ranks come back (to the caller of a spawned run, and on every rank under torchrun) end to
-        end, on the CPU: the whole dataset, in order, each sample once. See :meth:`validate` for
-        ``model`` and ``ckpt_path``.
-        """
+        """Run ``predict_step`` over ``dataloaders``; return the outputs, one per batch, in order (a list of
+        such lists for several loaders; None with ``return_predictions=False``). Under DDP every rank's come
+        back on the CPU: the whole dataset, in order, each sample once. See :meth:`validate`."""
         predictions = self._evaluate("predict", model, dataloaders, ckpt_path, datamodule, verbose=False)
         return None if return_predictions is False else predictions
 
     @measured("checkpointing")
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool | None = None,
                         storage_options: Any = None) -> None:
-        """Write the whole training state to ``filepath`` atomically, in the strategy's layout: one file
-        that rank zero writes while all ranks wait, or under FSDP a directory of every rank's shards.
+        """Write the whole training state to ``filepath`` atomically in the strategy's layout (one file,
+        or FSDP's shards), callbacks' state included, after on_save_checkpoint (callbacks', then module's).
         ``weights_only=True``: the weights and hyperparameters only (``load_from_checkpoint`` and
-        ``validate/test(ckpt_path=...)`` read it; ``fit`` cannot resume from it).
+        ``validate/test(ckpt_path=...)`` read it; ``fit`` cannot resume from it). During a stage, call it
+        on every rank; one written at the end of a batch resumes after it. After ``fit`` returns (a spawned
+        one too) it writes the state that fit ended with (the weights as they are now), so that
+        ``fit(model, ckpt_path=filepath)`` with a larger ``max_epochs`` continues exactly."""
+        if storage_options is not None:
+            raise ValueError("Trainer.save_checkpoint(storage_options=...): Cadence writes local files only; leave it "
+                             "None and copy the file where it should go.")
+        training = None
+        if self.module is not None:  # a stage runs: its state now
+            self._guard.check(self.strategy, self.current_epoch)  # never write weights a NaN/inf loss produced
+            training = None if weights_only else training_state(self, self._progress)
+        datamodule = self._data.datamodule if self._data is not None else None
+        step = write_checkpoint(self, filepath, training, datamodule, self._end_of_fit, bool(weights_only))
+        if not weights_only:  # the last checkpoint a run can resume from, named when a loss turns NaN
+            self._guard.last_checkpoint = (str(filepath), step)
 
-        During a stage (from a callback or a module hook), call it on every rank; all ranks wait
-        for the write. A checkpoint written at the end of a batch resumes after that batch; see
-        ``strategies/checkpoint/``. After ``fit`` returns (also after a spawned DDP fit), it
-        writes the state the fit ended with: the fitted module's weights as they are now, its
-        optimizers, schedulers, counters and every rank's RNG states as the last step left them,
-        so ``fit(model, ckpt_path=path)`` with a larger ``max_epochs`` continues exactly.
-        """
-        write_checkpoint(self, filepath, bool(weights_only), storage_options)  # trainer/state.py
-
-    # =========================================================================================
-    # Launch and per-process setup
-    # =========================================================================================
+    # --- launch and per-process setup ------------------------------------------------------
     def _evaluate(self, stage: str, model: TrainingModule | None, dataloaders: Any, ckpt_path: Any, datamodule: Any,
                   verbose: bool) -> Any:
         if model is None:  # the module of the last fit, by default with its best checkpoint
@@ -338,21 +262,30 @@ class Trainer:
         return output
 
     def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> Any:
-        ckpt_path = prepare_launch(self, stage, module, data, ckpt_path)  # callbacks, ckpt_path, log_dir
+        self.callbacks, ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path)  # trainer/stage.py
+        module.trainer, self.lightning_module = self, module  # both answer after the stage too (test(model=None))
+        self.datamodule = data.datamodule if data.datamodule is not None else self.datamodule
         output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path)
         if handoff is not None:  # the work ran in other processes: bring its results here
-            receive_handoff(self, module, handoff, data.datamodule)
+            receive_handoff(module, self.callbacks, self.metrics, handoff, data.datamodule)  # weights, callbacks, metrics
+            self.current_epoch, self.global_step = handoff["current_epoch"], handoff["global_step"]
+            self._preemption.signal_number = handoff["preempted_by"]
+            if handoff["end_of_fit"] is not None:
+                self._end_of_fit = (module, handoff["end_of_fit"])
         self._preemption.exit_if_stopped()  # SystemExit(128 + signal) once a signal stopped fit
         return output
 
     def _run_stage(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> tuple[Any, Any]:
         """Everything one process does for one stage; returns (output, handoff for the caller)."""
         enter_stage(self, stage, module, data)  # this process's rank, rank zero's log_dir (trainer/stage.py)
+        self._data = data
         try:
-            setup_stage(self, stage, module, data)  # seed, prepare_data, the setup hooks
-            self._hooks = step_hooks(self.callbacks, module)
-            self.model = setup_model(self, module, stage)  # the one setup order (trainer/setup.py)
+            self._described = setup_stage(self, stage, module, data, self._described)  # seed, prepare_data, setup hooks
+            hooks = step_hooks(self.callbacks, module)
+            self.model = setup_model(module, self.strategy, self.callbacks, stage)  # the one setup order (trainer/setup.py)
+            self._plan = plan_evaluation(hooks, self.model, self.strategy)
             if stage == "fit":
+                self.optimizers, self.lr_scheduler_configs, self._plan = plan_optimization(self, module, self.model, hooks)
                 with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
                     output = self._run_fit(module, data, ckpt_path)
             else:
@@ -360,56 +293,54 @@ class Trainer:
                 if ckpt_path is not None:
                     restore(self, ckpt_path, model_only=True, state=checkpoint)
                 loaders, counts = evaluation_loaders(self, stage, data.loaders(STAGE_KIND[stage]))
+                self._stage_loaders += loaders  # their persistent workers end with the stage
+                setattr(self, NUM_BATCHES[stage], counts)
                 output = self._evaluation_loop(stage, loaders, counts)
-            handoff = handoff_state(self, module, stage, data.datamodule) if self.strategy.launches_subprocesses else None
+            handoff = (handoff_state(self, module, stage, data.datamodule, self._end_of_fit, self._preemption.stopping_signal())
+                       if self.strategy.launches_subprocesses else None)
             return output, handoff
         except BaseException as error:
             for callback in self.callbacks:
                 callback.on_exception(self, module, error)
             raise
         finally:
-            teardown_stage(self, stage, module, data)  # the teardown hooks, the strategy's
+            teardown_stage(self, stage, module, data, self._plan, self._stage_loaders)  # the teardown hooks, the workers
+            self.module = self.model = self._data = self._early_fit_data = self._plan = None
+            self._stage_loaders = []
 
-    # Manual optimization's optimizer hooks (registered by trainer/setup.py): per step, so here.
-    def _count_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.global_step += 1
-
-    def _before_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._hooks.call_before_optimizer_step(self, self.module, optimizer)
-
-    # =========================================================================================
-    # fit: the loop
-    # =========================================================================================
+    # --- fit: the loop ---------------------------------------------------------------------
     def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
         checkpoint = read_checkpoint(self.strategy, ckpt_path, module, self.optimizers, data.datamodule)
         # Made already if configure_optimizers asked for estimated_stepping_batches.
-        train_loader, val_loaders = self._early_fit_data or load_fit_data(self, data)
-        self._early_fit_data = None
-        self.should_stop, self._resume_position, self._unchecked_losses = False, None, []
-        self._said_min_not_met = False
-        self._end_of_fit = None
-        if ckpt_path is not None:
-            restore(self, ckpt_path, state=checkpoint)
+        loaders, self._early_fit_data = self._early_fit_data or self._load_fit_data(data), None
+        self.should_stop, self._said_min_not_met, self._end_of_fit, self._progress.resumed = False, False, None, None
+        self._guard.losses = []
+        if ckpt_path is not None:  # the loop continues where the checkpoint was written
+            resumed = restore(self, ckpt_path, state=checkpoint, sampler=self._progress.sampler)
+            self.current_epoch, self.global_step, self.batch_idx = resumed.epoch, resumed.global_step, resumed.batches_done - 1
+            self._progress.resumed, self._progress.batches_seen = resumed, resumed.batches_seen
+            self.callback_metrics.update(resumed.callback_metrics)
+            self._guard.last_checkpoint = (str(ckpt_path), self.global_step)
         for callback in self.callbacks:
             callback.on_fit_start(self, module)
         module.on_fit_start()
-        if val_loaders is not None and self._resume_position is None and self.num_sanity_val_steps != 0:
-            self._run_sanity_check(val_loaders)
+        if loaders.val is not None and self._progress.resumed is None and self.num_sanity_val_steps != 0:
+            self._run_sanity_check(loaders.val)
         for callback in self.callbacks:
             callback.on_train_start(self, module)
         module.on_train_start()
         self.strategy.check_placement(module)  # once, before the first step
         loaded_at = self.current_epoch
-        if self._finished():
-            say_nothing_to_train(self)
+        if self._finished() and self.is_global_zero:  # a second fit to the same limit, a resume from the end
+            why = (limit_reached(self.max_epochs, self.max_steps, self.current_epoch, self.global_step)
+                   or "trainer.should_stop was already set. Set trainer.should_stop = False")
+            print(f"Trainer.fit trained nothing: {why} to train more.", file=sys.stderr, flush=True)
         while not self._finished():
-            if reload_due(self, data, loaded_at):
-                train_loader, val_loaders = load_fit_data(self, data)
-                loaded_at = self.current_epoch
-            self._run_train_epoch(train_loader, val_loaders)
-        # What save_checkpoint writes after fit returns: this moment's state, as a checkpoint
-        # written now would hold it (optimizer states by reference: nothing is copied).
-        self._end_of_fit = (module, training_state(self))
+            if reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, loaded_at, data):
+                loaders, loaded_at = self._load_fit_data(data), self.current_epoch
+            self._run_train_epoch(loaders.train, loaders.val)
+        # What save_checkpoint writes after fit returns (optimizer states by reference: nothing copied).
+        self._end_of_fit = (module, training_state(self, self._progress))
         for callback in self.callbacks:
             callback.on_train_end(self, module)
         module.on_train_end()
@@ -417,30 +348,45 @@ class Trainer:
             callback.on_fit_end(self, module)
         module.on_fit_end()
 
+    def _load_fit_data(self, data: DataSource) -> FitLoaders:
+        """fit's loaders, made (trainer/stage_loaders.py); the Trainer takes their counts."""
+        loaders = load_fit_data(self, data)
+        self.max_epochs, self.train_dataloader, self._progress.sampler = loaders.max_epochs, loaders.train, loaders.sampler
+        self.num_training_batches, self.num_val_batches = loaders.num_training_batches, loaders.num_val_batches
+        self._stage_loaders += loaders.made  # their persistent workers end with the stage
+        return loaders
+
     def _finished(self) -> bool:
-        return (
-            (self.should_stop and may_stop(self))
-            or (self.max_steps != -1 and self.global_step >= self.max_steps)
-            or (self.max_epochs not in (None, -1) and self.current_epoch >= self.max_epochs)
-        )
+        limit = limit_reached(self.max_epochs, self.max_steps, self.current_epoch, self.global_step)
+        return (self.should_stop and self._may_stop()) or limit is not None
+
+    def _may_stop(self) -> bool:
+        """should_stop is set: stop, unless min_epochs/min_steps are not met (said once; as in Lightning)."""
+        met = (self.min_epochs or 0) <= self.current_epoch and (self.min_steps or 0) <= self.global_step
+        if met or self._preemption.stop_now:  # early stopping waits for them; a preemption signal does not
+            return True
+        if not self._said_min_not_met and self.is_global_zero:
+            self._said_min_not_met = True
+            print(f"Cadence: should_stop was set, but min_epochs={self.min_epochs} / min_steps={self.min_steps} are "
+                  "not met yet; training continues until they are.", file=sys.stderr)
+        return False
 
     def _run_train_epoch(self, train_loader: Any, val_loaders: list[Any] | None) -> None:
-        module, strategy, hooks = self.module, self.strategy, self._hooks
+        module, strategy, hooks, progress = self.module, self.strategy, self._plan.hooks, self._progress
         self.model.train()
         self.metrics.start_training()
         for callback in self.callbacks:
             callback.on_train_epoch_start(self, module)
         module.on_train_epoch_start()
         num_batches = self.num_training_batches
-        val_every = None
-        if val_loaders is not None:
-            val_every = validation_interval(self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch,
-                                            num_batches)
+        val_every = None if val_loaders is None else validation_interval(
+            self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch, num_batches)
         batch_idx = -1
         times, clock = self.phase_times, time.perf_counter  # two host clock reads a batch, no device sync
-        times.start_loop(self._train_batches_seen)
+        times.start_loop(progress.batches_seen)
         # The strategy moves the batches (on CUDA it copies the next one while this one computes).
-        for batch_idx, batch in strategy.batches_on_device(train_batches(self, train_loader)):
+        batches = train_batches(train_loader, self.current_epoch, num_batches, progress)
+        for batch_idx, batch in strategy.batches_on_device(batches):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
             times.data_wait += clock() - times.ready
             self.batch_idx = batch_idx
@@ -449,52 +395,51 @@ class Trainer:
             for hook in hooks.module_batch_start:
                 hook(batch, batch_idx)
             outputs = self._training_step(module, batch, batch_idx, num_batches)
-            self._train_batches_seen += 1  # first: a checkpoint written in on_train_batch_end counts this batch
+            progress.batches_seen += 1  # first: a checkpoint written in on_train_batch_end counts this batch
             for hook in hooks.batch_end:
                 hook(self, module, outputs, batch, batch_idx)
             for hook in hooks.module_batch_end:
                 hook(outputs, batch, batch_idx)
-            if self._train_batches_seen % self.log_every_n_steps == 0:
+            if progress.batches_seen % self.log_every_n_steps == 0:
                 self._log_step()
             if val_every is not None and validation_due(self.val_check_interval, self.check_val_every_n_epoch, batch_idx,
-                                                        val_every, num_batches, self._train_batches_seen):
+                                                        val_every, num_batches, progress.batches_seen):
                 self._run_validation(val_loaders)
             times.ready = clock()  # the next batch is asked for now
-            if self._preemption.stop_now and ends_accumulation_window(self, batch_idx, num_batches):  # a plain bool read
-                times.end_loop(self._train_batches_seen)  # the performance report counts this loop's batches
-                save_for_preemption(self)
+            if self._preemption.stop_now and ends_accumulation_window(batch_idx, self.accumulate_grad_batches, num_batches):
+                times.end_loop(progress.batches_seen)  # the performance report counts this loop's batches
+                self._log(self.metrics.flush(self.global_step))  # what was logged since the last log step
+                save_for_preemption(self, self._preemption.reason)  # last.ckpt, and should_stop
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
-            if (self.should_stop and may_stop(self)) or (self.max_steps != -1 and self.global_step >= self.max_steps):
+            if (self.should_stop and self._may_stop()) or (self.max_steps != -1 and self.global_step >= self.max_steps):
                 break
-        times.end_loop(self._train_batches_seen)
-        if batch_idx == -1 and self._resume_position is None:
-            raise RuntimeError(
-                "The training DataLoader yielded no batches. Check that the dataset is not empty and "
-                "that batch_size <= len(dataset) when drop_last=True."
-            )
-        self._resume_position = None
+        times.end_loop(progress.batches_seen)
+        if batch_idx == -1 and progress.resumed is None:
+            raise no_training_batches()
+        progress.resumed = None
         self._end_train_epoch()
 
     def _training_step(self, module: TrainingModule, batch: Any, batch_idx: int, num_batches: int | float) -> Any:
-        """Forward and backward for one batch; at the end of each accumulation window the optimizer
-        step (the module's optimizer_step takes it when overridden), zero grad and the
-        step-interval schedulers."""
-        if not self._automatic_optimization:
-            with self._forward_context():
-                outputs = self.strategy.training_step(self.model, batch, batch_idx)
-            return outputs
+        """Forward and backward for one batch; at the end of each accumulation window the optimizer step
+        (the module's optimizer_step takes it when overridden), zero grad, the step-interval schedulers."""
+        plan = self._plan
+        if not plan.automatic_optimization:
+            with plan.hooks.forward_context_manager():
+                return plan.training_step(batch, batch_idx)
         steps_now = (batch_idx + 1) % self.accumulate_grad_batches == 0 or batch_idx + 1 == num_batches
         if steps_now:
-            outputs, loss = self._forward_backward(batch, batch_idx)
+            outputs, loss = self._forward_backward(plan, batch, batch_idx)
         else:  # accumulating: under DDP the gradients are all-reduced once, at the window's last batch
             with self.strategy.no_backward_sync(self.model, enabled=True):
-                outputs, loss = self._forward_backward(batch, batch_idx)
-        # Checked later (log step, epoch end, checkpoint), so no host sync here. A copy, because a
-        # CUDA graph replay overwrites the loss in place at the next step (trainer/guards.py).
-        self._unchecked_losses.append((loss.detach().clone(), batch_idx, self.global_step))
-        if not steps_now or (self.on_nonfinite_loss == "skip" and not window_is_finite(self)):
+                outputs, loss = self._forward_backward(plan, batch, batch_idx)
+        # Checked later (log step, epoch end, checkpoint), so no host sync here; a copy where a CUDA
+        # graph replay may overwrite the loss in place at the next step (trainer/guards.py).
+        recorded = loss.detach()
+        self._guard.losses.append((recorded.clone() if plan.copy_losses else recorded, batch_idx, self.global_step))
+        if not steps_now or (self.on_nonfinite_loss == "skip" and not self._guard.window_is_finite(
+                self.strategy, self.optimizers, self.is_global_zero, self.current_epoch, self.global_step)):
             return outputs
-        optimizer, hooks = self.optimizers[0], self._hooks
+        optimizer, hooks = self.optimizers[0], plan.hooks
         if hooks.module_optimizer_step is None:
             stepped = self._optimizer_step(optimizer)
         else:  # the override calls optimizer.step(closure) (or not: no step, global_step stays)
@@ -507,56 +452,41 @@ class Trainer:
             step_schedulers(self.lr_scheduler_configs, "step", self.global_step, self.callback_metrics)
         return outputs
 
-    def _forward_backward(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor]:
+    def _forward_backward(self, plan: StagePlan, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor]:
         """training_step inside the callbacks' forward contexts (autocast), then backward outside them."""
-        if self._hooks.forward_context:
-            with self._forward_context():
-                outputs = self.strategy.training_step(self.model, batch, batch_idx)
+        if plan.hooks.forward_context:
+            with plan.hooks.forward_context_manager():
+                outputs = plan.training_step(batch, batch_idx)
         else:  # hot loop: nothing wraps the forward, and a `with` costs two calls
-            outputs = self.strategy.training_step(self.model, batch, batch_idx)
+            outputs = plan.training_step(batch, batch_idx)
         loss = loss_of(outputs, batch_idx)
         accumulate = self.accumulate_grad_batches
         self.run_backward(loss / accumulate if accumulate > 1 else loss)
         return outputs, loss
 
-    def _forward_context(self) -> contextlib.AbstractContextManager:
-        if not self._hooks.forward_context:
-            return _NO_CONTEXT
-        contexts = [context for hook in self._hooks.forward_context if (context := hook()) is not None]
-        if not contexts:
-            return _NO_CONTEXT
-        if len(contexts) == 1:
-            return contexts[0]
-        stack = contextlib.ExitStack()
-        for context in contexts:
-            stack.enter_context(context)
-        return stack
-
     def run_backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()`` through the backward seam (AMP scaling) or the strategy, between
-        on_before_backward and on_after_backward when any module or callback implements them."""
+        """``loss.backward()`` through the backward seam (AMP) or the strategy, between on_before_backward
+        and on_after_backward when any module or callback implements them (manual_backward too)."""
         if not loss.requires_grad:
-            raise RuntimeError(
-                f"The loss at batch {self.batch_idx} does not require grad: every parameter is frozen "
-                "(requires_grad=False) or the loss was detached. Unfreeze parameters or return the "
-                "loss tensor itself, not loss.item() or loss.detach()."
-            )
-        if self._hooks.around_backward:  # hot loop: one flag when no hook around backward is implemented
-            self._hooks.call_around_backward(self, self.module, loss, self._backward)
+            raise loss_without_grad(self.batch_idx)
+        plan = self._plan
+        if plan.hooks.around_backward:  # hot loop: one flag when no hook around backward is implemented
+            plan.hooks.call_around_backward(self, self.module, loss, plan.backward)
         else:
-            self._backward(loss)
+            plan.backward(loss)
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         """unscale (AMP float16), on_before_optimizer_step, clip, step, global_step + 1; False when
         the owner of the step skipped it (AMP found inf gradients): the schedulers then do not step."""
-        if self._step_owner is not None:  # true gradients for the hooks and clipping (AMP unscales)
-            self._step_owner.unscale_gradients(self, self.module, optimizer)
-        if self._hooks.before_step:
-            self._hooks.call_before_optimizer_step(self, self.module, optimizer)
+        plan = self._plan
+        if plan.step_owner is not None:  # true gradients for the hooks and clipping (AMP unscales)
+            plan.step_owner.unscale_gradients(self, self.module, optimizer)
+        if plan.hooks.before_step:
+            plan.hooks.call_before_optimizer_step(self, self.module, optimizer)
         if self.gradient_clip_val is not None:
-            clip_gradients(self._clip_parameters, self.gradient_clip_val, self.gradient_clip_algorithm)
-        if self._step_owner is not None:
-            applied = self._step_owner.optimizer_step(self, self.module, optimizer)
+            clip_gradients(plan.clip_parameters, self.gradient_clip_val, self.gradient_clip_algorithm)
+        if plan.step_owner is not None:
+            applied = plan.step_owner.optimizer_step(self, self.module, optimizer)
         else:
             optimizer.step()
             applied = True
@@ -566,34 +496,35 @@ class Trainer:
     @measured("logging")
     def _log_step(self) -> None:
         """Every log_every_n_steps batches: start this step's copy to the host; publish the last."""
-        received = self.metrics.receive()  # copied one log step ago: reading it does not wait
-        self.metrics.send_step_values(self.global_step)
-        if received is not None:
-            step, values, specs = received
-            publish(self, values, specs, step)
-        check_losses(self)
+        self._log(self.metrics.log_step(self.global_step))
+        self._guard.check(self.strategy, self.current_epoch)
         self._preemption.agree(self.strategy)  # with several processes: stop on every rank, or none
 
     def _end_train_epoch(self) -> None:
-        check_losses(self)
-        self._in_epoch_end = True
-        publish_train_epoch(self)  # the last log step's values, this step's (read now), the epoch's
-        if self._automatic_optimization:  # as in Lightning, manual optimization steps its own
+        self._guard.check(self.strategy, self.current_epoch)
+        self._progress.in_epoch_end = True
+        self._log(self.metrics.flush(self.global_step, epoch_end=True))  # the last log step's, this step's, the epoch's
+        if self._plan.automatic_optimization:  # as in Lightning, manual optimization steps its own
             step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics)
         for callback in self.callbacks:
             if not callback.monitors_metrics:
                 callback.on_train_epoch_end(self, self.module)
         self.module.on_train_epoch_end()
-        publish_train_epoch(self)  # what the hooks logged, for EarlyStopping and ModelCheckpoint (as in Lightning)
+        self._log(self.metrics.flush(self.global_step, epoch_end=True))  # what the hooks logged, for the monitors
         for callback in self.callbacks:
             if callback.monitors_metrics:
                 callback.on_train_epoch_end(self, self.module)
         self.current_epoch += 1
-        self._in_epoch_end, self.batch_idx = False, -1
+        self._progress.in_epoch_end, self.batch_idx = False, -1
 
-    # =========================================================================================
-    # Validation, test, predict
-    # =========================================================================================
+    def _log(self, published: list[tuple[int, dict[str, float]]]) -> None:
+        """The loggers' on_log for the values the metric store published (trainer/metrics.py)."""
+        if not self.sanity_checking:
+            for step, logged in published:
+                for callback in self.callbacks:
+                    callback.on_log(self, self.module, logged, step)
+
+    # --- validation, test, predict ---------------------------------------------------------
     @measured("validation")
     def _run_sanity_check(self, val_loaders: list[Any]) -> None:
         self.sanity_checking = True
@@ -610,7 +541,7 @@ class Trainer:
 
     @measured("validation")
     def _run_validation(self, val_loaders: list[Any]) -> None:
-        publish_received(self)  # the last log step's values first: the logs stay in step order
+        self._log(self.metrics.publish_pending())  # the last log step's values first: the logs stay in step order
         # Validating leaves every RNG as it found it: the weights do not depend on when (or
         # whether) validation runs, and a checkpoint written just before it resumes exactly.
         with preserved_rng():
@@ -621,17 +552,12 @@ class Trainer:
     def _evaluation_loop(self, stage: str, loaders: list[Any], limits: list[int | float]) -> Any:
         """One pass of validation, test or predict over each loader in turn, under
         ``torch.inference_mode`` (``torch.no_grad`` with ``Trainer(inference_mode=False)``)."""
-        module = self.module
         several = len(loaders) > 1  # then steps and batch hooks get dataloader_idx, metrics a suffix
-        hooks = evaluation_hooks(stage, self.callbacks, module, several)
+        hooks = evaluation_hooks(stage, self, self.callbacks, self.module, several)
         self.model.eval()
         self.metrics.start_evaluation()
-        for hook in hooks.start:
-            hook(self, module)
-        hooks.module_start()
-        for hook in hooks.epoch_start:
-            hook(self, module)
-        hooks.module_epoch_start()
+        for hook in hooks.start + hooks.epoch_start:
+            hook()
         predictions: list[list[Any]] = []
         with self.strategy.evaluation_context(self.inference_mode):  # no_grad under FSDP
             for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
@@ -642,51 +568,50 @@ class Trainer:
                 batches = enumerate(loader) if limit == math.inf else itertools.islice(enumerate(loader), int(limit))
                 for batch_idx, batch in self.strategy.batches_on_device(batches):
                     for hook in hooks.batch_start:
-                        hook(self, module, batch, batch_idx, *hook_index)
-                    for hook in hooks.module_batch_start:
                         hook(batch, batch_idx, *hook_index)
-                    with self._forward_context():
+                    with self._plan.hooks.forward_context_manager():
                         outputs = hooks.step(batch, batch_idx, *step_index)
                     if stage == "predict":
                         predictions[-1].append(outputs)
                     for hook in hooks.batch_end:
-                        hook(self, module, outputs, batch, batch_idx, *hook_index)
-                    for hook in hooks.module_batch_end:
                         hook(outputs, batch, batch_idx, *hook_index)
                     self.metrics.keep_evaluation_step_values(batch_idx)  # the batch's on_step values, read at the end
         self.metrics.evaluation.dataloader_suffix = ""
         for hook in hooks.epoch_end:
-            hook(self, module)
-        hooks.module_epoch_end()
-        for step, step_values, step_specs in self.metrics.read_evaluation_step_values(stage, not self.sanity_checking):
-            publish(self, step_values, step_specs, step)
-        values, specs = self.metrics.read_epoch_values(self.metrics.evaluation)
-        if not self.sanity_checking:
-            publish(self, values, specs, self.global_step)
+            hook()
+        published, values = self.metrics.end_evaluation(stage, self.global_step, publish=not self.sanity_checking)
+        self._log(published)
         for hook in hooks.end:
-            hook(self, module)
-        hooks.module_end()
+            hook()
         if stage != "predict":
             return split_by_dataloader(values, len(loaders))
-        if self.strategy.world_size > 1:  # every rank returns all of them, in the dataset's order
-            for index, shard in enumerate(predictions):
-                gathered = self.strategy.all_gather_object(move_to_device(shard, torch.device("cpu"), non_blocking=False))
-                predictions[index] = [prediction for rank in gathered for prediction in rank]
+        predictions = gather_predictions(predictions, self.strategy)  # every rank's, in the dataset's order
         return predictions if several else predictions[0]
 
-    # =========================================================================================
-    # Lightning's read-only names, looked up in the strategy and the callbacks (trainer/properties.py)
-    # =========================================================================================
-    is_global_zero = property(properties.is_global_zero)
-    global_rank = property(properties.global_rank)
-    world_size = property(properties.world_size)
-    progress_bar_callback = property(properties.progress_bar_callback)
-    loggers = property(properties.loggers)
-    logger = property(properties.logger)
-    checkpoint_callback = property(properties.checkpoint_callback)
-    estimated_stepping_batches = property(estimated_steps)  # trainer/stage_loaders.py
+    # --- Lightning's read-only names, looked up on every read where they live: the process's place in
+    # the strategy, the callbacks that play a named role in trainer.callbacks (in the order given).
+    is_global_zero = property(lambda self: self.strategy.is_global_zero)
+    global_rank = property(lambda self: self.strategy.global_rank)
+    world_size = property(lambda self: self.strategy.world_size)
+    progress_bar_callback = property(lambda self: next(iter(self._callbacks_of(callbacks_package.ProgressBar)), None))
+    loggers = property(lambda self: self._callbacks_of(callbacks_package.Logger))
+    logger = property(lambda self: next(iter(self.loggers), None))
+    checkpoint_callback = property(lambda self: next(iter(self._callbacks_of(callbacks_package.ModelCheckpoint)), None))
+    num_skipped_steps = property(lambda self: self._guard.skipped)  # steps on_nonfinite_loss="skip" skipped
+    callback_metrics = property(lambda self: self.metrics.callback_metrics)  # published values (trainer/metrics.py)
+    progress_bar_metrics = property(lambda self: self.metrics.progress_bar_metrics)
+    logged_metrics = property(lambda self: self.metrics.logged_metrics)
 
+    def _callbacks_of(self, kind: type) -> list[Any]:
+        return [callback for callback in self.callbacks if isinstance(callback, kind)]
 
-#: One context serves every evaluation batch and manual-optimization step without a forward
-#: context: nullcontext keeps no state.
-_NO_CONTEXT = contextlib.nullcontext()
+    @property
+    def estimated_stepping_batches(self) -> int | float:
+        """The optimizer steps fit will take (trainer/stage_loaders.py). Asked during fit before the loaders
+        are made (in configure_optimizers), it makes them now: fit trains on those."""
+        if self.stage == "fit" and self._data is not None and self._early_fit_data is None \
+                and math.isinf(self.num_training_batches):
+            self._early_fit_data = self._load_fit_data(self._data)
+        return estimated_stepping_batches(self.num_training_batches, self.accumulate_grad_batches, self.max_epochs,
+                                          self.max_steps)
+

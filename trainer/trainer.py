@@ -17,6 +17,7 @@ import math
 import os
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from strategies import Strategy
 from strategies.transfer import move_to_device
 from trainer import properties
 from trainer.arguments import check_trainer_arguments, loss_of
-from trainer.data_source import STAGE_KIND, DataSource, collect_data
+from trainer.data_source import HOOKS, STAGE_KIND, DataSource, collect_data
 from trainer.datamodule import DataModule
 from trainer.guards import check_losses, window_is_finite
 from trainer.hooks import evaluation_hooks, step_hooks
@@ -49,6 +50,7 @@ from trainer.state import (
     fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
 )
 from trainer.timing import PhaseTimes, measured
+from trainer.trial import restore_snapshot, seam_owners, take_snapshot
 
 STAGES = ("fit", "validate", "test", "predict")
 CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
@@ -214,6 +216,8 @@ class Trainer:
         self._preemption = Preemption()
         self._stage_loaders: list[Any] = []  # the loaders this stage made (trainer/stage_loaders.py)
         self._early_fit_data: tuple[Any, Any] | None = None  # fit's loaders, made for estimated_stepping_batches
+        self._fit_loaders: tuple[Any, list[Any] | None] | None = None  # (train, val or None: no validation) fit runs
+        self._evaluation_loaders: tuple[list[Any], list[int | float]] | None = None  # (loaders, batches) of validate...
         self._described: str | None = None  # the device report last printed (trainer/stage.py)
         self.phase_times = PhaseTimes()  # host seconds per phase, for the performance report
 
@@ -320,6 +324,94 @@ class Trainer:
         """
         write_checkpoint(self, path)  # trainer/state.py
 
+    # The seams of the Tuner's searches (trainer/tuner.py, callbacks/lr_finder.py, callbacks/batch_size_finder.py).
+    def run_search(self, search: Callable[[Trainer, TrainingModule], Any], model: TrainingModule, method: str = "fit",
+                   train_dataloaders: Any = None, val_dataloaders: Any = None, dataloaders: Any = None,
+                   datamodule: DataModule | None = None) -> Any:
+        """Set ``model`` up as ``method`` ("fit", "validate", "test" or "predict") does, with its
+        loaders; run ``search(trainer, module)`` instead of the loop; tear down; return what
+        ``search`` returned (rank zero's, when the strategy starts processes). Only the setup and
+        teardown hooks run, and nothing trains unless ``search`` calls :meth:`run_trial`."""
+        if method not in STAGES:
+            raise ValueError(f"method {method!r} is invalid. Should be one of {STAGES}.")
+        data = collect_data(method, model, train_dataloaders if method == "fit" else dataloaders, val_dataloaders,
+                            datamodule, previous_datamodule=None if method == "fit" else self.datamodule,
+                            validates=self.limits["validate"] != 0)
+        trainable = [parameter.requires_grad for parameter in model.parameters()]
+        try:
+            return self._launch(method, model, data, None, search)
+        finally:  # a setup hook (BaseFinetuning) may have frozen some: the model is left as it was given
+            for parameter, requires_grad in zip(model.parameters(), trainable):
+                parameter.requires_grad_(requires_grad)
+
+    def run_trial(self, num_steps: int, callbacks: list[Callback] = (),
+                  schedulers: Callable[[list[torch.optim.Optimizer]], list[Any]] | None = None) -> None:
+        """Run the stage's loop a little from a hook, then put everything back, for a search.
+
+        In fit (from ``on_fit_start`` or ``on_train_epoch_start``): train up to ``num_steps``
+        optimizer steps, over as many epochs as that takes, without validation, stepping each step
+        only the schedulers ``schedulers(optimizers)`` returns (made after the state is kept aside,
+        so they may set the learning rates). In validate, test or predict (from ``on_<stage>_start``): run
+        ``num_steps`` batches of the first loader. Only ``callbacks`` and the callbacks that own a
+        seam (AMP) run; nothing reaches the loggers, a non-finite loss is no error, and
+        ``trainer.should_stop`` ends the trial. Afterwards the weights, optimizers, schedulers,
+        counters, RNG states, metrics and settings are as they were, also when the trial raised
+        (``torch.OutOfMemoryError``), which then propagates. The module's hooks run as in any epoch.
+        """
+        module = self.module
+        if module is None:
+            raise RuntimeError("Trainer.run_trial runs the loop of a running stage: call it from a hook "
+                               "(on_fit_start, on_train_epoch_start, on_test_start, ...).")
+        seams, sampler = seam_owners(self.callbacks), self._train_sampler if self.stage == "fit" else None
+        snapshot = take_snapshot(module, self.optimizers, [c.scheduler for c in self.lr_scheduler_configs], seams, sampler)
+        saved = (self.callbacks, self._hooks, self.lr_scheduler_configs, self.metrics, self.phase_times,
+                 self._preemption, self._unchecked_losses, self._resume_position, self._fit_loaders,
+                 self._evaluation_loaders, self.should_stop, self.on_nonfinite_loss, self.min_epochs, self.min_steps,
+                 self.max_epochs, self.max_steps, self.current_epoch, self.global_step, self.batch_idx,
+                 self._train_batches_seen, self.callback_metrics, self.logged_metrics, self.progress_bar_metrics)
+        self.callbacks, self.metrics = [*seams, *callbacks], MetricStore(self.strategy.all_reduce, self.strategy.all_gather_object)
+        self.phase_times, self._preemption, self._unchecked_losses, self._resume_position = PhaseTimes(), Preemption(), [], None
+        self.should_stop, self.on_nonfinite_loss, self.min_epochs, self.min_steps = False, "ignore", None, None
+        self.callback_metrics, self.logged_metrics, self.progress_bar_metrics = {}, {}, {}
+        try:
+            if self.stage == "fit":
+                self._hooks = step_hooks(self.callbacks, module)
+                made = schedulers(self.optimizers) if schedulers is not None else []
+                self.lr_scheduler_configs = [SchedulerConfig(scheduler, interval="step") for scheduler in made]
+                self.max_epochs, self.max_steps = -1, self.global_step + num_steps
+                self._fit_loaders = (self._fit_loaders[0], None)
+                while not self._finished():
+                    self._run_train_epoch()
+            else:
+                loaders, counts = self._evaluation_loaders
+                self._evaluation_loaders = (loaders[:1], [min(num_steps, counts[0])])
+                self._evaluation_loop(self.stage, *self._evaluation_loaders)
+        finally:
+            (self.callbacks, self._hooks, self.lr_scheduler_configs, self.metrics, self.phase_times,
+             self._preemption, self._unchecked_losses, self._resume_position, self._fit_loaders,
+             self._evaluation_loaders, self.should_stop, self.on_nonfinite_loss, self.min_epochs, self.min_steps,
+             self.max_epochs, self.max_steps, self.current_epoch, self.global_step, self.batch_idx,
+             self._train_batches_seen, self.callback_metrics, self.logged_metrics, self.progress_bar_metrics) = saved
+            restore_snapshot(snapshot, module, self.optimizers, [c.scheduler for c in self.lr_scheduler_configs], seams,
+                             sampler)
+
+    def reload_dataloaders(self) -> list[Any]:
+        """Make the running stage's loaders again from their hooks (the module's or the DataModule's
+        ``train_dataloader()``, ...), as after a search changed the batch size. From
+        ``on_fit_start`` or ``on_train_epoch_start``, the coming epoch runs on the new loaders; from
+        ``on_test_start`` (or validate's, predict's), the stage does. Returns them: ``[train loader]``
+        in fit, else the stage's loaders."""
+        data = self._data
+        if data is None:
+            raise RuntimeError("Trainer.reload_dataloaders() remakes the loaders of a running stage: call it from a "
+                               "hook (on_fit_start, on_train_epoch_start, on_test_start, ...).")
+        kind = "train" if self.stage == "fit" else STAGE_KIND[self.stage]
+        if not data.from_hook(kind):
+            raise ValueError(f"Trainer.reload_dataloaders() cannot remake loaders passed as {data.argument_text(kind)}. "
+                             f"Return them from {HOOKS[kind]}() of the module or of a DataModule.")
+        self._make_loaders(self.stage, data)
+        return [self._fit_loaders[0]] if self.stage == "fit" else list(self._evaluation_loaders[0])
+
     # =========================================================================================
     # Launch and per-process setup
     # =========================================================================================
@@ -333,30 +425,42 @@ class Trainer:
             print(table)
         return output
 
-    def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> Any:
+    def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any,
+                search: Callable[[Trainer, TrainingModule], Any] | None = None) -> Any:
         ckpt_path = prepare_launch(self, stage, module, data, ckpt_path)  # callbacks, ckpt_path, log_dir
-        output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path)
+        output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path, search)
         if handoff is not None:  # the work ran in other processes: bring its results here
             receive_handoff(self, module, handoff, data.datamodule)
         self._preemption.exit_if_stopped()  # SystemExit(128 + signal) once a signal stopped fit
         return output
 
-    def _run_stage(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> tuple[Any, Any]:
+    def _make_loaders(self, stage: str, data: DataSource) -> None:
+        """The stage's loaders, prepared (fit's may exist already: made for estimated_stepping_batches)."""
+        if stage == "fit":
+            self._fit_loaders, self._early_fit_data = self._early_fit_data or load_fit_data(self, data), None
+        else:
+            self._evaluation_loaders = evaluation_loaders(self, stage, data.loaders(STAGE_KIND[stage]))
+
+    def _run_stage(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any,
+                   search: Callable[[Trainer, TrainingModule], Any] | None = None) -> tuple[Any, Any]:
         """Everything one process does for one stage; returns (output, handoff for the caller)."""
         enter_stage(self, stage, module, data)  # this process's rank, rank zero's log_dir (trainer/stage.py)
         try:
             setup_stage(self, stage, module, data)  # seed, prepare_data, the setup hooks
             self._hooks = step_hooks(self.callbacks, module)
             self.model = setup_model(self, module, stage)  # the one setup order (trainer/setup.py)
-            if stage == "fit":
+            if search is not None:  # run_search: the search in place of the stage's loop
+                self._make_loaders(stage, data)
+                output = search(self, module)
+            elif stage == "fit":
                 with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
                     output = self._run_fit(module, data, ckpt_path)
             else:
                 checkpoint = read_checkpoint(ckpt_path, data.datamodule)
                 if ckpt_path is not None:
                     restore(self, ckpt_path, model_only=True, state=checkpoint)
-                loaders, counts = evaluation_loaders(self, stage, data.loaders(STAGE_KIND[stage]))
-                output = self._evaluation_loop(stage, loaders, counts)
+                self._make_loaders(stage, data)
+                output = self._evaluation_loop(stage, *self._evaluation_loaders)
             handoff = handoff_state(self, module, stage, data.datamodule) if self.strategy.launches_subprocesses else None
             return output, handoff
         except BaseException as error:
@@ -365,6 +469,7 @@ class Trainer:
             raise
         finally:
             teardown_stage(self, stage, module, data)  # the teardown hooks, the strategy's
+            self._fit_loaders = self._evaluation_loaders = None
 
     # Manual optimization's optimizer hooks (registered by trainer/setup.py): per step, so here.
     def _count_manual_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -378,9 +483,7 @@ class Trainer:
     # =========================================================================================
     def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
         checkpoint = read_checkpoint(ckpt_path, data.datamodule)
-        # Made already if configure_optimizers asked for estimated_stepping_batches.
-        train_loader, val_loaders = self._early_fit_data or load_fit_data(self, data)
-        self._early_fit_data = None
+        self._make_loaders("fit", data)
         self.should_stop, self._resume_position, self._unchecked_losses = False, None, []
         self._said_min_not_met = False
         self._end_of_fit = None
@@ -389,6 +492,7 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_fit_start(self, module)
         module.on_fit_start()
+        val_loaders = self._fit_loaders[1]  # after on_fit_start: a search there may have made new loaders
         if val_loaders is not None and self._resume_position is None and self.num_sanity_val_steps != 0:
             self._run_sanity_check(val_loaders)
         for callback in self.callbacks:
@@ -400,9 +504,9 @@ class Trainer:
             say_nothing_to_train(self)
         while not self._finished():
             if reload_due(self, data, loaded_at):
-                train_loader, val_loaders = load_fit_data(self, data)
+                self._fit_loaders = load_fit_data(self, data)
                 loaded_at = self.current_epoch
-            self._run_train_epoch(train_loader, val_loaders)
+            self._run_train_epoch()
         # What save_checkpoint writes after fit returns: this moment's state, as a checkpoint
         # written now would hold it (optimizer states by reference: nothing is copied).
         self._end_of_fit = (module, training_state(self))
@@ -420,13 +524,14 @@ class Trainer:
             or (self.max_epochs not in (None, -1) and self.current_epoch >= self.max_epochs)
         )
 
-    def _run_train_epoch(self, train_loader: Any, val_loaders: list[Any] | None) -> None:
+    def _run_train_epoch(self) -> None:
         module, strategy, hooks = self.module, self.strategy, self._hooks
         self.model.train()
         self.metrics.start_training()
         for callback in self.callbacks:
             callback.on_train_epoch_start(self, module)
         module.on_train_epoch_start()
+        train_loader, val_loaders = self._fit_loaders  # after the hooks: a search there may have made new ones
         num_batches = self.num_training_batches
         val_every = None
         if val_loaders is not None:
@@ -619,6 +724,8 @@ class Trainer:
         for hook in hooks.start:
             hook(self, module)
         hooks.module_start()
+        if stage == self.stage:  # validate, test, predict: a search in on_<stage>_start may have made new loaders
+            loaders, limits = self._evaluation_loaders
         for hook in hooks.epoch_start:
             hook(self, module)
         hooks.module_epoch_start()

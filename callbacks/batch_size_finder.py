@@ -68,15 +68,20 @@ class BatchSizeFinder(Callback):
             raise ValueError("The batch size finder is not supported with distributed strategies: a process that ran "
                              "out of memory would leave the others waiting. Find the batch size on one device "
                              "(Trainer(devices=1)), then pass it to the distributed run.")
+        self.check_attribute(pl_module)
         name = self._batch_arg_name
-        if not has_attribute(pl_module, name):
-            raise ValueError(f"Field {name} not found in `model`, `datamodule`, nor their `hparams` attributes. "
-                             f"The batch size finder sets it and makes the loaders again: read it in the "
-                             f"*_dataloader hooks (DataLoader(..., batch_size=self.{name})).")
         if hasattr(pl_module, name) and name in getattr(pl_module, "hparams", {}):
             warnings.warn(f"Field `model.{name}` and `model.hparams.{name}` are mutually exclusive! `model.{name}` will "
                           "be used as the initial batch size for scaling. If this is not the intended behavior, "
                           "please remove either one.", stacklevel=2)
+
+    def check_attribute(self, pl_module: TrainingModule, datamodule: Any = None) -> None:
+        """Raise if neither the module nor the DataModule (nor their hparams) holds ``batch_arg_name``."""
+        name = self._batch_arg_name
+        if not has_attribute(pl_module, name, datamodule):
+            raise ValueError(f"Field {name} not found in `model`, `datamodule`, nor their `hparams` attributes. "
+                             f"The batch size finder sets it and makes the loaders again: read it in the "
+                             f"*_dataloader hooks (DataLoader(..., batch_size=self.{name})).")
 
     def on_fit_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         self.scale_batch_size(trainer, pl_module)
@@ -135,7 +140,6 @@ class _Search:
 
     def trial(self) -> bool:
         """Run the current size; False if it ran out of memory (any other error propagates)."""
-        free_memory()
         self.loaders = self.trainer.reload_dataloaders()
         out_of_memory = False
         try:

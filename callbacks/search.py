@@ -19,15 +19,16 @@ if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
 
 
-def _holders(model: TrainingModule, name: str) -> list[Any]:
-    """The objects (or hparams dicts) holding ``name``, in Lightning's order."""
+def _holders(model: TrainingModule, name: str, datamodule: Any = None) -> list[Any]:
+    """The objects (or hparams dicts) holding ``name``, in Lightning's order; the DataModule is the
+    Trainer's, unless ``datamodule`` is given (before a stage, the one it will get)."""
     holders: list[Any] = []
     if hasattr(model, name):
         holders.append(model)
     if name in getattr(model, "hparams", {}):
         holders.append(model.hparams)
-    trainer = getattr(model, "trainer", None)
-    datamodule = getattr(trainer, "datamodule", None)
+    if datamodule is None:
+        datamodule = getattr(getattr(model, "trainer", None), "datamodule", None)
     if datamodule is not None:
         if hasattr(datamodule, name):
             holders.append(datamodule)
@@ -36,9 +37,9 @@ def _holders(model: TrainingModule, name: str) -> list[Any]:
     return holders
 
 
-def has_attribute(model: TrainingModule, name: str) -> bool:
+def has_attribute(model: TrainingModule, name: str, datamodule: Any = None) -> bool:
     """Whether the model, its hparams, the DataModule or its hparams hold ``name``."""
-    return bool(_holders(model, name))
+    return bool(_holders(model, name, datamodule))
 
 
 def get_attribute(model: TrainingModule, name: str) -> Any:
@@ -51,9 +52,9 @@ def get_attribute(model: TrainingModule, name: str) -> Any:
     return holder[name] if isinstance(holder, dict) else getattr(holder, name)
 
 
-def set_attribute(model: TrainingModule, name: str, value: Any) -> None:
+def set_attribute(model: TrainingModule, name: str, value: Any, datamodule: Any = None) -> None:
     """Set ``name`` to ``value`` in every holder (Lightning's ``lightning_setattr``)."""
-    holders = _holders(model, name)
+    holders = _holders(model, name, datamodule)
     if not holders:
         raise AttributeError(f"{name} is neither stored in the model namespace nor the `hparams` namespace/dict, "
                              "nor the datamodule.")
@@ -78,11 +79,15 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 def free_memory() -> None:
-    """Collect garbage and give the allocator's cached blocks back, after an out-of-memory trial."""
-    gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    """After an out-of-memory trial: collect what it left in reference cycles and give the device
+    allocator's cached blocks back. A full collection takes up to a second in a large process, so
+    on the CPU alone only the young generations are collected (the trial's objects are young)."""
+    on_cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    on_mps = torch.backends.mps.is_available()
+    gc.collect(2 if on_cuda or on_mps else 1)
+    if on_cuda:
         torch.cuda.empty_cache()
-    if torch.backends.mps.is_available():
+    if on_mps:
         torch.mps.empty_cache()
 
 

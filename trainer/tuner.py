@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 from callbacks import BatchSizeFinder, LearningRateFinder, LRFinder
 from callbacks.lr_finder import lr_attribute
 from callbacks.search import set_attribute
+from trainer.datamodule import DataModule
 
 if TYPE_CHECKING:
-    from trainer.datamodule import DataModule
     from trainer.module import TrainingModule
     from trainer.trainer import Trainer
 
@@ -56,10 +56,11 @@ class Tuner:
                              "want to use the Tuner.")
         finder = BatchSizeFinder(mode=mode, steps_per_trial=steps_per_trial, init_val=init_val, max_trials=max_trials,
                                  batch_arg_name=batch_arg_name, margin=margin, max_val=max_val)
+        finder.check_attribute(model, datamodule if datamodule is not None else _datamodule_in(train_dataloaders))
         size = self._trainer.run_search(_BatchSizeSearch(finder), model, method, train_dataloaders, val_dataloaders,
                                         dataloaders, datamodule)
         if size is not None:  # in the caller too, when the search ran in other processes
-            set_attribute(model, batch_arg_name, size)
+            set_attribute(model, batch_arg_name, size, datamodule or _datamodule_in(train_dataloaders))
         return size
 
     def lr_find(self, model: TrainingModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
@@ -110,6 +111,11 @@ class _BatchSizeSearch:
         self.finder.setup(trainer, module, trainer.stage)
         self.finder.scale_batch_size(trainer, module)
         return self.finder.optimal_batch_size
+
+
+def _datamodule_in(loaders: Any) -> DataModule | None:
+    """fit(model, dm) passes the DataModule where the loaders go, as Lightning allows."""
+    return loaders if isinstance(loaders, DataModule) else None
 
 
 def _check_configuration(train_dataloaders: Any, val_dataloaders: Any, dataloaders: Any, method: str) -> None:

@@ -175,6 +175,28 @@ def test_lr_find_runs_with_the_backbone_frozen_and_leaves_the_model_as_given(mak
     assert len(trainer.optimizers[0].param_groups) == 2
 
 
+def test_gradient_clipping_reaches_the_groups_added_during_fit(make_trainer):
+    class UnfreezeAtOnce(BaseFinetuning):
+        def freeze_before_training(self, module):
+            self.freeze(module.backbone)
+
+        def finetune_function(self, module, epoch, optimizer):
+            if epoch == 0:
+                self.unfreeze_and_add_param_group(module.backbone[0], optimizer, lr=1.0)
+
+    class Steep(Backboned):
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.mse_loss(self.head(self.backbone(x)), 100 * y)  # large gradients
+
+    model = Steep()
+    before = model.backbone[0].weight.clone()
+    make_trainer(max_epochs=1, callbacks=[UnfreezeAtOnce()], gradient_clip_val=1e-3,
+                 gradient_clip_algorithm="value").fit(model)
+    change = (model.backbone[0].weight - before).abs().max()
+    assert 0 < change <= 4 * 1e-3 + 1e-7  # four steps at lr 1.0, each gradient clipped to 1e-3
+
+
 def test_a_module_without_a_backbone_is_refused(make_trainer):
     class Headless(Backboned):
         def __init__(self):

@@ -10,7 +10,7 @@ Each step sees what the previous one built::
 
 The checkpoint, if any, is restored after this, by the stage. :func:`setup_optimization` also
 decides, once per fit, what the hot loop then reads without asking: who owns backward and the
-optimizer step, what clipping walks, and manual optimization's step counters.
+optimizer step, and manual optimization's step counters.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def setup_model(trainer: Trainer, module: TrainingModule, stage: str) -> torch.n
 
 
 def setup_optimization(trainer: Trainer, module: TrainingModule) -> None:
-    """configure_optimizers, read once; the seams' owners; what clipping walks."""
+    """configure_optimizers, read once; the seams' owners."""
     trainer.optimizers, trainer.lr_scheduler_configs = parse_optimizers(module.configure_optimizers())
     trainer._automatic_optimization = module.automatic_optimization  # read once: the hot loop reads it every step
     if trainer._automatic_optimization:
@@ -79,5 +79,4 @@ def setup_optimization(trainer: Trainer, module: TrainingModule) -> None:
     trainer._backward = (functools.partial(owner.backward, trainer, module) if owner is not None
                          else trainer.strategy.backward)
     trainer._step_owner = single_owner([c for c in trainer.callbacks if c.owns_optimizer_step], "owns_optimizer_step")
-    trainer._clip_parameters = [p for group in trainer.optimizers[0].param_groups for p in group["params"]]
     trainer._module_optimizers = optimizers_for_module(trainer.optimizers, trainer)  # self.optimizers() in manual mode

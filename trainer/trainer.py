@@ -654,7 +654,9 @@ class Trainer:
         if self._hooks.before_step:
             self._hooks.call_before_optimizer_step(self, self.module, optimizer)
         if self.gradient_clip_val is not None:
-            clip_gradients(self._clip_parameters, self.gradient_clip_val, self.gradient_clip_algorithm)
+            # Read at each step: a group added during fit (BaseFinetuning's unfrozen layers) is clipped too.
+            parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+            clip_gradients(parameters, self.gradient_clip_val, self.gradient_clip_algorithm)
         if self._step_owner is not None:
             applied = self._step_owner.optimizer_step(self, self.module, optimizer)
         else:

@@ -37,7 +37,8 @@ from callbacks.torch_flags import TorchFlags
 
 __all__ = [
     "AMP", "AsyncLogger", "BackboneFinetuning", "BaseFinetuning", "BatchSizeFinder", "CSVLogger", "Callback", "Compile",
-    "EarlyStopping", "GradientCheckpointing", "LRFinder", "LearningRateFinder", "LearningRateMonitor", "Logger", "ModelCheckpoint", "ModelSummary", "PerformanceReport", "Profiler", "ProgressBar",
+    "EarlyStopping", "GradientCheckpointing", "LRFinder", "LearningRateFinder", "LearningRateMonitor", "Logger",
+    "ModelCheckpoint", "ModelSummary", "PerformanceReport", "Profiler", "ProgressBar",
     "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags", "default_callbacks", "observability_callbacks",
     "with_module_callbacks",
 ]

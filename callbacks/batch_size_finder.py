@@ -60,7 +60,8 @@ class BatchSizeFinder(Callback):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"BatchSizeFinder({name}={value!r}): use an int >= {least}.")
         self.optimal_batch_size: int | None = init_val
-        self._mode, self._steps_per_trial, self._init_val, self._max_trials = mode, steps_per_trial, init_val, max_trials
+        self._mode, self._steps_per_trial = mode, steps_per_trial
+        self._init_val, self._max_trials = init_val, max_trials
         self._batch_arg_name, self._margin, self._max_val = batch_arg_name, margin, max_val
 
     def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
@@ -71,9 +72,9 @@ class BatchSizeFinder(Callback):
         self.check_attribute(pl_module)
         name = self._batch_arg_name
         if hasattr(pl_module, name) and name in getattr(pl_module, "hparams", {}):
-            warnings.warn(f"Field `model.{name}` and `model.hparams.{name}` are mutually exclusive! `model.{name}` will "
-                          "be used as the initial batch size for scaling. If this is not the intended behavior, "
-                          "please remove either one.", stacklevel=2)
+            warnings.warn(f"Field `model.{name}` and `model.hparams.{name}` are mutually exclusive! "
+                          f"`model.{name}` will be used as the initial batch size for scaling. If this is not the "
+                          "intended behavior, please remove either one.", stacklevel=2)
 
     def check_attribute(self, pl_module: TrainingModule, datamodule: Any = None) -> None:
         """Raise if neither the module nor the DataModule (nor their hparams) holds ``batch_arg_name``."""
@@ -164,7 +165,8 @@ class _Search:
         new_size = value if value is not None else int(size * factor)
         if new_size > self.max_val:  # max_val itself is then tried (Lightning stops before it, untried)
             if desc:
-                self.progress.say(f"Batch size {new_size} exceeds max_val limit {self.max_val}, capping at {self.max_val}")
+                self.progress.say(f"Batch size {new_size} exceeds max_val limit {self.max_val}, "
+                                  f"capping at {self.max_val}")
             new_size = self.max_val
         if new_size == size == self.max_val:
             self.progress.say(f"Reached the maximum batch size limit of {self.max_val}. Stopping search.")

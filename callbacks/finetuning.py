@@ -20,7 +20,6 @@ import warnings
 from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch.nn import Module, ModuleDict
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim.optimizer import Optimizer
@@ -72,7 +71,8 @@ class BaseFinetuning(Callback):
 
     def finetune_function(self, pl_module: TrainingModule, epoch: int, optimizer: Optimizer) -> None:
         """Unfreeze modules (``self.unfreeze_and_add_param_group(...)``); called at every epoch's start."""
-        raise NotImplementedError(f"{type(self).__name__} must override finetune_function(pl_module, epoch, optimizer).")
+        raise NotImplementedError(f"{type(self).__name__} must override "
+                                  "finetune_function(pl_module, epoch, optimizer).")
 
     # --- the tools ---------------------------------------------------------------------------
     @staticmethod
@@ -181,7 +181,8 @@ class BaseFinetuning(Callback):
         state = checkpoint.get("callbacks", {}).get(self.state_key)
         if not state:
             return
-        metadata = state.get("internal_optimizer_metadata", state)  # Lightning's checkpoints before 1.6: the dict itself
+        # Lightning's checkpoints before 1.6 hold the dict itself.
+        metadata = state.get("internal_optimizer_metadata", state)
         named = dict(pl_module.named_parameters())
         trained: set[int] = set()
         for opt_idx, optimizer in enumerate(trainer.optimizers):
@@ -212,7 +213,8 @@ class BaseFinetuning(Callback):
                current_param_groups: list[dict[str, Any]]) -> None:
         mapping = {parameter: name for name, parameter in pl_module.named_parameters()}
         if opt_idx not in self._internal_optimizer_metadata:
-            self._internal_optimizer_metadata[opt_idx] = self._apply_mapping_to_param_groups(current_param_groups, mapping)
+            self._internal_optimizer_metadata[opt_idx] = self._apply_mapping_to_param_groups(current_param_groups,
+                                                                                             mapping)
         elif num_param_groups != len(current_param_groups):  # groups the finetune_function added
             self._internal_optimizer_metadata[opt_idx].extend(
                 self._apply_mapping_to_param_groups(current_param_groups[num_param_groups:], mapping))
@@ -274,8 +276,8 @@ class BackboneFinetuning(BaseFinetuning):
             initial_backbone_lr = (self.backbone_initial_lr if self.backbone_initial_lr is not None
                                    else current_lr * self.backbone_initial_ratio_lr)
             self.previous_backbone_lr = initial_backbone_lr
-            self.unfreeze_and_add_param_group(pl_module.backbone, optimizer, initial_backbone_lr, train_bn=self.train_bn,
-                                              initial_denom_lr=self.initial_denom_lr)
+            self.unfreeze_and_add_param_group(pl_module.backbone, optimizer, initial_backbone_lr,
+                                              train_bn=self.train_bn, initial_denom_lr=self.initial_denom_lr)
             self._say(current_lr, initial_backbone_lr)
         elif epoch > self.unfreeze_backbone_at_epoch:
             current_lr = optimizer.param_groups[0]["lr"]

@@ -145,8 +145,9 @@ class LearningRateFinder(Callback):
 
     SUPPORTED_MODES = ("linear", "exponential")
 
-    def __init__(self, min_lr: float = 1e-8, max_lr: float = 1, num_training_steps: int = 100, mode: str = "exponential",
-                 early_stop_threshold: float | None = 4.0, update_attr: bool = True, attr_name: str = "") -> None:
+    def __init__(self, min_lr: float = 1e-8, max_lr: float = 1, num_training_steps: int = 100,
+                 mode: str = "exponential", early_stop_threshold: float | None = 4.0, update_attr: bool = True,
+                 attr_name: str = "") -> None:
         mode = mode.lower() if isinstance(mode, str) else mode
         if mode not in self.SUPPORTED_MODES:
             raise ValueError(f"LearningRateFinder(mode={mode!r}): `mode` should be either of {self.SUPPORTED_MODES}.")
@@ -249,7 +250,8 @@ class _LRRecorder(Callback):
 
     def __init__(self, num_training: int, early_stop_threshold: float | None, progress: SearchProgress,
                  beta: float = 0.98) -> None:
-        self.num_training, self.early_stop_threshold, self.progress, self.beta = num_training, early_stop_threshold, progress, beta
+        self.num_training, self.early_stop_threshold, self.beta = num_training, early_stop_threshold, beta
+        self.progress = progress
         self.lrs: list[float] = []
         self.losses: list[float] = []
         self.avg_loss = 0.0

@@ -111,7 +111,8 @@ def test_the_callback_tunes_the_evaluation_stages_too(make_trainer, stage):
     trainer = make_trainer(callbacks=[BatchSizeFinder(max_trials=6, steps_per_trial=1)])
     getattr(trainer, stage)(model, verbose=False) if stage != "predict" else trainer.predict(model)
     assert model.batch_size == 16  # 32 ran out of memory
-    counts = {"validate": trainer.num_val_batches, "test": trainer.num_test_batches, "predict": trainer.num_predict_batches}
+    counts = {"validate": trainer.num_val_batches, "test": trainer.num_test_batches,
+              "predict": trainer.num_predict_batches}
     assert counts[stage] == [4] and model.batch_sizes[-4:] == [16] * 4  # the stage ran at that size
     assert trainer.global_step == 0
 

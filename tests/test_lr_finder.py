@@ -192,7 +192,8 @@ def test_plot_without_matplotlib_prints_the_numbers(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as on a machine without it
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
     finder = LRFinder("exponential", 1e-4, 1.0, 30)
-    finder.results = {"lr": [1e-4 * 10 ** (i / 10) for i in range(30)], "loss": [1.0 - i / 20 + (i / 20) ** 4 for i in range(30)]}
+    finder.results = {"lr": [1e-4 * 10 ** (i / 10) for i in range(30)],
+                      "loss": [1.0 - i / 20 + (i / 20) ** 4 for i in range(30)]}
     with pytest.warns(UserWarning, match="pip install matplotlib"):
         assert finder.plot(suggest=True) is None
     table = capsys.readouterr().out
@@ -204,7 +205,8 @@ def test_plot_without_matplotlib_prints_the_numbers(capsys, monkeypatch):
 def test_plot_draws_the_curve_with_matplotlib():
     pytest.importorskip("matplotlib")
     finder = LRFinder("exponential", 1e-4, 1.0, 30)
-    finder.results = {"lr": [1e-4 * 10 ** (i / 10) for i in range(30)], "loss": [1.0 - i / 20 + (i / 20) ** 4 for i in range(30)]}
+    finder.results = {"lr": [1e-4 * 10 ** (i / 10) for i in range(30)],
+                      "loss": [1.0 - i / 20 + (i / 20) ** 4 for i in range(30)]}
     figure = finder.plot(suggest=True)
     axes = figure.axes[0]
     assert axes.get_xscale() == "log" and len(axes.lines) == 2  # the curve and the suggestion

@@ -363,13 +363,15 @@ class Trainer:
             raise RuntimeError("Trainer.run_trial runs the loop of a running stage: call it from a hook "
                                "(on_fit_start, on_train_epoch_start, on_test_start, ...).")
         seams, sampler = seam_owners(self.callbacks), self._train_sampler if self.stage == "fit" else None
-        snapshot = take_snapshot(module, self.optimizers, [c.scheduler for c in self.lr_scheduler_configs], seams, sampler)
+        schedulers_before = [config.scheduler for config in self.lr_scheduler_configs]
+        snapshot = take_snapshot(module, self.optimizers, schedulers_before, seams, sampler)
         saved = (self.callbacks, self._hooks, self.lr_scheduler_configs, self.metrics, self.phase_times,
                  self._preemption, self._unchecked_losses, self._resume_position, self._fit_loaders,
                  self._evaluation_loaders, self.should_stop, self.on_nonfinite_loss, self.min_epochs, self.min_steps,
                  self.max_epochs, self.max_steps, self.current_epoch, self.global_step, self.batch_idx,
                  self._train_batches_seen, self.callback_metrics, self.logged_metrics, self.progress_bar_metrics)
-        self.callbacks, self.metrics = [*seams, *callbacks], MetricStore(self.strategy.all_reduce, self.strategy.all_gather_object)
+        self.callbacks = [*seams, *callbacks]
+        self.metrics = MetricStore(self.strategy.all_reduce, self.strategy.all_gather_object)
         self.phase_times, self._preemption, self._unchecked_losses, self._resume_position = PhaseTimes(), Preemption(), [], None
         self.should_stop, self.on_nonfinite_loss, self.min_epochs, self.min_steps = False, "ignore", None, None
         self.callback_metrics, self.logged_metrics, self.progress_bar_metrics = {}, {}, {}
@@ -392,8 +394,7 @@ class Trainer:
              self._evaluation_loaders, self.should_stop, self.on_nonfinite_loss, self.min_epochs, self.min_steps,
              self.max_epochs, self.max_steps, self.current_epoch, self.global_step, self.batch_idx,
              self._train_batches_seen, self.callback_metrics, self.logged_metrics, self.progress_bar_metrics) = saved
-            restore_snapshot(snapshot, module, self.optimizers, [c.scheduler for c in self.lr_scheduler_configs], seams,
-                             sampler)
+            restore_snapshot(snapshot, module, self.optimizers, schedulers_before, seams, sampler)
 
     def reload_dataloaders(self) -> list[Any]:
         """Make the running stage's loaders again from their hooks (the module's or the DataModule's
@@ -407,8 +408,9 @@ class Trainer:
                                "hook (on_fit_start, on_train_epoch_start, on_test_start, ...).")
         kind = "train" if self.stage == "fit" else STAGE_KIND[self.stage]
         if not data.from_hook(kind):
-            raise ValueError(f"Trainer.reload_dataloaders() cannot remake loaders passed as {data.argument_text(kind)}. "
-                             f"Return them from {HOOKS[kind]}() of the module or of a DataModule.")
+            raise ValueError(f"Trainer.reload_dataloaders() cannot remake loaders passed as "
+                             f"{data.argument_text(kind)}. Return them from {HOOKS[kind]}() of the module or of a "
+                             "DataModule.")
         self._make_loaders(self.stage, data)
         return [self._fit_loaders[0]] if self.stage == "fit" else list(self._evaluation_loaders[0])
 

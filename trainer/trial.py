@@ -110,8 +110,10 @@ def _restore_optimizer(optimizer: torch.optim.Optimizer, groups: list[dict[str, 
             if isinstance(value, _HostTensor) and isinstance(live.get(key), torch.Tensor):
                 with torch.no_grad():
                     _copy_into(live[key], value)
+            elif isinstance(value, _HostTensor):
+                live[key] = value.tensor.to(value.device, copy=True)
             else:
-                live[key] = value.tensor.to(value.device, copy=True) if isinstance(value, _HostTensor) else copy.deepcopy(value)
+                live[key] = copy.deepcopy(value)
 
 
 @dataclasses.dataclass

@@ -66,7 +66,8 @@ class Tuner:
     def lr_find(self, model: TrainingModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
                 dataloaders: Any = None, datamodule: DataModule | None = None, method: str = "fit",
                 min_lr: float = 1e-8, max_lr: float = 1, num_training: int = 100, mode: str = "exponential",
-                early_stop_threshold: float | None = 4.0, update_attr: bool = True, attr_name: str = "") -> LRFinder | None:
+                early_stop_threshold: float | None = 4.0, update_attr: bool = True,
+                attr_name: str = "") -> LRFinder | None:
         """Try ``num_training`` learning rates from ``min_lr`` to ``max_lr`` and return the
         :class:`~callbacks.lr_finder.LRFinder` (``results``, ``suggestion()``, ``plot()``); with
         ``update_attr``, the suggestion becomes the model's ``lr``/``learning_rate`` (or

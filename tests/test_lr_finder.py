@@ -48,7 +48,7 @@ class Net(TrainingModule):
         optimizer = make(self.parameters(), lr=self.hparams.lr)
         if not self.hparams.scheduler:
             return optimizer
-        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)]
+        return [optimizer], [torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 0.5**epoch)]  # from base_lrs
 
     def train_dataloader(self):
         return DataLoader(dataset(), batch_size=8, shuffle=True)
@@ -109,7 +109,8 @@ def test_a_fit_after_lr_find_equals_a_fit_with_the_suggestion_set_from_the_start
 
 
 def test_the_callback_searches_at_fit_start_then_trains_as_with_the_suggestion(make_trainer):
-    """With a scheduler too: it continues from the suggested rate, as if configured with it."""
+    """With a scheduler too: it continues from the suggested rate, as if configured with it (Lightning's
+    LambdaLR would go back to the configured rate at its first step)."""
     model = Net(scheduler=True)
     callback = LearningRateFinder(num_training_steps=30, early_stop_threshold=None)
     torch.manual_seed(5)

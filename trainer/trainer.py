@@ -16,8 +16,8 @@ import itertools
 import math
 import os
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch

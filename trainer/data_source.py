@@ -90,6 +90,18 @@ class DataSource:
         return f"Trainer.{self.stage}({self.argument(kind)}=...)"
 
 
+def reloadable(data: DataSource | None, stage: str | None) -> None:
+    """Raise unless the loaders of the running stage (``data``, None between stages) come from hooks,
+    which ``Trainer.reload_dataloaders`` can call again."""
+    if data is None:
+        raise RuntimeError("Trainer.reload_dataloaders() remakes the loaders of a running stage: call it from a "
+                           "hook (on_fit_start, on_train_epoch_start, on_test_start, ...).")
+    kind = "train" if stage == "fit" else STAGE_KIND[stage]
+    if not data.from_hook(kind):
+        raise ValueError(f"Trainer.reload_dataloaders() cannot remake loaders passed as {data.argument_text(kind)}. "
+                         f"Return them from {HOOKS[kind]}() of the module or of a DataModule.")
+
+
 def collect_data(stage: str, module: Any, loaders: Any, val_loaders: Any, datamodule: Any,
                  previous_datamodule: DataModule | None = None, validates: bool = True) -> DataSource:
     """Check what ``Trainer.<stage>`` was given and return where its loaders come from.

@@ -10,12 +10,14 @@ Performance notes are marked "hot loop": nothing there converts a tensor to a Py
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ import callbacks as callbacks_package
 from callbacks import Callback
 from strategies import Strategy
 from trainer.arguments import loss_of, loss_without_grad, no_training_batches
-from trainer.data_source import STAGE_KIND, DataSource, collect_data
+from trainer.data_source import STAGE_KIND, DataSource, collect_data, reloadable
 from trainer.datamodule import DataModule
 from trainer.guards import LossGuard
 from trainer.hooks import evaluation_hooks, step_hooks
@@ -45,6 +47,7 @@ from trainer.state import (
     Progress, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
 )
 from trainer.timing import PhaseTimes, measured
+from trainer.trial import restore_snapshot, seam_owners, take_snapshot
 
 CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
 
@@ -144,7 +147,8 @@ class Trainer:
         self._end_of_fit: tuple[TrainingModule, dict] | None = None  # (module, training_state) when fit ended
         self._preemption = Preemption()  # SIGTERM/SIGUSR1 during fit (trainer/preemption.py)
         self._stage_loaders: list[Any] = []  # the loaders this stage made (trainer/stage_loaders.py)
-        self._early_fit_data: FitLoaders | None = None  # fit's loaders, made for estimated_stepping_batches
+        self._fit_loaders: FitLoaders | None = None  # fit's (made early if estimated_stepping_batches asks)
+        self._evaluation_loaders: tuple[list[Any], list[int | float]] | None = None  # validate/test/predict's, counts
         self._described: str | None = None  # the device report last printed (trainer/stage.py)
         self._said_min_not_met = False  # the min_epochs/min_steps notice was printed in this fit
         self.phase_times = PhaseTimes()  # host seconds per phase, for the performance report
@@ -250,6 +254,68 @@ class Trainer:
         if not weights_only:  # the last checkpoint a run can resume from, named when a loss turns NaN
             self._guard.last_checkpoint = (str(filepath), step)
 
+    # --- the seams of the Tuner's searches (trainer/tuner.py, callbacks/lr_finder.py, batch_size_finder.py) ---
+    def run_search(self, search: Callable[[Trainer, TrainingModule], Any], model: TrainingModule, method: str = "fit",
+                   train_dataloaders: Any = None, val_dataloaders: Any = None, dataloaders: Any = None,
+                   datamodule: DataModule | None = None) -> Any:
+        """Set ``model`` up as ``method`` ("fit", "validate", "test", "predict") does, with its loaders; run
+        ``search(trainer, module)`` in place of the loop (only the setup and teardown hooks run); tear down;
+        return what ``search`` returned (rank zero's when the strategy spawns processes)."""
+        data = collect_data(method, model, train_dataloaders if method == "fit" else dataloaders, val_dataloaders,
+                            datamodule, previous_datamodule=None if method == "fit" else self.datamodule,
+                            validates=self.limits["validate"] != 0)
+        trainable = [parameter.requires_grad for parameter in model.parameters()]
+        try:
+            return self._launch(method, model, data, None, search)
+        finally:  # a setup hook (BaseFinetuning's) may have frozen some: the model is left as it was given
+            for parameter, requires_grad in zip(model.parameters(), trainable):
+                parameter.requires_grad_(requires_grad)
+
+    def run_trial(self, num_steps: int, callbacks: list[Callback] = (),
+                  schedulers: Callable[[list[torch.optim.Optimizer]], list[Any]] | None = None) -> None:
+        """From a hook of a running stage, run its loop a little, then put everything back (trainer/trial.py).
+        fit (from on_fit_start or on_train_epoch_start): ``num_steps`` optimizer steps without validation, stepping
+        only the schedulers ``schedulers(optimizers)`` makes; validate, test, predict: ``num_steps`` batches of
+        the first loader. Only ``callbacks`` and the seam owners (AMP) run; ``should_stop`` ends it."""
+        if self.module is None:
+            raise RuntimeError("Trainer.run_trial runs the loop of a running stage: call it from a hook "
+                               "(on_fit_start, on_train_epoch_start, on_test_start, ...).")
+        # Every attribute as it is (the objects a trial changes in place are replaced below, so putting
+        # these back puts back everything), and the weights, optimizers and RNG on the host.
+        kept, seams, sampler = dict(vars(self)), seam_owners(self.callbacks), self._progress.sampler
+        schedulers_kept = [config.scheduler for config in self.lr_scheduler_configs]
+        snapshot = take_snapshot(self.module, self.optimizers, schedulers_kept, seams, sampler)
+        self.callbacks = [*seams, *callbacks]
+        self._plan = dataclasses.replace(self._plan, hooks=step_hooks(self.callbacks, self.module))
+        self.metrics = MetricStore(self.strategy.all_reduce, self.strategy.all_gather_object)
+        self.phase_times, self._preemption, self._progress = PhaseTimes(), Preemption(), Progress(sampler=sampler)
+        self._guard, self.on_nonfinite_loss = LossGuard("ignore"), "ignore"
+        self.should_stop, self.min_epochs, self.min_steps = False, None, None
+        try:
+            if self.stage == "fit":
+                made = schedulers(self.optimizers) if schedulers is not None else []
+                self.lr_scheduler_configs = [SchedulerConfig(scheduler, interval="step") for scheduler in made]
+                self.max_epochs, self.max_steps = -1, self.global_step + num_steps
+                self._fit_loaders = dataclasses.replace(self._fit_loaders, val=None)
+                while not self._finished():
+                    self._run_train_epoch()
+            else:
+                (loader, *_), (count, *_) = self._evaluation_loaders
+                self._evaluation_loaders = ([loader], [min(num_steps, count)])
+                self._evaluation_loop(self.stage, *self._evaluation_loaders)
+        finally:
+            vars(self).update(kept)
+            restore_snapshot(snapshot, self.module, self.optimizers, schedulers_kept, seams, sampler)
+
+    def reload_dataloaders(self) -> list[Any]:
+        """Make the running stage's loaders again from their hooks (after a search changed the batch size); from
+        on_fit_start or on_train_epoch_start the coming epoch runs on them, from on_<stage>_start the stage does.
+        Returns them: ``[train loader]`` in fit, else the stage's loaders."""
+        reloadable(self._data, self.stage)  # or an error saying why not
+        self._fit_loaders = None
+        self._make_loaders(self.stage, self._data)
+        return [self._fit_loaders.train] if self.stage == "fit" else list(self._evaluation_loaders[0])
+
     # --- launch and per-process setup ------------------------------------------------------
     def _evaluate(self, stage: str, model: TrainingModule | None, dataloaders: Any, ckpt_path: Any, datamodule: Any,
                   verbose: bool) -> Any:
@@ -261,11 +327,11 @@ class Trainer:
             print(table)
         return output
 
-    def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> Any:
+    def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any, search: Any = None) -> Any:
         self.callbacks, ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path)  # trainer/stage.py
         module.trainer, self.lightning_module = self, module  # both answer after the stage too (test(model=None))
         self.datamodule = data.datamodule if data.datamodule is not None else self.datamodule
-        output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path)
+        output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path, search)
         if handoff is not None:  # the work ran in other processes: bring its results here
             receive_handoff(module, self.callbacks, self.metrics, handoff, data.datamodule)  # weights, callbacks, metrics
             self.current_epoch, self.global_step = handoff["current_epoch"], handoff["global_step"]
@@ -275,8 +341,10 @@ class Trainer:
         self._preemption.exit_if_stopped()  # SystemExit(128 + signal) once a signal stopped fit
         return output
 
-    def _run_stage(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> tuple[Any, Any]:
-        """Everything one process does for one stage; returns (output, handoff for the caller)."""
+    def _run_stage(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any,
+                   search: Callable[[Trainer, TrainingModule], Any] | None) -> tuple[Any, Any]:
+        """Everything one process does for one stage (or ``search`` in place of its loop: run_search);
+        returns (output, handoff for the caller)."""
         enter_stage(self, stage, module, data)  # this process's rank, rank zero's log_dir (trainer/stage.py)
         self._data = data
         try:
@@ -286,16 +354,18 @@ class Trainer:
             self._plan = plan_evaluation(hooks, self.model, self.strategy)
             if stage == "fit":
                 self.optimizers, self.lr_scheduler_configs, self._plan = plan_optimization(self, module, self.model, hooks)
+            if search is not None:
+                self._make_loaders(stage, data)
+                output = search(self, module)
+            elif stage == "fit":
                 with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
                     output = self._run_fit(module, data, ckpt_path)
             else:
                 checkpoint = read_checkpoint(self.strategy, ckpt_path, module, [], data.datamodule)  # weights only
                 if ckpt_path is not None:
                     restore(self, ckpt_path, model_only=True, state=checkpoint)
-                loaders, counts = evaluation_loaders(self, stage, data.loaders(STAGE_KIND[stage]))
-                self._stage_loaders += loaders  # their persistent workers end with the stage
-                setattr(self, NUM_BATCHES[stage], counts)
-                output = self._evaluation_loop(stage, loaders, counts)
+                self._make_loaders(stage, data)
+                output = self._evaluation_loop(stage, *self._evaluation_loaders)
             handoff = (handoff_state(self, module, stage, data.datamodule, self._end_of_fit, self._preemption.stopping_signal())
                        if self.strategy.launches_subprocesses else None)
             return output, handoff
@@ -305,14 +375,13 @@ class Trainer:
             raise
         finally:
             teardown_stage(self, stage, module, data, self._plan, self._stage_loaders)  # the teardown hooks, the workers
-            self.module = self.model = self._data = self._early_fit_data = self._plan = None
+            self.module = self.model = self._data = self._fit_loaders = self._evaluation_loaders = self._plan = None
             self._stage_loaders = []
 
     # --- fit: the loop ---------------------------------------------------------------------
     def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
         checkpoint = read_checkpoint(self.strategy, ckpt_path, module, self.optimizers, data.datamodule)
-        # Made already if configure_optimizers asked for estimated_stepping_batches.
-        loaders, self._early_fit_data = self._early_fit_data or self._load_fit_data(data), None
+        self._make_loaders("fit", data)
         self.should_stop, self._said_min_not_met, self._end_of_fit, self._progress.resumed = False, False, None, None
         self._guard.losses = []
         if ckpt_path is not None:  # the loop continues where the checkpoint was written
@@ -324,8 +393,9 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_fit_start(self, module)
         module.on_fit_start()
-        if loaders.val is not None and self._progress.resumed is None and self.num_sanity_val_steps != 0:
-            self._run_sanity_check(loaders.val)
+        val_loaders = self._fit_loaders.val  # read after on_fit_start: a search there may have made new loaders
+        if val_loaders is not None and self._progress.resumed is None and self.num_sanity_val_steps != 0:
+            self._run_sanity_check(val_loaders)
         for callback in self.callbacks:
             callback.on_train_start(self, module)
         module.on_train_start()
@@ -337,8 +407,8 @@ class Trainer:
             print(f"Trainer.fit trained nothing: {why} to train more.", file=sys.stderr, flush=True)
         while not self._finished():
             if reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, loaded_at, data):
-                loaders, loaded_at = self._load_fit_data(data), self.current_epoch
-            self._run_train_epoch(loaders.train, loaders.val)
+                self._fit_loaders, loaded_at = self._load_fit_data(data), self.current_epoch
+            self._run_train_epoch()
         # What save_checkpoint writes after fit returns (optimizer states by reference: nothing copied).
         self._end_of_fit = (module, training_state(self, self._progress))
         for callback in self.callbacks:
@@ -347,6 +417,15 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_fit_end(self, module)
         module.on_fit_end()
+
+    def _make_loaders(self, stage: str, data: DataSource) -> None:
+        """The stage's loaders, prepared, with their counts (fit's may exist: made for estimated_stepping_batches)."""
+        if stage == "fit":
+            self._fit_loaders = self._fit_loaders or self._load_fit_data(data)
+        else:
+            self._evaluation_loaders = evaluation_loaders(self, stage, data.loaders(STAGE_KIND[stage]))
+            self._stage_loaders += self._evaluation_loaders[0]  # their persistent workers end with the stage
+            setattr(self, NUM_BATCHES[stage], self._evaluation_loaders[1])
 
     def _load_fit_data(self, data: DataSource) -> FitLoaders:
         """fit's loaders, made (trainer/stage_loaders.py); the Trainer takes their counts."""
@@ -371,14 +450,15 @@ class Trainer:
                   "not met yet; training continues until they are.", file=sys.stderr)
         return False
 
-    def _run_train_epoch(self, train_loader: Any, val_loaders: list[Any] | None) -> None:
+    def _run_train_epoch(self) -> None:
         module, strategy, hooks, progress = self.module, self.strategy, self._plan.hooks, self._progress
         self.model.train()
         self.metrics.start_training()
         for callback in self.callbacks:
             callback.on_train_epoch_start(self, module)
         module.on_train_epoch_start()
-        num_batches = self.num_training_batches
+        train_loader, val_loaders = self._fit_loaders.train, self._fit_loaders.val  # after the hooks: a search there
+        num_batches = self.num_training_batches  # may have made new ones
         val_every = None if val_loaders is None else validation_interval(
             self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch, num_batches)
         batch_idx = -1
@@ -484,7 +564,9 @@ class Trainer:
         if plan.hooks.before_step:
             plan.hooks.call_before_optimizer_step(self, self.module, optimizer)
         if self.gradient_clip_val is not None:
-            clip_gradients(plan.clip_parameters, self.gradient_clip_val, self.gradient_clip_algorithm)
+            # Read at each step: a group added during fit (BaseFinetuning's unfrozen layers) is clipped too.
+            parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+            clip_gradients(parameters, self.gradient_clip_val, self.gradient_clip_algorithm)
         if plan.step_owner is not None:
             applied = plan.step_owner.optimizer_step(self, self.module, optimizer)
         else:
@@ -556,7 +638,11 @@ class Trainer:
         hooks = evaluation_hooks(stage, self, self.callbacks, self.module, several)
         self.model.eval()
         self.metrics.start_evaluation()
-        for hook in hooks.start + hooks.epoch_start:
+        for hook in hooks.start:
+            hook()
+        if stage == self.stage:  # validate, test, predict: a search in on_<stage>_start may have made new loaders
+            loaders, limits = self._evaluation_loaders
+        for hook in hooks.epoch_start:
             hook()
         predictions: list[list[Any]] = []
         with self.strategy.evaluation_context(self.inference_mode):  # no_grad under FSDP
@@ -609,9 +695,9 @@ class Trainer:
     def estimated_stepping_batches(self) -> int | float:
         """The optimizer steps fit will take (trainer/stage_loaders.py). Asked during fit before the loaders
         are made (in configure_optimizers), it makes them now: fit trains on those."""
-        if self.stage == "fit" and self._data is not None and self._early_fit_data is None \
+        if self.stage == "fit" and self._data is not None and self._fit_loaders is None \
                 and math.isinf(self.num_training_batches):
-            self._early_fit_data = self._load_fit_data(self._data)
+            self._fit_loaders = self._load_fit_data(self._data)
         return estimated_stepping_batches(self.num_training_batches, self.accumulate_grad_batches, self.max_epochs,
                                           self.max_steps)
 

@@ -114,6 +114,8 @@ def collect_data(stage: str, module: Any, loaders: Any, val_loaders: Any, datamo
             stage given no data when the module has no hook for it.
         validates: fit validates at all (``limit_val_batches`` is not 0).
     """
+    if stage not in ("fit", *STAGE_KIND):  # Trainer.run_search's method
+        raise ValueError(f"Trainer.run_search(method={stage!r}): use 'fit', 'validate', 'test' or 'predict'.")
     require_training_module(module, stage)
     argument = "train_dataloaders" if stage == "fit" else "dataloaders"
     if isinstance(loaders, DataModule):  # fit(model, dm), test(model, dm): Lightning takes these too

@@ -25,6 +25,7 @@ from callbacks import BatchSizeFinder, LearningRateFinder, LRFinder
 from callbacks.lr_finder import lr_attribute
 from callbacks.search import set_attribute
 from trainer.datamodule import DataModule
+from trainer.trial import kept_trainable
 
 if TYPE_CHECKING:
     from trainer.module import TrainingModule
@@ -57,8 +58,9 @@ class Tuner:
         finder = BatchSizeFinder(mode=mode, steps_per_trial=steps_per_trial, init_val=init_val, max_trials=max_trials,
                                  batch_arg_name=batch_arg_name, margin=margin, max_val=max_val)
         finder.check_attribute(model, datamodule if datamodule is not None else _datamodule_in(train_dataloaders))
-        size = self._trainer.run_search(_BatchSizeSearch(finder), model, method, train_dataloaders, val_dataloaders,
-                                        dataloaders, datamodule)
+        with kept_trainable(model):
+            size = self._trainer.run_search(_BatchSizeSearch(finder), model, method, train_dataloaders,
+                                            val_dataloaders, dataloaders, datamodule)
         if size is not None:  # in the caller too, when the search ran in other processes
             set_attribute(model, batch_arg_name, size, datamodule or _datamodule_in(train_dataloaders))
         return size
@@ -84,8 +86,9 @@ class Tuner:
         finder = LearningRateFinder(min_lr=min_lr, max_lr=max_lr, num_training_steps=num_training, mode=mode,
                                     early_stop_threshold=early_stop_threshold, update_attr=update_attr,
                                     attr_name=attr_name)
-        result = self._trainer.run_search(_LRSearch(finder), model, "fit", train_dataloaders, val_dataloaders,
-                                          dataloaders, datamodule)
+        with kept_trainable(model):  # a fine-tuning callback's setup froze some for the search
+            result = self._trainer.run_search(_LRSearch(finder), model, "fit", train_dataloaders, val_dataloaders,
+                                              dataloaders, datamodule)
         if result is not None and update_attr and (lr := result.suggestion()) is not None:
             set_attribute(model, lr_attribute(model, attr_name), lr)  # in the caller too, after a spawned search
         return result

@@ -174,7 +174,8 @@ class LearningRateFinder(Callback):
                              "learning rate finder only works with single optimizer.")
         finder = LRFinder(self._mode, self._min_lr, self._max_lr, self._num_training_steps)
         recorder = _LRRecorder(self._num_training_steps, self._early_stop_threshold,
-                               SearchProgress(trainer, "Finding best initial lr", self._num_training_steps))
+                               SearchProgress(trainer, "Finding best initial lr", self._num_training_steps),
+                               start_step=trainer.global_step)
         try:
             trainer.run_trial(self._num_training_steps, callbacks=[recorder], schedulers=self._sweep)
         finally:
@@ -249,8 +250,9 @@ class _LRRecorder(Callback):
     (a search, not the training run)."""
 
     def __init__(self, num_training: int, early_stop_threshold: float | None, progress: SearchProgress,
-                 beta: float = 0.98) -> None:
+                 beta: float = 0.98, start_step: int = 0) -> None:
         self.num_training, self.early_stop_threshold, self.beta = num_training, early_stop_threshold, beta
+        self.start_step = start_step  # the search's steps count from here (Lightning counts from the run's start)
         self.progress = progress
         self.lrs: list[float] = []
         self.losses: list[float] = []
@@ -272,7 +274,9 @@ class _LRRecorder(Callback):
             return
         self.progress.update()
         loss = (outputs if isinstance(outputs, torch.Tensor) else outputs["loss"]).item()
-        step = trainer.global_step
+        # The search's own step: Lightning uses global_step, so a search later in a run (its documented
+        # FineTuneLearningRateFinder at a milestone epoch) compares with a best loss of 0 and stops at once.
+        step = trainer.global_step - self.start_step
         # A running mean, corrected for its start at zero (as Adam's moments are).
         self.avg_loss = self.beta * self.avg_loss + (1 - self.beta) * loss
         smoothed = self.avg_loss / (1 - self.beta ** (step + 1))

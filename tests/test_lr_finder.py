@@ -172,6 +172,29 @@ def test_a_diverging_loss_stops_the_search_and_says_so(make_trainer, capsys):
     assert losses[-1] > 4 * min(losses)
 
 
+def test_a_search_later_in_the_run_counts_its_own_steps(make_trainer, capsys):
+    """Lightning's documented FineTuneLearningRateFinder, searching at a milestone epoch: the search
+    is as one at the start of a run (Lightning compares the run's global step with its first-step
+    rule, so it stops after one step with a best loss of 0)."""
+
+    class FineTuneLearningRateFinder(LearningRateFinder):
+        def __init__(self, milestones, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.milestones = milestones
+
+        def on_fit_start(self, *args, **kwargs):
+            return
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            if trainer.current_epoch in self.milestones or trainer.current_epoch == 0:
+                self.lr_find(trainer, pl_module)
+
+    finder = FineTuneLearningRateFinder(milestones=(1,), num_training_steps=12)
+    make_trainer(max_epochs=2, callbacks=[finder]).fit(Net())
+    assert len(finder.optimal_lr.results["lr"]) == 12  # the milestone's search, after 8 steps of training
+    assert "stopped early" not in capsys.readouterr().err
+
+
 def test_too_few_points_leave_the_learning_rate_as_it_was(make_trainer, capsys):
     model = Net()
     finder = Tuner(make_trainer(max_epochs=1)).lr_find(model, num_training=1)

@@ -519,9 +519,7 @@ class Trainer:
         if plan.hooks.before_step:
             plan.hooks.call_before_optimizer_step(self, self.module, optimizer)
         if self.gradient_clip_val is not None:
-            # Read at each step: a group added during fit (BaseFinetuning's unfrozen layers) is clipped too.
-            parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
-            clip_gradients(parameters, self.gradient_clip_val, self.gradient_clip_algorithm)
+            clip_gradients(plan.clip_parameters(), self.gradient_clip_val, self.gradient_clip_algorithm)
         if plan.step_owner is not None:
             applied = plan.step_owner.optimizer_step(self, self.module, optimizer)
         else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Callable
 
 import torch
@@ -90,8 +90,9 @@ class Strategy:
     def setup_environment(self) -> None:
         """Per-process setup inside ``launch``: set the device, join the process group."""
 
-    def teardown(self) -> None:
-        """Undo ``setup_environment``: leave the process group, free caches."""
+    def teardown(self, optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
+        """Undo ``setup_environment``: leave the process group, free caches. A strategy that placed
+        the module on an accelerator moves it back to the CPU with ``optimizers``' states."""
 
     # --- model and data -------------------------------------------------------------------
     def setup_module(self, module: nn.Module) -> nn.Module:

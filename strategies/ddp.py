@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import sys
 import traceback
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import torch
@@ -278,7 +279,7 @@ class DDP(Strategy):
                 *self._store_address, self._world_size, hosts_here, self.timeout)
         return self._base_store, self._thread_store
 
-    def teardown(self) -> None:
+    def teardown(self, optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
         error = sys.exc_info()[1]  # teardown runs in the loop's `finally`: an error may be on its way out
         if error is not None:
             self.record_failure(error)
@@ -291,7 +292,7 @@ class DDP(Strategy):
         self._control_group = None
         placed, self._placed = self._placed, None
         if placed is not None and self._mode == "join":  # under torchrun the script goes on; spawned workers end
-            return_to_host(placed, self.device)
+            return_to_host(placed, self.device, optimizers)
 
     def record_failure(self, error: BaseException | None = None) -> None:
         """Tell the other ranks (and the launcher) that this rank failed, once."""

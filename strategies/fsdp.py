@@ -24,7 +24,7 @@ import contextlib
 import datetime
 import itertools
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,13 +162,13 @@ class FSDP(DDP):
         else:
             self._mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("shard",))
 
-    def teardown(self) -> None:
+    def teardown(self, optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
         # Under torchrun the user's module keeps its shards after fit (test, predict or a save may
         # follow in the same script), and shards live on the process group: keep the group for
         # the life of the process. Spawned workers end here, and a failed stage cleans up as DDP.
         if self._mode == "join" and sys.exc_info()[1] is None:
             self._owns_group = False
-        super().teardown()
+        super().teardown()  # its optimizers' states are sharded like the module: they stay
         self._mesh = None
 
     # --- the model ---------------------------------------------------------------------------

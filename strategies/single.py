@@ -6,6 +6,7 @@ that a run on the wrong hardware is visible in the first lines of its output.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -118,8 +119,9 @@ class SingleDevice(Strategy):
         self._placed = module
         return module.to(self.device)
 
-    def teardown(self) -> None:
-        """The module goes back to the CPU and the GPU's cache is emptied (as in Lightning)."""
+    def teardown(self, optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
+        """The module and its optimizers' states go back to the CPU and the GPU's cache is emptied
+        (as in Lightning)."""
         placed, self._placed = self._placed, None
         if placed is not None:
-            return_to_host(placed, self.device)
+            return_to_host(placed, self.device, optimizers)

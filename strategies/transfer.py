@@ -17,7 +17,7 @@ import gc
 import inspect
 import warnings
 from collections import UserDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -216,14 +216,16 @@ def pin_cpu_tensors(batch: Any) -> Any:
     return apply_to_tensors(batch, pin, pin_object)
 
 
-def return_to_host(module: Any, device: torch.device) -> None:
+def return_to_host(module: Any, device: torch.device, optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
     """After a stage, move ``module`` (placed on the accelerator ``device`` by a strategy) back to
-    the CPU, gradients with it, and give the device's cached blocks back, as Lightning's teardown
-    does: memory the stage used is free for the rest of the script, and the next stage moves the
-    module to the device again. Nothing on the CPU."""
+    the CPU, gradients with it, the states of its ``optimizers`` too, and give the device's cached
+    blocks back, as Lightning's teardown does: memory the stage used is free for the rest of the
+    script, and the next stage moves the module (and an optimizer that outlived the stage) to the
+    device again. Nothing on the CPU."""
     if device.type not in ("cuda", "mps"):
         return
     module.to(torch.device("cpu"))
+    optimizer_states_to(optimizers, torch.device("cpu"))
     gc.collect()  # tensors the stage left in reference cycles, before the cache is emptied
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -231,11 +233,22 @@ def return_to_host(module: Any, device: torch.device) -> None:
         torch.mps.empty_cache()
 
 
-def optimizer_states_to(optimizers: list[torch.optim.Optimizer], device: torch.device) -> None:
+def optimizer_states_to(optimizers: Sequence[torch.optim.Optimizer], device: torch.device | None) -> None:
     """Move every tensor of ``optimizers``' states to ``device``, in place: to the CPU when a stage
-    ends (their memory on the GPU is then free), and back to the device for an optimizer that
-    outlived a stage (``torch.optim`` steps only with states beside their parameters)."""
+    ends (their memory on the GPU is then free); with ``device=None`` each parameter's state goes
+    to that parameter's device, for an optimizer that outlived a stage (``torch.optim`` steps only
+    with states beside their parameters; an offloading strategy's stay on the CPU). A ``"step"``
+    count stays where it is: torch keeps it on the CPU unless the optimizer is capturable or fused
+    (pytorch/pytorch#74424), as Lightning's move does."""
     for optimizer in optimizers:
         for parameter, state in optimizer.state.items():
-            optimizer.state[parameter] = apply_to_tensors(
-                state, lambda tensor: tensor if tensor.device == device else tensor.to(device))
+            target = parameter.device if device is None else device
+
+            def move(tensor: torch.Tensor, target: torch.device = target) -> torch.Tensor:
+                return tensor if tensor.device == target else tensor.to(target)
+
+            if isinstance(state, dict):
+                optimizer.state[parameter] = {key: value if key == "step" else apply_to_tensors(value, move)
+                                              for key, value in state.items()}
+            else:
+                optimizer.state[parameter] = apply_to_tensors(state, move)

@@ -330,10 +330,11 @@ def native_threads() -> int:
 
 
 def test_a_rank_that_raises_stops_every_rank_and_the_caller_gets_its_traceback(tmp_path):
-    started, threads = time.monotonic(), native_threads()
+    threads = native_threads()
+    # "every rank was stopped": the launcher ended rank 0, which would otherwise wait in its next
+    # collective until the process group's timeout (a hang would say "fell behind" instead).
     with pytest.raises(RuntimeError, match="DDP rank 1 of 2 failed, so every rank was stopped") as raised:
         fit_misbehaving("raise", tmp_path)
-    assert time.monotonic() - started < 30
     message = str(raised.value)
     assert "ValueError: rank 1 fails at batch 2" in message
     assert "in training_step" in message  # the failing rank's traceback, not the others' broken pipes
@@ -377,10 +378,9 @@ def test_sys_exit_in_a_worker_mid_run_is_an_error_with_its_traceback(tmp_path, w
 
 
 def test_a_collective_timeout_names_the_rank_that_fell_behind_and_where(tmp_path):
-    started = time.monotonic()
+    # The 3-second collective timeout fired (the stalled rank sleeps far longer), and named the laggard.
     with pytest.raises(RuntimeError, match="Rank 1 fell behind: it was in training_step at training batch 2"):
         fit_misbehaving("stall", tmp_path, timeout=3)
-    assert time.monotonic() - started < 30
     assert multiprocessing.active_children() == []
 
 

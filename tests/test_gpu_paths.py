@@ -40,6 +40,7 @@ from strategies.prefetch import prefetch_to_device
 from strategies.process_group import end_process_group, local_cuda_index
 from strategies.spawn import failure_message
 from strategies.transfer import move_to_device, optimizer_states_to
+from tests.linear_regression import LinearRegression
 from trainer import Trainer, TrainingModule
 
 META = torch.device("meta")
@@ -386,14 +387,64 @@ def test_at_teardown_a_gpu_strategy_moves_the_module_it_placed_back_and_empties_
     assert cpu.moves == ["cpu"]  # placed, and left there
 
 
-def test_optimizer_states_move_with_every_tensor_inside_them():
+def adam_after_one_step() -> tuple[nn.Module, torch.optim.Optimizer]:
     layer = nn.Linear(2, 2)
     optimizer = torch.optim.Adam(layer.parameters())
     layer(torch.ones(1, 2)).sum().backward()
     optimizer.step()
+    return layer, optimizer
+
+
+def states_on_another_device(optimizer: torch.optim.Optimizer) -> None:
+    """As a stage on a GPU leaves them: every state tensor but Adam's CPU step count."""
+    for state in optimizer.state.values():
+        for key in ("exp_avg", "exp_avg_sq"):
+            state[key] = OnAnotherDevice(state[key])
+
+
+def test_at_teardown_the_optimizers_states_go_back_to_the_cpu_with_the_module(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    strategy, module = SingleDevice("cuda:0"), RecordsMoves()
+    _, optimizer = adam_after_one_step()
+    states_on_another_device(optimizer)
+    steps = [state["step"] for state in optimizer.state.values()]
+    strategy.setup_module(module)
+    strategy.teardown([optimizer])
+    for state, step in zip(optimizer.state.values(), steps):
+        assert state["exp_avg"].device.type == state["exp_avg_sq"].device.type == "cpu"
+        assert state["step"] is step  # torch wants the count on the CPU unless capturable: never moved
+
+
+class KeepsItsOptimizer(LinearRegression):
+    """Returns the same optimizer from every configure_optimizers, as a module that builds it in
+    __init__ does: it outlives each stage."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.optimizer = torch.optim.Adam(self.parameters(), lr=0.01)
+
+    def configure_optimizers(self):
+        return self.optimizer
+
+
+def test_an_optimizer_that_outlived_a_stage_gets_its_states_back_beside_its_parameters(tmp_path):
+    module = KeepsItsOptimizer()
+    loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=4)
+    trainer = Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                      default_root_dir=tmp_path)
+    trainer.fit(module, loader)
+    states_on_another_device(module.optimizer)  # where the last stage's teardown would have left them
+    Trainer(max_epochs=2, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+            default_root_dir=tmp_path).fit(module, loader)  # steps: it would fail on states across devices
+    assert {value.device.type for state in module.optimizer.state.values() for value in state.values()} == {"cpu"}
+
+
+def test_optimizer_states_move_with_every_tensor_inside_them_but_the_step_count():
+    _, optimizer = adam_after_one_step()
     optimizer_states_to([optimizer], META)  # stands in for the GPU
-    states = [value for state in optimizer.state.values() for value in state.values()]
-    assert len(states) == 6 and {value.device for value in states} == {META}
+    moved = [value for state in optimizer.state.values() for key, value in state.items() if key != "step"]
+    assert len(moved) == 4 and {value.device for value in moved} == {META}
+    assert {state["step"].device.type for state in optimizer.state.values()} == {"cpu"}
 
 
 def test_the_performance_reports_gpu_peak_is_the_fits(monkeypatch):

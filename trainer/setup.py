@@ -28,6 +28,7 @@ from trainer.optim import ClippedParameters, SchedulerConfig, parse_optimizers, 
 import torch
 
 from strategies import Strategy
+from strategies.transfer import optimizer_states_to
 
 if TYPE_CHECKING:
     from callbacks import Callback
@@ -98,6 +99,9 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
     """
     strategy, callbacks = trainer.strategy, trainer.callbacks
     optimizers, scheduler_configs = parse_optimizers(module.configure_optimizers())
+    # An optimizer that outlived a stage (kept by the module) had its states moved to the CPU at that
+    # stage's teardown: back beside its parameters, which the strategy has placed by now.
+    optimizer_states_to(optimizers, None)
     automatic = module.automatic_optimization  # read once: the hot loop reads it every step
     handles: list[Any] = []
     if automatic:

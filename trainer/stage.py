@@ -105,7 +105,7 @@ def teardown_stage(trainer: Trainer, stage: str, module: TrainingModule, data: D
     for callback in trainer.callbacks:
         callback.teardown(trainer, module, stage)
     module.teardown(stage)
-    trainer.strategy.teardown()
+    trainer.strategy.teardown(trainer.optimizers)  # the module and the optimizers' states back to the CPU
     for handle in plan.step_hook_handles if plan is not None else ():
         handle.remove()  # manual optimization's optimizer hooks
     vars(module).pop("training_step", None)  # enter_stage's batch_idx adapter, if any

@@ -16,6 +16,8 @@ Contenders:
     hand-bf16          the hand loop with forward and loss under torch.autocast(bfloat16)
     cadence-bf16-lean  cadence-lean with callbacks=[AMP("bf16")], measured against hand-bf16
                        (``baseline_of``), so its overhead is Cadence's, not autocast's
+    hand-clipped       the hand loop with clip_grad_norm_(network.parameters(), 1.0) before each step
+    cadence-clipped-lean  cadence-lean with gradient_clip_val=1.0, measured against hand-clipped
 
 Used by ``overhead.py`` and ``parity.py``; ``ddp_bench.py`` has its own 2-process workload.
 """
@@ -196,6 +198,18 @@ def hand_loop_bf16(network: nn.Module, loader: DataLoader) -> None:
         optimizer.zero_grad(set_to_none=True)
 
 
+def hand_loop_clipped(network: nn.Module, loader: DataLoader) -> None:
+    """The hand loop with the gradients clipped to norm 1 before each step, as a script writes it."""
+    optimizer = make_optimizer(network.parameters())
+    network.train()
+    for inputs, targets in loader:
+        loss = F.mse_loss(network(inputs), targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(network.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
 # --------------------------------------------------------------------------------------------
 # Cadence
 # --------------------------------------------------------------------------------------------
@@ -291,6 +305,9 @@ def contenders(variants: bool = False) -> dict[str, Callable[..., None]]:
     found["hand-again"] = found["hand"]  # the hand loop paired with itself: the noise floor
     found["hand-bf16"] = lambda network, loader, root: hand_loop_bf16(network, loader)
     found["cadence-bf16-lean"] = cadence_bf16_fit
+    found["hand-clipped"] = lambda network, loader, root: hand_loop_clipped(network, loader)
+    found["cadence-clipped-lean"] = lambda network, loader, root: cadence_fit(network, loader, False, root,
+                                                                               gradient_clip_val=1.0)
     if variants:
         from callbacks import Profiler
 
@@ -304,7 +321,7 @@ def contenders(variants: bool = False) -> dict[str, Callable[..., None]]:
 
 
 #: The loop a contender is compared with when it is not the plain hand loop.
-BASELINES = {"cadence-bf16-lean": "hand-bf16"}
+BASELINES = {"cadence-bf16-lean": "hand-bf16", "cadence-clipped-lean": "hand-clipped"}
 
 
 def baseline_of(name: str) -> str:

@@ -15,12 +15,15 @@ from typing import Any
 
 from callbacks.amp import AMP
 from callbacks.base import Callback
+from callbacks.batch_size_finder import BatchSizeFinder
 from callbacks.checkpointing import GradientCheckpointing
 from callbacks.compile import Compile
 from callbacks.csv_logger import CSVLogger
 from callbacks.early_stopping import EarlyStopping
+from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from callbacks.async_logger import AsyncLogger
 from callbacks.logging import Logger
+from callbacks.lr_finder import LearningRateFinder, LRFinder
 from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.model_checkpoint import ModelCheckpoint
 from callbacks.model_summary import ModelSummary
@@ -33,8 +36,9 @@ from callbacks.timer import Timer
 from callbacks.torch_flags import TorchFlags
 
 __all__ = [
-    "AMP", "AsyncLogger", "CSVLogger", "Callback", "Compile", "EarlyStopping", "GradientCheckpointing",
-    "LearningRateMonitor", "Logger", "ModelCheckpoint", "ModelSummary", "PerformanceReport", "Profiler", "ProgressBar",
+    "AMP", "AsyncLogger", "BackboneFinetuning", "BaseFinetuning", "BatchSizeFinder", "CSVLogger", "Callback", "Compile",
+    "EarlyStopping", "GradientCheckpointing", "LRFinder", "LearningRateFinder", "LearningRateMonitor", "Logger",
+    "ModelCheckpoint", "ModelSummary", "PerformanceReport", "Profiler", "ProgressBar",
     "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags", "default_callbacks", "observability_callbacks",
     "with_module_callbacks",
 ]

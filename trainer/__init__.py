@@ -9,6 +9,7 @@ from trainer.environment import environment_report
 from trainer.module import TrainingModule
 from trainer.seed import seed_everything
 from trainer.trainer import Trainer
+from trainer.tuner import Tuner
 from trainer.utilities import rank_zero_only
 
-__all__ = ["DataModule", "Trainer", "TrainingModule", "environment_report", "rank_zero_only", "seed_everything"]
+__all__ = ["DataModule", "Trainer", "TrainingModule", "Tuner", "environment_report", "rank_zero_only", "seed_everything"]

@@ -90,6 +90,18 @@ class DataSource:
         return f"Trainer.{self.stage}({self.argument(kind)}=...)"
 
 
+def reloadable(data: DataSource | None, stage: str | None) -> None:
+    """Raise unless the loaders of the running stage (``data``, None between stages) come from hooks,
+    which ``Trainer.reload_dataloaders`` can call again."""
+    if data is None:
+        raise RuntimeError("Trainer.reload_dataloaders() remakes the loaders of a running stage: call it from a "
+                           "hook (on_fit_start, on_train_epoch_start, on_test_start, ...).")
+    kind = "train" if stage == "fit" else STAGE_KIND[stage]
+    if not data.from_hook(kind):
+        raise ValueError(f"Trainer.reload_dataloaders() cannot remake loaders passed as {data.argument_text(kind)}. "
+                         f"Return them from {HOOKS[kind]}() of the module or of a DataModule.")
+
+
 def collect_data(stage: str, module: Any, loaders: Any, val_loaders: Any, datamodule: Any,
                  previous_datamodule: DataModule | None = None, validates: bool = True) -> DataSource:
     """Check what ``Trainer.<stage>`` was given and return where its loaders come from.
@@ -102,6 +114,8 @@ def collect_data(stage: str, module: Any, loaders: Any, val_loaders: Any, datamo
             stage given no data when the module has no hook for it.
         validates: fit validates at all (``limit_val_batches`` is not 0).
     """
+    if stage not in ("fit", *STAGE_KIND):  # Trainer.run_search's method
+        raise ValueError(f"Trainer.run_search(method={stage!r}): use 'fit', 'validate', 'test' or 'predict'.")
     require_training_module(module, stage)
     argument = "train_dataloaders" if stage == "fit" else "dataloaders"
     if isinstance(loaders, DataModule):  # fit(model, dm), test(model, dm): Lightning takes these too

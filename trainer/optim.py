@@ -137,6 +137,24 @@ def step_owner(callbacks: list[Any]) -> Any:
     return single_owner([c for c in callbacks if c.owns_optimizer_step], "owns_optimizer_step")
 
 
+class ClippedParameters:
+    """What gradient clipping walks: ``optimizer``'s parameters, every group's. Read again only when
+    its list of param groups changes length (``add_param_group``: BaseFinetuning's unfrozen backbone;
+    a search's trial putting the groups back), so a step pays a length check (~0.1 us) instead of a
+    walk over the groups (~0.8 us for 4 parameters, ~11 us for 200). A parameter appended to an
+    existing group's list by hand is not seen; add it with ``add_param_group``."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self._groups, self._parameters = -1, []
+
+    def __call__(self) -> list[torch.nn.Parameter]:
+        groups = self.optimizer.param_groups
+        if len(groups) != self._groups:
+            self._groups, self._parameters = len(groups), [p for group in groups for p in group["params"]]
+        return self._parameters
+
+
 def clip_gradients(parameters: list[torch.nn.Parameter], value: float, algorithm: str) -> None:
     """Clip the gradients of ``parameters`` by their total 2-norm or elementwise by ``value``."""
     if algorithm == "norm":

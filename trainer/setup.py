@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainer.hooks import StepHooks
-from trainer.optim import SchedulerConfig, parse_optimizers, single_owner, step_owner
+from trainer.optim import ClippedParameters, SchedulerConfig, parse_optimizers, single_owner, step_owner
 
 import torch
 
@@ -47,7 +47,8 @@ class StagePlan:
             the strategy (DDP), bound once.
         automatic_optimization: the module's ``automatic_optimization``, read once per fit.
         step_owner: the callback that owns the optimizer step (AMP float16), or None.
-        clip_parameters: what gradient clipping walks (the first optimizer's parameters).
+        clip_parameters: what gradient clipping walks: the first optimizer's parameters, in every
+            param group, also those added during fit (``optim.ClippedParameters``).
         step_hook_handles: manual optimization's optimizer hooks (``global_step``,
             ``on_before_optimizer_step``), removed at teardown.
         copy_losses: the non-finite guard keeps a copy of each step's loss, because a CUDA graph
@@ -60,7 +61,7 @@ class StagePlan:
     backward: Callable[[torch.Tensor], None]
     automatic_optimization: bool = True
     step_owner: Callback | None = None
-    clip_parameters: list[Any] = dataclasses.field(default_factory=list)
+    clip_parameters: Callable[[], list[Any]] = list
     step_hook_handles: list[Any] = dataclasses.field(default_factory=list)
     copy_losses: bool = True
 
@@ -143,7 +144,7 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
         backward = torch.Tensor.backward if type(strategy).backward is Strategy.backward else strategy.backward
     plan = StagePlan(
         hooks, training_step, backward, automatic_optimization=automatic, step_owner=step_owner(callbacks),
-        clip_parameters=[p for group in optimizers[0].param_groups for p in group["params"]],
+        clip_parameters=ClippedParameters(optimizers[0]),
         step_hook_handles=handles,
         copy_losses=strategy.may_replay_graphs or any(callback.may_replay_graphs for callback in callbacks),
     )

@@ -154,20 +154,23 @@ def end_of_fit_checkpoint(trainer: Trainer, end_of_fit: tuple[TrainingModule, di
     return checkpoint_state(trainer, module, {} if weights_only else training)
 
 
-def write_checkpoint(trainer: Trainer, path: str | os.PathLike, training: dict[str, Any] | None,
+def write_checkpoint(trainer: Trainer, path: str | os.PathLike, progress: Progress,
                      datamodule: DataModule | None, end_of_fit: tuple[TrainingModule, dict[str, Any]] | None,
-                     weights_only: bool = False) -> int:
-    """``Trainer.save_checkpoint``: during a stage, the running state (``training``, with the
-    stage's ``datamodule``) in the strategy's layout (every rank takes part); when no stage runs,
-    the state the last fit ended with (``end_of_fit``; rank zero writes). ``weights_only``: the
-    weights and hyperparameters, without the training state (as in Lightning, the callbacks'
-    ``on_save_checkpoint`` is not called; the module's is). Returns its global step."""
+                     weights_only: bool = False, storage_options: Any = None) -> int:
+    """``Trainer.save_checkpoint``: during a stage, the running state (:func:`training_state` at
+    ``progress``, with the stage's ``datamodule``) in the strategy's layout (every rank takes part);
+    when no stage runs, the state the last fit ended with (``end_of_fit``; rank zero writes).
+    ``weights_only``: the weights and hyperparameters, without the training state (as in Lightning,
+    the callbacks' ``on_save_checkpoint`` is not called; the module's is). Returns its global step."""
+    if storage_options is not None:
+        raise ValueError("Trainer.save_checkpoint(storage_options=...): Cadence writes local files only; leave it "
+                         "None and copy the file where it should go.")
     if trainer.module is None:  # no stage runs: the state the last fit ended with
         state = end_of_fit_checkpoint(trainer, end_of_fit, weights_only)
         if trainer.strategy.is_global_zero:  # the processes of a run have left their group: no barrier
             checkpoint_io.save_atomic(state, path)
         return end_of_fit[1]["loops"]["global_step"]
-    state = checkpoint_state(trainer, trainer.module, {} if weights_only else training, datamodule)
+    state = checkpoint_state(trainer, trainer.module, {} if weights_only else training_state(trainer, progress), datamodule)
     trainer.strategy.save_checkpoint(state, path)  # every rank returns, or raises, together
     return trainer.global_step
 
@@ -258,10 +261,10 @@ def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodu
 
 
 def receive_handoff(module: TrainingModule, callbacks: list[Any], metrics: MetricStore, handoff: dict[str, Any],
-                    datamodule: DataModule | None = None) -> None:
+                    datamodule: DataModule | None = None) -> tuple[int, int, int | None, dict[str, Any] | None]:
     """In the caller, after a spawned run: load rank zero's results into ``module``, ``callbacks``,
-    the metric store's ``callback_metrics`` and ``datamodule`` (the Trainer takes the handoff's
-    counters, ``end_of_fit`` and ``preempted_by`` itself)."""
+    the metric store's ``callback_metrics`` and ``datamodule``; return what the Trainer takes itself:
+    ``(current_epoch, global_step, preempted_by, end_of_fit)``."""
     # Layers that configure_model builds (late, in the workers) are built here too; built on the
     # meta device (for FSDP), they take the trained tensors as they are (assign).
     module.configure_model()
@@ -273,6 +276,7 @@ def receive_handoff(module: TrainingModule, callbacks: list[Any], metrics: Metri
         if callback.state_key in handoff["callbacks"]:
             callback.load_state_dict(handoff["callbacks"][callback.state_key])
     metrics.callback_metrics = {key: torch.tensor(value) for key, value in handoff["callback_metrics"].items()}
+    return handoff["current_epoch"], handoff["global_step"], handoff["preempted_by"], handoff["end_of_fit"]
 
 
 def _version() -> str:

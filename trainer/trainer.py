@@ -10,12 +10,14 @@ Performance notes are marked "hot loop": nothing there converts a tensor to a Py
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ import callbacks as callbacks_package
 from callbacks import Callback
 from strategies import Strategy
 from trainer.arguments import loss_of, loss_without_grad, no_training_batches
-from trainer.data_source import STAGE_KIND, DataSource, collect_data
+from trainer.data_source import STAGE_KIND, DataSource, collect_data, reloadable
 from trainer.datamodule import DataModule
 from trainer.guards import LossGuard
 from trainer.hooks import evaluation_hooks, step_hooks
@@ -45,6 +47,7 @@ from trainer.state import (
     Progress, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
 )
 from trainer.timing import PhaseTimes, measured
+from trainer.trial import Snapshot, fresh_loop_state
 
 CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
 
@@ -52,20 +55,12 @@ CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, t
 class Trainer:
     """Trains a :class:`TrainingModule` with one fixed loop; where it runs is the ``strategy``.
 
-    Args mean what they mean in PyTorch Lightning; the ones Cadence adds:
-        seed: seed Python, NumPy, torch and DataLoader workers (per worker and per rank) first.
-        deterministic: also ask PyTorch for deterministic kernels (slower on GPUs).
-        on_nonfinite_loss: a NaN or infinite training loss ``"raise"``s an error naming the batch and
-            the last good checkpoint (checked at log steps: no per-step sync), or ``"skip"``s that
-            optimizer step (a host sync per step; counted in ``num_skipped_steps``), or is ``"ignore"``d.
-        precision: ``"bf16-mixed"`` or ``"16-mixed"`` adds a ``callbacks.AMP`` (autocast; a GradScaler
-            for float16); under FSDP it sets the strategy's mixed-precision policy.
-        report: after ``fit``, print (and save in ``log_dir``) where the time went, with advice.
-        profiler: ``"pytorch"`` (or a ``callbacks.Profiler``) traces a few training batches with
-            ``torch.profiler``; ``"simple"`` is the performance report.
-
-    SIGTERM and SIGUSR1 during ``fit`` save ``last.ckpt`` at the end of the current step and end
-    the process (see ``trainer/preemption.py``); ``fit(ckpt_path="last")`` resumes.
+    Args mean what they mean in PyTorch Lightning (docs/module-and-trainer.md has the table). Cadence's own:
+    ``seed`` and ``deterministic`` (seed everything, per rank and worker, first; deterministic kernels),
+    ``on_nonfinite_loss`` (a NaN/inf training loss ``"raise"``s, checked at log steps, or its step is
+    ``"skip"``ped, a host sync per step, or it is ``"ignore"``d) and ``report`` (after ``fit``, where the time
+    went, with advice). SIGTERM and SIGUSR1 during ``fit`` save ``last.ckpt`` at the end of the current
+    step and end the process (trainer/preemption.py); ``fit(ckpt_path="last")`` resumes.
 
     Example::
 
@@ -76,34 +71,22 @@ class Trainer:
 
     def __init__(
         self,
-        max_epochs: int | None = None,
-        max_steps: int = -1,
-        strategy: str | Strategy = "auto",
-        devices: int | str | list[int] = "auto",
-        precision: str | int | None = None,
-        callbacks: list[Callback] | Callback | None = None,
-        accumulate_grad_batches: int = 1,
+        max_epochs: int | None = None, max_steps: int = -1,
+        strategy: str | Strategy = "auto", devices: int | str | list[int] = "auto", precision: str | int | None = None,
+        callbacks: list[Callback] | Callback | None = None, accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None, gradient_clip_algorithm: str = "norm",
         val_check_interval: int | float = 1.0, check_val_every_n_epoch: int | None = 1,
         limit_train_batches: int | float | None = None, limit_val_batches: int | float | None = None,
         limit_test_batches: int | float | None = None, limit_predict_batches: int | float | None = None,
-        num_sanity_val_steps: int = 2,
-        log_every_n_steps: int = 50,
-        default_root_dir: str | os.PathLike | None = None,
-        enable_progress_bar: bool = True, enable_checkpointing: bool = True,
-        logger: bool | Callback | list[Callback] = True,
-        seed: int | None = None, deterministic: bool = False,
-        on_nonfinite_loss: str = "raise",
-        accelerator: str = "auto", num_nodes: int = 1,
-        fast_dev_run: bool | int = False,
-        min_epochs: int | None = None, min_steps: int | None = None,
-        max_time: str | datetime.timedelta | dict[str, int] | None = None,
-        overfit_batches: int | float = 0.0,
-        enable_model_summary: bool = True,
+        num_sanity_val_steps: int = 2, log_every_n_steps: int = 50, default_root_dir: str | os.PathLike | None = None,
+        enable_progress_bar: bool = True, enable_checkpointing: bool = True, logger: bool | Callback | list[Callback] = True,
+        seed: int | None = None, deterministic: bool = False, on_nonfinite_loss: str = "raise",
+        accelerator: str = "auto", num_nodes: int = 1, fast_dev_run: bool | int = False,
+        min_epochs: int | None = None, min_steps: int | None = None, max_time: str | datetime.timedelta | dict[str, int] | None = None,
+        overfit_batches: int | float = 0.0, enable_model_summary: bool = True,
         benchmark: bool | None = None, detect_anomaly: bool = False,
         inference_mode: bool = True, use_distributed_sampler: bool = True, sync_batchnorm: bool = False,
-        reload_dataloaders_every_n_epochs: int = 0,
-        profiler: str | Callback | None = None, report: bool = True,
+        reload_dataloaders_every_n_epochs: int = 0, profiler: str | Callback | None = None, report: bool = True,
         **unknown: Any,
     ) -> None:
         arguments = dict(locals())  # exactly this signature's: nothing else is bound yet
@@ -144,7 +127,8 @@ class Trainer:
         self._end_of_fit: tuple[TrainingModule, dict] | None = None  # (module, training_state) when fit ended
         self._preemption = Preemption()  # SIGTERM/SIGUSR1 during fit (trainer/preemption.py)
         self._stage_loaders: list[Any] = []  # the loaders this stage made (trainer/stage_loaders.py)
-        self._early_fit_data: FitLoaders | None = None  # fit's loaders, made for estimated_stepping_batches
+        self._fit_loaders: FitLoaders | None = None  # fit's (made early if estimated_stepping_batches asks)
+        self._evaluation_loaders: tuple[list[Any], list[int | float]] | None = None  # validate/test/predict's, counts
         self._described: str | None = None  # the device report last printed (trainer/stage.py)
         self._said_min_not_met = False  # the min_epochs/min_steps notice was printed in this fit
         self.phase_times = PhaseTimes()  # host seconds per phase, for the performance report
@@ -238,17 +222,58 @@ class Trainer:
         on every rank; one written at the end of a batch resumes after it. After ``fit`` returns (a spawned
         one too) it writes the state that fit ended with (the weights as they are now), so that
         ``fit(model, ckpt_path=filepath)`` with a larger ``max_epochs`` continues exactly."""
-        if storage_options is not None:
-            raise ValueError("Trainer.save_checkpoint(storage_options=...): Cadence writes local files only; leave it "
-                             "None and copy the file where it should go.")
-        training = None
-        if self.module is not None:  # a stage runs: its state now
-            self._guard.check(self.strategy, self.current_epoch)  # never write weights a NaN/inf loss produced
-            training = None if weights_only else training_state(self, self._progress)
+        if self.module is not None:  # a stage runs: never write weights a NaN/inf loss produced
+            self._guard.check(self.strategy, self.current_epoch)
         datamodule = self._data.datamodule if self._data is not None else None
-        step = write_checkpoint(self, filepath, training, datamodule, self._end_of_fit, bool(weights_only))
+        step = write_checkpoint(self, filepath, self._progress, datamodule, self._end_of_fit, bool(weights_only),
+                                storage_options)
         if not weights_only:  # the last checkpoint a run can resume from, named when a loss turns NaN
             self._guard.last_checkpoint = (str(filepath), step)
+
+    # --- the seams of the Tuner's searches (trainer/tuner.py; trainer/trial.py says what a trial keeps) ---
+    def run_search(self, search: Callable[[Trainer, TrainingModule], Any], model: TrainingModule, method: str = "fit",
+                   train_dataloaders: Any = None, val_dataloaders: Any = None, dataloaders: Any = None,
+                   datamodule: DataModule | None = None) -> Any:
+        """Set ``model`` up as ``method`` does, run ``search(trainer, module)`` in place of its loop (of the hooks, only
+        setup and teardown run), tear down; return what ``search`` returned (rank zero's, when spawned)."""
+        data = collect_data(method, model, train_dataloaders if method == "fit" else dataloaders, val_dataloaders,
+                            datamodule, previous_datamodule=self.datamodule, validates=self.limits["validate"] != 0)
+        return self._launch(method, model, data, None, search)
+
+    def run_trial(self, num_steps: int, callbacks: list[Callback] = (),
+                  schedulers: Callable[[list[torch.optim.Optimizer]], list[Any]] | None = None) -> None:
+        """From a hook of a running stage, run its loop for ``num_steps`` optimizer steps (fit: no validation, only the
+        schedulers ``schedulers(optimizers)`` makes step) or batches of the first loader (validate, test, predict),
+        with only ``callbacks`` and the seam owners (AMP); then put everything back, also after an error."""
+        sampler = self._progress.sampler
+        snapshot = Snapshot.take(self.module, self.optimizers, self.lr_scheduler_configs, self.callbacks, sampler)
+        kept = dict(vars(self))  # every attribute; what the loop changes in place is replaced for the trial
+        self.metrics, self._progress, self._guard, self._preemption, self.phase_times = fresh_loop_state(self.strategy, sampler)
+        self.callbacks = [*snapshot.seam_owners, *callbacks]
+        self._plan = dataclasses.replace(self._plan, hooks=step_hooks(self.callbacks, self.module))
+        self.should_stop, self.on_nonfinite_loss, self.min_epochs, self.min_steps = False, "ignore", None, None
+        try:
+            if self.stage == "fit":
+                made = schedulers(self.optimizers) if schedulers is not None else []
+                self.lr_scheduler_configs = [SchedulerConfig(scheduler, interval="step") for scheduler in made]
+                self.max_epochs, self.max_steps = -1, self.global_step + num_steps
+                self._fit_loaders = dataclasses.replace(self._fit_loaders, val=None)
+                while not self._finished():
+                    self._run_train_epoch()
+            else:
+                (loader, *_), (count, *_) = self._evaluation_loaders
+                self._evaluation_loaders = ([loader], [min(num_steps, count)])
+                self._evaluation_loop(self.stage, *self._evaluation_loaders)
+        finally:
+            vars(self).update(kept)
+            snapshot.restore()
+
+    def reload_dataloaders(self) -> list[Any]:
+        """Make the running stage's loaders again from their hooks (a search changed the batch size): from on_fit_start
+        or on_train_epoch_start the coming epoch runs on them, from on_<stage>_start the stage. Returns them."""
+        reloadable(self._data, self.stage)  # or an error saying why not
+        self._make_loaders(self.stage, self._data)
+        return [self._fit_loaders.train] if self.stage == "fit" else list(self._evaluation_loaders[0])
 
     # --- launch and per-process setup ------------------------------------------------------
     def _evaluate(self, stage: str, model: TrainingModule | None, dataloaders: Any, ckpt_path: Any, datamodule: Any,
@@ -261,22 +286,22 @@ class Trainer:
             print(table)
         return output
 
-    def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> Any:
+    def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any, search: Any = None) -> Any:
         self.callbacks, ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path)  # trainer/stage.py
         module.trainer, self.lightning_module = self, module  # both answer after the stage too (test(model=None))
         self.datamodule = data.datamodule if data.datamodule is not None else self.datamodule
-        output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path)
+        output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path, search)
         if handoff is not None:  # the work ran in other processes: bring its results here
-            receive_handoff(module, self.callbacks, self.metrics, handoff, data.datamodule)  # weights, callbacks, metrics
-            self.current_epoch, self.global_step = handoff["current_epoch"], handoff["global_step"]
-            self._preemption.signal_number = handoff["preempted_by"]
-            if handoff["end_of_fit"] is not None:
-                self._end_of_fit = (module, handoff["end_of_fit"])
+            self.current_epoch, self.global_step, self._preemption.signal_number, end_of_fit = receive_handoff(
+                module, self.callbacks, self.metrics, handoff, data.datamodule)  # also weights, callbacks, metrics
+            self._end_of_fit = (module, end_of_fit) if end_of_fit is not None else self._end_of_fit
         self._preemption.exit_if_stopped()  # SystemExit(128 + signal) once a signal stopped fit
         return output
 
-    def _run_stage(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> tuple[Any, Any]:
-        """Everything one process does for one stage; returns (output, handoff for the caller)."""
+    def _run_stage(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any,
+                   search: Callable[[Trainer, TrainingModule], Any] | None) -> tuple[Any, Any]:
+        """Everything one process does for one stage (or ``search`` in place of its loop: run_search);
+        returns (output, handoff for the caller)."""
         enter_stage(self, stage, module, data)  # this process's rank, rank zero's log_dir (trainer/stage.py)
         self._data = data
         try:
@@ -286,16 +311,19 @@ class Trainer:
             self._plan = plan_evaluation(hooks, self.model, self.strategy)
             if stage == "fit":
                 self.optimizers, self.lr_scheduler_configs, self._plan = plan_optimization(self, module, self.model, hooks)
+            if search is not None:
+                if self._fit_loaders is None:  # fit's are made already if configure_optimizers asked for
+                    self._make_loaders(stage, data)  # estimated_stepping_batches
+                output = search(self, module)
+            elif stage == "fit":
                 with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
                     output = self._run_fit(module, data, ckpt_path)
             else:
                 checkpoint = read_checkpoint(self.strategy, ckpt_path, module, [], data.datamodule)  # weights only
                 if ckpt_path is not None:
                     restore(self, ckpt_path, model_only=True, state=checkpoint)
-                loaders, counts = evaluation_loaders(self, stage, data.loaders(STAGE_KIND[stage]))
-                self._stage_loaders += loaders  # their persistent workers end with the stage
-                setattr(self, NUM_BATCHES[stage], counts)
-                output = self._evaluation_loop(stage, loaders, counts)
+                self._make_loaders(stage, data)
+                output = self._evaluation_loop(stage, *self._evaluation_loaders)
             handoff = (handoff_state(self, module, stage, data.datamodule, self._end_of_fit, self._preemption.stopping_signal())
                        if self.strategy.launches_subprocesses else None)
             return output, handoff
@@ -305,14 +333,14 @@ class Trainer:
             raise
         finally:
             teardown_stage(self, stage, module, data, self._plan, self._stage_loaders)  # the teardown hooks, the workers
-            self.module = self.model = self._data = self._early_fit_data = self._plan = None
+            self.module = self.model = self._data = self._fit_loaders = self._evaluation_loaders = self._plan = None
             self._stage_loaders = []
 
     # --- fit: the loop ---------------------------------------------------------------------
     def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
         checkpoint = read_checkpoint(self.strategy, ckpt_path, module, self.optimizers, data.datamodule)
-        # Made already if configure_optimizers asked for estimated_stepping_batches.
-        loaders, self._early_fit_data = self._early_fit_data or self._load_fit_data(data), None
+        if self._fit_loaders is None:  # made already if configure_optimizers asked for estimated_stepping_batches
+            self._make_loaders("fit", data)
         self.should_stop, self._said_min_not_met, self._end_of_fit, self._progress.resumed = False, False, None, None
         self._guard.losses = []
         if ckpt_path is not None:  # the loop continues where the checkpoint was written
@@ -324,8 +352,9 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_fit_start(self, module)
         module.on_fit_start()
-        if loaders.val is not None and self._progress.resumed is None and self.num_sanity_val_steps != 0:
-            self._run_sanity_check(loaders.val)
+        val_loaders = self._fit_loaders.val  # read after on_fit_start: a search there may have made new loaders
+        if val_loaders is not None and self._progress.resumed is None and self.num_sanity_val_steps != 0:
+            self._run_sanity_check(val_loaders)
         for callback in self.callbacks:
             callback.on_train_start(self, module)
         module.on_train_start()
@@ -337,8 +366,9 @@ class Trainer:
             print(f"Trainer.fit trained nothing: {why} to train more.", file=sys.stderr, flush=True)
         while not self._finished():
             if reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, loaded_at, data):
-                loaders, loaded_at = self._load_fit_data(data), self.current_epoch
-            self._run_train_epoch(loaders.train, loaders.val)
+                self._make_loaders("fit", data)
+                loaded_at = self.current_epoch
+            self._run_train_epoch()
         # What save_checkpoint writes after fit returns (optimizer states by reference: nothing copied).
         self._end_of_fit = (module, training_state(self, self._progress))
         for callback in self.callbacks:
@@ -348,13 +378,17 @@ class Trainer:
             callback.on_fit_end(self, module)
         module.on_fit_end()
 
-    def _load_fit_data(self, data: DataSource) -> FitLoaders:
-        """fit's loaders, made (trainer/stage_loaders.py); the Trainer takes their counts."""
-        loaders = load_fit_data(self, data)
-        self.max_epochs, self.train_dataloader, self._progress.sampler = loaders.max_epochs, loaders.train, loaders.sampler
-        self.num_training_batches, self.num_val_batches = loaders.num_training_batches, loaders.num_val_batches
-        self._stage_loaders += loaders.made  # their persistent workers end with the stage
-        return loaders
+    def _make_loaders(self, stage: str, data: DataSource) -> None:
+        """The stage's loaders, prepared (trainer/stage_loaders.py); the Trainer takes their counts."""
+        if stage == "fit":
+            loaders = self._fit_loaders = load_fit_data(self, data)
+            self.max_epochs, self.train_dataloader, self._progress.sampler = loaders.max_epochs, loaders.train, loaders.sampler
+            self.num_training_batches, self.num_val_batches = loaders.num_training_batches, loaders.num_val_batches
+            self._stage_loaders += loaders.made  # their persistent workers end with the stage
+        else:
+            loaders, counts = self._evaluation_loaders = evaluation_loaders(self, stage, data.loaders(STAGE_KIND[stage]))
+            self._stage_loaders += loaders  # their persistent workers end with the stage
+            setattr(self, NUM_BATCHES[stage], counts)
 
     def _finished(self) -> bool:
         limit = limit_reached(self.max_epochs, self.max_steps, self.current_epoch, self.global_step)
@@ -371,14 +405,15 @@ class Trainer:
                   "not met yet; training continues until they are.", file=sys.stderr)
         return False
 
-    def _run_train_epoch(self, train_loader: Any, val_loaders: list[Any] | None) -> None:
+    def _run_train_epoch(self) -> None:
         module, strategy, hooks, progress = self.module, self.strategy, self._plan.hooks, self._progress
         self.model.train()
         self.metrics.start_training()
         for callback in self.callbacks:
             callback.on_train_epoch_start(self, module)
         module.on_train_epoch_start()
-        num_batches = self.num_training_batches
+        train_loader, val_loaders = self._fit_loaders.train, self._fit_loaders.val  # after the hooks: a search there
+        num_batches = self.num_training_batches  # may have made new ones
         val_every = None if val_loaders is None else validation_interval(
             self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch, num_batches)
         batch_idx = -1
@@ -484,7 +519,7 @@ class Trainer:
         if plan.hooks.before_step:
             plan.hooks.call_before_optimizer_step(self, self.module, optimizer)
         if self.gradient_clip_val is not None:
-            clip_gradients(plan.clip_parameters, self.gradient_clip_val, self.gradient_clip_algorithm)
+            clip_gradients(plan.clip_parameters(), self.gradient_clip_val, self.gradient_clip_algorithm)
         if plan.step_owner is not None:
             applied = plan.step_owner.optimizer_step(self, self.module, optimizer)
         else:
@@ -556,7 +591,11 @@ class Trainer:
         hooks = evaluation_hooks(stage, self, self.callbacks, self.module, several)
         self.model.eval()
         self.metrics.start_evaluation()
-        for hook in hooks.start + hooks.epoch_start:
+        for hook in hooks.start:
+            hook()
+        if stage == self.stage:  # validate, test, predict: a search in on_<stage>_start may have made new loaders
+            loaders, limits = self._evaluation_loaders
+        for hook in hooks.epoch_start:
             hook()
         predictions: list[list[Any]] = []
         with self.strategy.evaluation_context(self.inference_mode):  # no_grad under FSDP
@@ -609,9 +648,9 @@ class Trainer:
     def estimated_stepping_batches(self) -> int | float:
         """The optimizer steps fit will take (trainer/stage_loaders.py). Asked during fit before the loaders
         are made (in configure_optimizers), it makes them now: fit trains on those."""
-        if self.stage == "fit" and self._data is not None and self._early_fit_data is None \
+        if self.stage == "fit" and self._data is not None and self._fit_loaders is None \
                 and math.isinf(self.num_training_batches):
-            self._early_fit_data = self._load_fit_data(self._data)
+            self._make_loaders("fit", self._data)
         return estimated_stepping_batches(self.num_training_batches, self.accumulate_grad_batches, self.max_epochs,
                                           self.max_steps)
 

@@ -61,8 +61,8 @@ class Trainer:
         precision: ``"bf16-mixed"`` or ``"16-mixed"`` adds a ``callbacks.AMP`` (autocast; a GradScaler
             for float16); under FSDP it sets the strategy's mixed-precision policy.
         report: after ``fit``, print (and save in ``log_dir``) where the time went, with advice.
-        profiler: ``"pytorch"`` (or a ``callbacks.Profiler``) traces a few training batches with
-            ``torch.profiler``; ``"simple"`` is the performance report.
+        profiler: ``"simple"``, ``"advanced"``, ``"pytorch"`` or a profiler (``callbacks.profilers``) times every
+            hook and step, as in Lightning (``trainer.profiler``); a ``callbacks.Profiler`` traces a few batches.
 
     SIGTERM and SIGUSR1 during ``fit`` save ``last.ckpt`` at the end of the current step and end
     the process (see ``trainer/preemption.py``); ``fit(ckpt_path="last")`` resumes.
@@ -103,7 +103,7 @@ class Trainer:
         benchmark: bool | None = None, detect_anomaly: bool = False,
         inference_mode: bool = True, use_distributed_sampler: bool = True, sync_batchnorm: bool = False,
         reload_dataloaders_every_n_epochs: int = 0,
-        profiler: str | Callback | None = None, report: bool = True,
+        profiler: Any = None, report: bool = True,
         **unknown: Any,
     ) -> None:
         arguments = dict(locals())  # exactly this signature's: nothing else is bound yet
@@ -597,6 +597,7 @@ class Trainer:
     loggers = property(lambda self: self._callbacks_of(callbacks_package.Logger))
     logger = property(lambda self: next(iter(self.loggers), None))
     checkpoint_callback = property(lambda self: next(iter(self._callbacks_of(callbacks_package.ModelCheckpoint)), None))
+    profiler = property(lambda self: callbacks_package.profiler_of(self.callbacks))  # a PassThroughProfiler if none
     num_skipped_steps = property(lambda self: self._guard.skipped)  # steps on_nonfinite_loss="skip" skipped
     callback_metrics = property(lambda self: self.metrics.callback_metrics)  # published values (trainer/metrics.py)
     progress_bar_metrics = property(lambda self: self.metrics.progress_bar_metrics)

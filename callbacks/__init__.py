@@ -29,7 +29,7 @@ from callbacks.profiler import Profiler
 from callbacks.profilers import AdvancedProfiler, PassThroughProfiler, ProfiledHooks, SimpleProfiler
 from callbacks.profilers import Profiler as LightningProfiler
 from callbacks.pytorch_profiler import PyTorchProfiler
-from callbacks.progress import ProgressBar
+from callbacks.progress import ProgressBar, TQDMProgressBar
 from callbacks.sync_batchnorm import SyncBatchNorm
 from callbacks.tensorboard_logger import TensorBoardLogger, tensorboard_available
 from callbacks.timer import Timer
@@ -39,6 +39,7 @@ __all__ = [
     "AMP", "AsyncLogger", "CSVLogger", "Callback", "Compile", "EarlyStopping", "GradientCheckpointing",
     "LearningRateMonitor", "Logger", "ModelCheckpoint", "ModelSummary", "PerformanceReport", "Profiler", "ProgressBar",
     "AdvancedProfiler", "PassThroughProfiler", "ProfiledHooks", "PyTorchProfiler", "SimpleProfiler", "profiler_of",
+    "TQDMProgressBar",
     "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags", "default_callbacks", "observability_callbacks",
     "with_module_callbacks",
 ]
@@ -69,7 +70,14 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
         callbacks += list(default_callbacks(list(logger), enable_progress_bar=False, enable_checkpointing=False, logger=False))
     elif logger not in (False, None):
         raise ValueError(f"Trainer(logger={logger!r}): use True, False, a logger callback or a list of them.")
-    if enable_progress_bar and not any(isinstance(c, ProgressBar) for c in callbacks):
+    bars = [c for c in callbacks if isinstance(c, ProgressBar)]
+    if len(bars) > 1:
+        raise ValueError(f"Trainer(callbacks=[...]) holds {len(bars)} progress bars "
+                         f"({', '.join(type(bar).__name__ for bar in bars)}); only one is supported: pass one.")
+    if bars and enable_progress_bar is False:
+        raise ValueError(f"Trainer(enable_progress_bar=False) but callbacks holds a {type(bars[0]).__name__}; remove "
+                         "one of them (ProgressBar(refresh_rate=0) keeps the bar object and draws nothing).")
+    if enable_progress_bar and not bars:
         callbacks.append(ProgressBar())
     if enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
         callbacks.append(ModelCheckpoint())

@@ -29,6 +29,16 @@ from callbacks.profiler import Profiler
 from callbacks.profilers import AdvancedProfiler, PassThroughProfiler, ProfiledHooks, SimpleProfiler
 from callbacks.profilers import Profiler as LightningProfiler
 from callbacks.pytorch_profiler import PyTorchProfiler
+from callbacks.gradient_accumulation import GradientAccumulationScheduler
+from callbacks.lambda_callback import LambdaCallback
+from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
+from callbacks.prediction_writer import BasePredictionWriter
+# Lightning's names Cadence refuses (making one says what to use instead): importable, not offered in __all__.
+from callbacks.refused import (  # noqa: F401
+    CometLogger, DeviceStatsMonitor, EMAWeightAveraging, LitLogger, MLFlowLogger, ModelPruning, NeptuneLogger,  # noqa: F401
+    RichModelSummary, RichProgressBar, SpikeDetection, StochasticWeightAveraging, ThroughputMonitor, WandbLogger,  # noqa: F401
+    WeightAveraging, XLAProfiler,  # noqa: F401
+)
 from callbacks.progress import ProgressBar, TQDMProgressBar
 from callbacks.sync_batchnorm import SyncBatchNorm
 from callbacks.tensorboard_logger import TensorBoardLogger, tensorboard_available
@@ -39,7 +49,9 @@ __all__ = [
     "AMP", "AsyncLogger", "CSVLogger", "Callback", "Compile", "EarlyStopping", "GradientCheckpointing",
     "LearningRateMonitor", "Logger", "ModelCheckpoint", "ModelSummary", "PerformanceReport", "Profiler", "ProgressBar",
     "AdvancedProfiler", "PassThroughProfiler", "ProfiledHooks", "PyTorchProfiler", "SimpleProfiler", "profiler_of",
-    "TQDMProgressBar",
+    "TQDMProgressBar", "BasePredictionWriter", "GradientAccumulationScheduler", "LambdaCallback",
+    "OnExceptionCheckpoint",
+
     "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags", "default_callbacks", "observability_callbacks",
     "with_module_callbacks",
 ]

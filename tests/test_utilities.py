@@ -82,6 +82,7 @@ def test_the_small_helpers():
     moved = move_data_to_device({"x": [torch.ones(1)], "n": 3}, "cpu")
     assert moved["n"] == 3 and moved["x"][0].device.type == "cpu"
     assert is_picklable([1, "a"]) and not is_picklable(lambda: 0)
+    assert not is_picklable(torch.jit.script(nn.Linear(2, 2)))  # torch raises RuntimeError there
     linear = nn.Linear(4, 2)
     assert measure_flops(linear, lambda: linear(torch.ones(8, 4))) == 2 * 8 * 4 * 2
     assert suggested_max_num_workers(1) >= 1

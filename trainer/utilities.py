@@ -191,7 +191,7 @@ def is_picklable(obj: object) -> bool:
     """Whether ``pickle`` can serialize ``obj`` (what DDP's spawned processes need)."""
     try:
         pickle.dumps(obj)
-    except (pickle.PickleError, AttributeError, RecursionError, TypeError):
+    except (pickle.PickleError, AttributeError, RecursionError, RuntimeError, TypeError):  # RuntimeError: torch.jit
         return False
     return True
 

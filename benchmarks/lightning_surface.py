@@ -109,6 +109,15 @@ def import_message(module_name: str, name: str) -> str:
     return ""
 
 
+def construct_message(module_name: str, name: str) -> str:
+    """What making ``<module>.<name>()`` says (a name that imports and refuses when used), or ""."""
+    try:
+        getattr(importlib.import_module(module_name), name)()
+    except Exception as error:  # noqa: BLE001 (any error is what the user would see)
+        return f"{type(error).__name__}: {error}"
+    return ""
+
+
 def is_teaching(message: str, name: str) -> bool:
     """An error that names ``name`` and says more than Python's default message."""
     return name in message and not PYTHON_DEFAULT_MESSAGE.fullmatch(message)
@@ -441,7 +450,7 @@ def compare_one(lightning_name: str, target: str | Refused, directory: Path, unc
     lightning_module, _, short = lightning_name.rpartition(".")
     if isinstance(target, Refused):
         cadence_module = CADENCE_MODULE_OF[lightning_module]
-        message = import_message(cadence_module, short)
+        message = import_message(cadence_module, short) or construct_message(cadence_module, short)
         if message and is_teaching(message, short):
             return Entry(lightning_name, f"refused: {target.way}", "refused", message[:200])
         # A refused class counts once, not by its parameters: they are refused with it.

@@ -3,7 +3,8 @@
 A value is the Cadence name a user imports instead (``"callbacks.ModelCheckpoint"``): where it does
 not exist yet, the name counts as missing until it does, so the map names where it belongs. Or a
 :class:`Refused`: Cadence does not offer it on purpose, and the user must be told so, with the
-Cadence way, when importing it from the Cadence package named in ``CADENCE_MODULE_OF``.
+Cadence way, when importing it from the Cadence package named in ``CADENCE_MODULE_OF``, or when making
+one (``callbacks.RichProgressBar()``: the name imports, so a script's imports do not fail).
 """
 
 from __future__ import annotations
@@ -44,13 +45,13 @@ MAP: dict[str, str | Refused] = {
     "lightning.pytorch.callbacks.OnExceptionCheckpoint": "callbacks.OnExceptionCheckpoint",
     "lightning.pytorch.callbacks.GradientAccumulationScheduler": "callbacks.GradientAccumulationScheduler",
     "lightning.pytorch.callbacks.LambdaCallback": "callbacks.LambdaCallback",
-    "lightning.pytorch.callbacks.StochasticWeightAveraging": "callbacks.StochasticWeightAveraging",
-    "lightning.pytorch.callbacks.WeightAveraging": "callbacks.WeightAveraging",
-    "lightning.pytorch.callbacks.EMAWeightAveraging": "callbacks.EMAWeightAveraging",
-    "lightning.pytorch.callbacks.DeviceStatsMonitor": "callbacks.DeviceStatsMonitor",
-    "lightning.pytorch.callbacks.ThroughputMonitor": "callbacks.ThroughputMonitor",
-    "lightning.pytorch.callbacks.SpikeDetection": "callbacks.SpikeDetection",
-    "lightning.pytorch.callbacks.ModelPruning": "callbacks.ModelPruning",
+    "lightning.pytorch.callbacks.StochasticWeightAveraging": Refused("torch.optim.swa_utils.AveragedModel in a callback"),
+    "lightning.pytorch.callbacks.WeightAveraging": Refused("torch.optim.swa_utils.AveragedModel in a callback"),
+    "lightning.pytorch.callbacks.EMAWeightAveraging": Refused("AveragedModel with get_ema_multi_avg_fn in a callback"),
+    "lightning.pytorch.callbacks.DeviceStatsMonitor": Refused("the performance report; callbacks.Profiler"),
+    "lightning.pytorch.callbacks.ThroughputMonitor": Refused("the performance report (batches per second)"),
+    "lightning.pytorch.callbacks.SpikeDetection": Refused("on_nonfinite_loss; EarlyStopping(divergence_threshold)"),
+    "lightning.pytorch.callbacks.ModelPruning": Refused("torch.nn.utils.prune in a callback"),
     "lightning.pytorch.callbacks.RichProgressBar": Refused("callbacks.ProgressBar (tqdm; rich is not a dependency)"),
     "lightning.pytorch.callbacks.RichModelSummary": Refused("callbacks.ModelSummary (rich is not a dependency)"),
     # lightning.pytorch.loggers
@@ -62,7 +63,7 @@ MAP: dict[str, str | Refused] = {
     "lightning.pytorch.loggers.CometLogger": Refused(NO_SERVICES),
     "lightning.pytorch.loggers.LitLogger": Refused(NO_SERVICES),
     # lightning.pytorch.profilers
-    "lightning.pytorch.profilers.Profiler": "callbacks.Profiler",
+    "lightning.pytorch.profilers.Profiler": "callbacks.profilers.Profiler",  # callbacks.Profiler: Cadence's torch.profiler callback
     "lightning.pytorch.profilers.SimpleProfiler": "callbacks.SimpleProfiler",
     "lightning.pytorch.profilers.AdvancedProfiler": "callbacks.AdvancedProfiler",
     "lightning.pytorch.profilers.PyTorchProfiler": "callbacks.PyTorchProfiler",

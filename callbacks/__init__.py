@@ -29,16 +29,31 @@ from callbacks.model_checkpoint import ModelCheckpoint
 from callbacks.model_summary import ModelSummary
 from callbacks.performance import PerformanceReport
 from callbacks.profiler import Profiler
-from callbacks.progress import ProgressBar
+from callbacks.profilers import AdvancedProfiler, PassThroughProfiler, ProfiledHooks, SimpleProfiler
+from callbacks.profilers import Profiler as LightningProfiler
+from callbacks.pytorch_profiler import PyTorchProfiler
+from callbacks.gradient_accumulation import GradientAccumulationScheduler
+from callbacks.lambda_callback import LambdaCallback
+from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
+from callbacks.prediction_writer import BasePredictionWriter
+# Lightning's names Cadence refuses (making one says what to use instead): importable, not offered in __all__.
+from callbacks.refused import (  # noqa: F401
+    CometLogger, DeviceStatsMonitor, EMAWeightAveraging, LitLogger, MLFlowLogger, ModelPruning, NeptuneLogger,  # noqa: F401
+    RichModelSummary, RichProgressBar, SpikeDetection, StochasticWeightAveraging, ThroughputMonitor, WandbLogger,  # noqa: F401
+    WeightAveraging, XLAProfiler,  # noqa: F401
+)
+from callbacks.progress import ProgressBar, TQDMProgressBar
 from callbacks.sync_batchnorm import SyncBatchNorm
 from callbacks.tensorboard_logger import TensorBoardLogger, tensorboard_available
 from callbacks.timer import Timer
 from callbacks.torch_flags import TorchFlags
 
 __all__ = [
-    "AMP", "AsyncLogger", "BackboneFinetuning", "BaseFinetuning", "BatchSizeFinder", "CSVLogger", "Callback", "Compile",
-    "EarlyStopping", "GradientCheckpointing", "LRFinder", "LearningRateFinder", "LearningRateMonitor", "Logger",
-    "ModelCheckpoint", "ModelSummary", "PerformanceReport", "Profiler", "ProgressBar",
+    "AMP", "AdvancedProfiler", "AsyncLogger", "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter",
+    "BatchSizeFinder", "CSVLogger", "Callback", "Compile", "EarlyStopping", "GradientAccumulationScheduler",
+    "GradientCheckpointing", "LRFinder", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "Logger",
+    "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint", "PassThroughProfiler", "PerformanceReport",
+    "ProfiledHooks", "Profiler", "ProgressBar", "PyTorchProfiler", "SimpleProfiler", "TQDMProgressBar", "profiler_of",
     "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags", "default_callbacks", "observability_callbacks",
     "with_module_callbacks",
 ]
@@ -69,7 +84,14 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
         callbacks += list(default_callbacks(list(logger), enable_progress_bar=False, enable_checkpointing=False, logger=False))
     elif logger not in (False, None):
         raise ValueError(f"Trainer(logger={logger!r}): use True, False, a logger callback or a list of them.")
-    if enable_progress_bar and not any(isinstance(c, ProgressBar) for c in callbacks):
+    bars = [c for c in callbacks if isinstance(c, ProgressBar)]
+    if len(bars) > 1:
+        raise ValueError(f"Trainer(callbacks=[...]) holds {len(bars)} progress bars "
+                         f"({', '.join(type(bar).__name__ for bar in bars)}); only one is supported: pass one.")
+    if bars and enable_progress_bar is False:
+        raise ValueError(f"Trainer(enable_progress_bar=False) but callbacks holds a {type(bars[0]).__name__}; remove "
+                         "one of them (ProgressBar(refresh_rate=0) keeps the bar object and draws nothing).")
+    if enable_progress_bar and not bars:
         callbacks.append(ProgressBar())
     if enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
         callbacks.append(ModelCheckpoint())
@@ -113,33 +135,45 @@ def default_loggers() -> list[Callback]:
     return [TensorBoardLogger(), CSVLogger()] if tensorboard_available() else [CSVLogger()]
 
 
-PROFILERS = (None, "simple", "pytorch")
+#: Trainer(profiler=<name>), as in Lightning (the name in any case).
+PROFILERS = {"simple": SimpleProfiler, "advanced": AdvancedProfiler, "pytorch": PyTorchProfiler}
+_PASS_THROUGH = PassThroughProfiler()
 
 
 def observability_callbacks(callbacks: list[Callback], *, profiler: Any, report: Any) -> list[Callback]:
     """``callbacks`` plus what ``Trainer(profiler=..., report=...)`` asks for.
 
-    ``profiler``: None; ``"simple"``, the end-of-fit PerformanceReport (Lightning's SimpleProfiler
-    times every hook; the report times the phases of the loop, which costs nothing per hook);
-    ``"pytorch"``, a ``Profiler()`` with its defaults; or a ``Profiler``. ``report``: add the
+    ``profiler``: None; ``"simple"``, ``"advanced"``, ``"pytorch"`` (Lightning's profilers with their
+    defaults) or one of them (``callbacks.profilers.Profiler``), run by a :class:`ProfiledHooks` put
+    first among the callbacks, so that it times the others' hooks; or a ``callbacks.Profiler``
+    (Cadence's scheduled torch.profiler traces with a verdict). ``report``: add the
     PerformanceReport (on by default).
     """
     if not isinstance(report, bool):
         raise ValueError(f"Trainer(report={report!r}): use True (print where the time went after fit) or False.")
-    if not (profiler in PROFILERS or isinstance(profiler, Profiler)):
+    if isinstance(profiler, str) and profiler.lower() in PROFILERS:
+        profiler = PROFILERS[profiler.lower()]()
+    if not (profiler is None or isinstance(profiler, (LightningProfiler, Profiler))):
         raise ValueError(
-            f"Trainer(profiler={profiler!r}): use None, \"simple\" (the performance report), \"pytorch\" "
-            "(callbacks.Profiler with its defaults) or a callbacks.Profiler. For Python-level profiles, run "
-            "python -m cProfile -o fit.prof your_script.py."
+            f"Trainer(profiler={profiler!r}): use None, \"simple\" (time per hook), \"advanced\" (cProfile per hook), "
+            "\"pytorch\" (torch.profiler), a callbacks.SimpleProfiler/AdvancedProfiler/PyTorchProfiler (or your subclass "
+            "of callbacks.profilers.Profiler), or a callbacks.Profiler (scheduled traces with a verdict)."
+            + (" Cadence runs on CPUs, CUDA GPUs and Apple GPUs, not XLA." if profiler == "xla" else "")
         )
-    if profiler == "simple" and not report:
-        raise ValueError('Trainer(profiler="simple", report=False): "simple" is the performance report that '
-                         "report=False turns off. Pass one of them.")
     added: list[Callback] = []
-    if (report or profiler == "simple") and not any(isinstance(c, PerformanceReport) for c in callbacks):
+    if report and not any(isinstance(c, PerformanceReport) for c in callbacks):
         added.append(PerformanceReport())
-    if profiler == "pytorch" or isinstance(profiler, Profiler):
+    if isinstance(profiler, LightningProfiler):
+        if any(isinstance(c, ProfiledHooks) for c in callbacks):
+            raise ValueError(f"Trainer(profiler={profiler!r}) and a ProfiledHooks in callbacks: pass one of them.")
+        return [ProfiledHooks(profiler)] + callbacks + added  # first: it times the other callbacks' hooks
+    if isinstance(profiler, Profiler):
         if any(isinstance(c, Profiler) for c in callbacks):
             raise ValueError(f"Trainer(profiler={profiler!r}) and a Profiler in callbacks: pass one of them.")
-        added.append(Profiler() if profiler == "pytorch" else profiler)
+        added.append(profiler)
     return callbacks + added
+
+
+def profiler_of(callbacks: list[Callback]) -> LightningProfiler:
+    """``trainer.profiler``: the profiler a :class:`ProfiledHooks` runs, else a PassThroughProfiler (as in Lightning)."""
+    return next((c.profiler for c in callbacks if isinstance(c, ProfiledHooks)), _PASS_THROUGH)

@@ -90,6 +90,10 @@ class AsyncLogger(Logger):
         self.flush_every_n_steps: int | None = None
         self._handed_over_step = 0
 
+    #: Lightning's: what joins ``prefix`` and a metric's name, and the hyperparameters' file name.
+    LOGGER_JOIN_CHAR = "-"
+    NAME_HPARAMS_FILE = "hparams.yaml"
+
     @property
     def state_key(self) -> str:
         """Two loggers of one class must write to different places (the key also names them in
@@ -162,10 +166,10 @@ class AsyncLogger(Logger):
         self._add(self.write, values, self._last_step)
         self._flush_if_due(self._last_step)
 
-    def log_hyperparams(self, params: Mapping[str, Any] | Any, *args: Any, **kwargs: Any) -> None:
-        """Keep ``params`` (a dict or an argparse Namespace) in ``hparams.yaml`` (and TensorBoard's
-        hparams at the end of fit)."""
-        if not self._rank_zero:
+    def log_hyperparams(self, params: Mapping[str, Any] | Any = None, *args: Any, **kwargs: Any) -> None:
+        """Keep ``params`` (a dict or an argparse Namespace; None: nothing new) in ``hparams.yaml``
+        (and TensorBoard's hparams at the end of fit)."""
+        if not self._rank_zero or params is None:
             return
         params = vars(params) if not isinstance(params, Mapping) and hasattr(params, "__dict__") else dict(params)
         self.hparams.update(params)
@@ -211,7 +215,8 @@ class AsyncLogger(Logger):
         """Lightning's ``prefix``: ``"train"`` logs ``loss`` as ``train-loss`` (the ``epoch`` column stays)."""
         if not self.prefix:
             return metrics
-        return {f"{self.prefix}-{key}" if key != "epoch" else key: value for key, value in metrics.items()}
+        join = self.LOGGER_JOIN_CHAR
+        return {f"{self.prefix}{join}{key}" if key != "epoch" else key: value for key, value in metrics.items()}
 
     def _flush_if_due(self, step: int) -> None:
         """``flush_every_n_steps``: hand over once that many steps were logged since the last time, but

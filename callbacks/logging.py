@@ -53,6 +53,16 @@ class Logger(Callback):
     def log_dir(self) -> str | None:
         return None
 
+    @property
+    def root_dir(self) -> str | None:
+        """Where this logger keeps its versions (None for a logger that has no directory)."""
+        return None
+
+    @property
+    def group_separator(self) -> str:
+        """What separates a metric's group from its name (``train/loss``), as in Lightning."""
+        return "/"
+
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         raise NotImplementedError(f"{type(self).__name__} must implement log_metrics(metrics, step).")
 

@@ -1,12 +1,19 @@
-"""ProgressBar: tqdm bars for training and validation, on rank zero only.
+"""ProgressBar: Lightning's TQDMProgressBar (tqdm bars for each stage), on rank zero only.
 
-The bar shows metrics logged with ``prog_bar=True`` as they stood at the last log step; it never
-asks for a value itself, so it adds no host sync. When stderr is not a terminal (CI, a log file,
-SLURM output) it prints one tidy line per epoch and per validation instead of redrawing bars.
+The bar shows the metrics of ``get_metrics`` (those logged with ``prog_bar=True``) as they stood
+at the last log step; it never asks for a value itself, so it adds no host sync. When stderr is
+not a terminal (CI, a log file, SLURM output) the bars are made but not drawn (their ``total``
+and, at each stage's end, ``n`` still say where the run is), and one tidy line per epoch and per
+validation is printed instead. ``refresh_rate=0`` turns the display off.
+
+Subclass it as in Lightning: override ``init_train_tqdm`` (and ``init_sanity_tqdm``,
+``init_validation_tqdm``, ``init_test_tqdm``, ``init_predict_tqdm``) to make the bars, or
+``get_metrics`` to choose what they show; read ``train_progress_bar``, ``total_train_batches``, ...
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -17,133 +24,266 @@ if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
 
 
-def _format(metrics: dict[str, float]) -> str:
-    return ", ".join(f"{name}={value:.4g}" for name, value in metrics.items())
+def _format(metrics: dict[str, Any]) -> str:
+    return ", ".join(f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}"
+                     for name, value in metrics.items())
 
 
 class ProgressBar(Callback):
-    """Progress bars on rank zero.
+    """Progress bars on rank zero (Lightning's ``TQDMProgressBar``).
 
     Args:
-        refresh_rate: redraw at most every this many batches (bars only).
-        leave: keep each epoch's finished bar on screen.
+        refresh_rate: redraw every this many batches; 0 turns the bars (and the lines) off.
+        process_position: where the bars go among other tqdm bars (several scripts at once).
+        leave: keep each epoch's finished bar on screen (one bar per epoch) instead of one bar for
+            the whole fit.
+
+    Example::
+
+        class NoValidationBar(ProgressBar):
+            def init_validation_tqdm(self):
+                bar = super().init_validation_tqdm()
+                bar.disable = True
+                return bar
     """
 
-    def __init__(self, refresh_rate: int = 1, leave: bool = True) -> None:
-        if isinstance(refresh_rate, bool) or not isinstance(refresh_rate, int) or refresh_rate < 1:
-            raise ValueError(f"ProgressBar(refresh_rate={refresh_rate!r}): use an int >= 1.")
-        self.refresh_rate = refresh_rate
-        self.leave = leave
-        self.enabled = True
-        self.interactive = False
-        self._bar: Any = None
-        self._eval_bar: Any = None
+    BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_noinv_fmt}{postfix}]"
+
+    def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False) -> None:
+        for name, value in (("refresh_rate", refresh_rate), ("process_position", process_position)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"ProgressBar({name}={value!r}): use an int >= 0"
+                                 + (" (0 turns the bars off)." if name == "refresh_rate" else "."))
+        if not isinstance(leave, bool):
+            raise ValueError(f"ProgressBar(leave={leave!r}): use True or False.")
+        self._refresh_rate, self._process_position, self._leave = refresh_rate, process_position, leave
+        self._enabled = True
+        self.interactive = False  # stderr is a terminal: the bars are drawn
+        self._trainer: Trainer | None = None
+        self._train_progress_bar: Any = None
+        self._val_progress_bar: Any = None
+        self._test_progress_bar: Any = None
+        self._predict_progress_bar: Any = None
         self._eval_batches = 0
         self._tqdm: Any = None
 
-    def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
-        self.enabled = trainer.is_global_zero
-        self.interactive = sys.stderr.isatty()
-        if self.enabled and self.interactive:
-            from tqdm.auto import tqdm  # loaded on first use: importing callbacks stays cheap
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_train_progress_bar": None, "_val_progress_bar": None, "_test_progress_bar": None,
+                "_predict_progress_bar": None, "_tqdm": None, "_trainer": None}  # bars hold streams and locks
 
-            self._tqdm = tqdm
+    # --- what subclasses read -----------------------------------------------------------------
+    refresh_rate = property(lambda self: self._refresh_rate)
+    process_position = property(lambda self: self._process_position)
+    is_enabled = property(lambda self: self._enabled and self._refresh_rate > 0)
+    is_disabled = property(lambda self: not self.is_enabled)
+    sanity_check_description = "Sanity Checking"
+    train_description = "Training"
+    validation_description = "Validation"
+    test_description = "Testing"
+    predict_description = "Predicting"
+
+    @property
+    def trainer(self) -> Trainer:
+        if self._trainer is None:
+            raise TypeError(f"{type(self).__name__}.trainer is set when a stage starts (setup); none has yet.")
+        return self._trainer
+
+    def _bar(name: str) -> property:  # noqa: N805 (a property factory, used in the class body)
+        def get(self: ProgressBar) -> Any:
+            bar = getattr(self, f"_{name}")
+            if bar is None:
+                raise TypeError(f"{type(self).__name__}.{name} is made when its stage starts; it has not been yet.")
+            return bar
+
+        def set_(self: ProgressBar, bar: Any) -> None:
+            setattr(self, f"_{name}", bar)
+
+        return property(get, set_)
+
+    train_progress_bar = _bar("train_progress_bar")
+    val_progress_bar = _bar("val_progress_bar")
+    test_progress_bar = _bar("test_progress_bar")
+    predict_progress_bar = _bar("predict_progress_bar")
+    del _bar
+
+    @property
+    def total_train_batches(self) -> int | float:
+        return self.trainer.num_training_batches
+
+    @property
+    def total_val_batches(self) -> int | float:
+        """The batches of this validation pass over every loader (the sanity check's during it)."""
+        trainer = self.trainer
+        if trainer.sanity_checking:
+            steps = math.inf if trainer.num_sanity_val_steps == -1 else trainer.num_sanity_val_steps
+            return sum(min(steps, count) for count in trainer.num_val_batches)
+        return sum(trainer.num_val_batches)
+
+    total_test_batches = property(lambda self: sum(self.trainer.num_test_batches))
+    total_predict_batches = property(lambda self: sum(self.trainer.num_predict_batches))
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def get_metrics(self, trainer: Trainer, module: TrainingModule) -> dict[str, Any]:
+        """What the bars show: the values logged with ``prog_bar=True`` (override to change it)."""
+        return dict(trainer.progress_bar_metrics)
+
+    # --- the bars (override to customize) --------------------------------------------------------
+    def _make(self, description: str, position: int, leave: bool) -> Any:
+        return self._tqdm(desc=description, position=position, disable=self.is_disabled or not self.interactive,
+                          leave=leave, dynamic_ncols=True, file=sys.stderr, bar_format=self.BAR_FORMAT)
+
+    def init_sanity_tqdm(self) -> Any:
+        return self._make(self.sanity_check_description, 2 * self.process_position, leave=False)
+
+    def init_train_tqdm(self) -> Any:
+        return self._make(self.train_description, 2 * self.process_position, leave=True)
+
+    def init_validation_tqdm(self) -> Any:
+        under_fit = self.trainer.stage == "fit"  # below the training bar, which stays
+        return self._make(self.validation_description, 2 * self.process_position + under_fit, leave=not under_fit)
+
+    def init_test_tqdm(self) -> Any:
+        return self._make(self.test_description, 2 * self.process_position, leave=True)
+
+    def init_predict_tqdm(self) -> Any:
+        return self._make(self.predict_description, 2 * self.process_position, leave=True)
 
     def print(self, *args: Any, sep: str = " ", **kwargs: Any) -> None:
         """``print`` that keeps a drawn bar whole (``self.print`` in a module comes here)."""
-        if self._tqdm is not None and (self._bar is not None or self._eval_bar is not None):
+        drawn = [bar for bar in (self._train_progress_bar, self._val_progress_bar, self._test_progress_bar,
+                                 self._predict_progress_bar) if bar is not None and not bar.disable]
+        if drawn:
             self._tqdm.write(sep.join(map(str, args)), file=kwargs.get("file"), end=kwargs.get("end", "\n"))
         else:
             print(*args, sep=sep, **kwargs)
 
-    def _total(self, value: float) -> int | None:
-        return None if value == float("inf") else int(value)
+    # --- hooks ----------------------------------------------------------------------------------
+    def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
+        self._trainer = trainer
+        if not trainer.is_global_zero:
+            self.disable()
+        self.interactive = sys.stderr.isatty()
+        from tqdm.auto import tqdm  # loaded on first use: importing callbacks stays cheap
 
-    # --- training --------------------------------------------------------------------------
+        self._tqdm = tqdm
+
+    def on_sanity_check_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        self.val_progress_bar = self.init_sanity_tqdm()
+        self.val_progress_bar.total = _total(self.total_val_batches)
+        self._eval_batches = 0
+
+    def on_sanity_check_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        self.val_progress_bar.close()
+
+    def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        if not self._leave:  # one bar for the whole fit; with leave, each epoch makes its own
+            self.train_progress_bar = self.init_train_tqdm()
+
     def on_train_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        if not (self.enabled and self.interactive):
-            return
-        total = self._total(trainer.num_training_batches)
-        self._bar = self._tqdm(total=total, desc=epoch_label(trainer), leave=self.leave, dynamic_ncols=True,
-                               file=sys.stderr)
+        if self._leave:  # a bar per epoch
+            self.train_progress_bar = self.init_train_tqdm()
+        bar = self.train_progress_bar
+        bar.reset(total=_total(self.total_train_batches))
+        bar.set_description(epoch_label(trainer), refresh=False)
 
     def on_train_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        bar = self._bar
-        if bar is None or (batch_idx + 1) % self.refresh_rate:
-            return
+        bar = self._train_progress_bar
+        if bar is None or bar.disable or not self._refresh_rate or (batch_idx + 1) % self._refresh_rate \
+                and batch_idx + 1 != bar.total:
+            return  # not drawn, or not this batch: this is all a batch pays
         bar.update(batch_idx + 1 - bar.n)
 
     def on_log(self, trainer: Trainer, module: TrainingModule, metrics: dict[str, float], step: int) -> None:
-        if self._bar is not None and trainer.progress_bar_metrics:
-            self._bar.set_postfix_str(_format(trainer.progress_bar_metrics), refresh=False)
+        bar = self._train_progress_bar
+        if bar is not None and not bar.disable:
+            bar.set_postfix_str(_format(self.get_metrics(trainer, module)), refresh=False)
 
     def on_train_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
-        if not self.enabled:
-            return
-        if self._bar is not None:
-            self._bar.set_postfix_str(_format(trainer.progress_bar_metrics), refresh=False)
-            self._bar.close()
-            self._bar = None
-        elif not self.interactive:
-            metrics = _format(trainer.progress_bar_metrics)
-            print(f"{epoch_label(trainer)}: step {trainer.global_step}"
-                  + (f", {metrics}" if metrics else ""), file=sys.stderr, flush=True)
+        bar = self.train_progress_bar
+        shown = _format(self.get_metrics(trainer, module)) if self.is_enabled else ""
+        bar.n = trainer.batch_idx + 1  # where the epoch ended, also when the bar is not drawn
+        if not bar.disable:
+            bar.set_postfix_str(shown, refresh=True)
+        elif self.is_enabled and not self.interactive:
+            print(f"{epoch_label(trainer)}: step {trainer.global_step}" + (f", {shown}" if shown else ""),
+                  file=sys.stderr, flush=True)
+        if self._leave:
+            bar.close()
+
+    def on_train_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        if self._train_progress_bar is not None:  # None when fit trained no epoch
+            self._train_progress_bar.close()
+
+    def on_exception(self, trainer: Trainer, module: TrainingModule, error: BaseException) -> None:
+        for bar in (self._train_progress_bar, self._val_progress_bar, self._test_progress_bar, self._predict_progress_bar):
+            if bar is not None:
+                bar.close()
 
     # --- evaluation --------------------------------------------------------------------------
-    def _start_eval(self, trainer: Trainer, description: str, num_batches: list[int | float]) -> None:
+    def _start_eval(self, name: str, bar: Any, total: int | float) -> None:
         self._eval_batches = 0  # over every loader of the pass
-        if self.enabled and self.interactive and not trainer.sanity_checking:
-            self._eval_bar = self._tqdm(total=self._total(sum(num_batches)), desc=description,
-                                        leave=False, dynamic_ncols=True, file=sys.stderr)
+        bar.total = _total(total)
+        setattr(self, name, bar)
 
-    def _advance_eval(self) -> None:
+    def _advance_eval(self, bar: Any) -> None:
         self._eval_batches += 1
-        if self._eval_bar is not None and self._eval_batches % self.refresh_rate == 0:
-            self._eval_bar.update(self._eval_batches - self._eval_bar.n)
+        if not bar.disable and self._refresh_rate and (self._eval_batches % self._refresh_rate == 0
+                                                       or self._eval_batches == bar.total):
+            bar.update(self._eval_batches - bar.n)
 
-    def _end_eval(self, trainer: Trainer, description: str) -> None:
-        if self._eval_bar is not None:
-            self._eval_bar.close()
-            self._eval_bar = None
-        if self.enabled and not trainer.sanity_checking:
-            shown = {k: v for k, v in trainer.progress_bar_metrics.items()}
-            if self._bar is not None:
-                self._bar.set_postfix_str(_format(shown), refresh=True)
-            elif not self.interactive and shown:
-                print(f"{description}: {_format(shown)}", file=sys.stderr, flush=True)
+    def _end_eval(self, trainer: Trainer, module: TrainingModule, bar: Any, description: str) -> None:
+        bar.n = self._eval_batches
+        bar.close()
+        if not self.is_enabled or trainer.sanity_checking:
+            return
+        shown = _format(self.get_metrics(trainer, module))
+        train_bar = self._train_progress_bar if trainer.stage == "fit" else None
+        if train_bar is not None and not train_bar.disable:
+            train_bar.set_postfix_str(shown, refresh=True)
+        elif not self.interactive and shown:
+            print(f"{description}: {shown}", file=sys.stderr, flush=True)
 
     def on_validation_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._start_eval(trainer, "Validation", trainer.num_val_batches)
+        if not trainer.sanity_checking:
+            self._start_eval("val_progress_bar", self.init_validation_tqdm(), self.total_val_batches)
 
     def on_validation_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int,
-                             dataloader_idx: int = 0) -> None:
-        self._advance_eval()
+                                dataloader_idx: int = 0) -> None:
+        self._advance_eval(self.val_progress_bar)
 
     def on_validation_end(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._end_eval(trainer, "Validation")
+        if not trainer.sanity_checking:
+            self._end_eval(trainer, module, self.val_progress_bar, "Validation")
 
     def on_test_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._start_eval(trainer, "Test", trainer.num_test_batches)
+        self._start_eval("test_progress_bar", self.init_test_tqdm(), self.total_test_batches)
 
     def on_test_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int,
-                             dataloader_idx: int = 0) -> None:
-        self._advance_eval()
+                          dataloader_idx: int = 0) -> None:
+        self._advance_eval(self.test_progress_bar)
 
     def on_test_end(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._end_eval(trainer, "Test")
+        self._end_eval(trainer, module, self.test_progress_bar, "Test")
 
     def on_predict_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._start_eval(trainer, "Predict", trainer.num_predict_batches)
+        self._start_eval("predict_progress_bar", self.init_predict_tqdm(), self.total_predict_batches)
 
     def on_predict_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int,
                              dataloader_idx: int = 0) -> None:
-        self._advance_eval()
+        self._advance_eval(self.predict_progress_bar)
 
     def on_predict_end(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._end_eval(trainer, "Predict")
+        self._end_eval(trainer, module, self.predict_progress_bar, "Predict")
 
-    def on_exception(self, trainer: Trainer, module: TrainingModule, error: BaseException) -> None:
-        for bar in (self._bar, self._eval_bar):
-            if bar is not None:
-                bar.close()
-        self._bar = self._eval_bar = None
+
+#: Lightning's name for it.
+TQDMProgressBar = ProgressBar
+
+
+def _total(value: int | float) -> int | None:
+    return None if value == math.inf else int(value)

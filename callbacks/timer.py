@@ -24,7 +24,8 @@ from callbacks.base import Callback
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
 
-STAGES = ("train", "validate", "test")
+#: Lightning's stages (``RunningStage``): training, validation and testing are timed; every one is in checkpoints.
+STAGES = ("train", "sanity_check", "validate", "test", "predict")
 
 
 def parse_duration(duration: Any, argument: str = "Timer(duration") -> datetime.timedelta:
@@ -48,8 +49,8 @@ def parse_duration(duration: Any, argument: str = "Timer(duration") -> datetime.
     else:
         raise ValueError(f"{argument}={duration!r}): use \"DD:HH:MM:SS\", a dict such as {{\"hours\": 12}}, or a "
                          "datetime.timedelta.")
-    if parsed.total_seconds() <= 0:
-        raise ValueError(f"{argument}={duration!r}) is not a positive duration.")
+    if parsed.total_seconds() < 0:
+        raise ValueError(f"{argument}={duration!r}) is a negative duration; use 0 (stop at the first check) or more.")
     return parsed
 
 
@@ -58,13 +59,15 @@ class Timer(Callback):
 
     Args:
         duration: the training budget: ``"DD:HH:MM:SS"``, a dict of ``timedelta`` keywords, a
-            ``timedelta``, or None to measure only.
+            ``timedelta``, or None to measure only. 0 stops at the first check (before any step).
         interval: ``"step"`` checks after optimizer steps; ``"epoch"`` at the end of each epoch.
         verbose: print a line on rank zero when the budget stops the run.
 
     Example::
 
-        Timer(duration="00:12:00:00")   # or Trainer(max_time={"hours": 12})
+        timer = Timer(duration="00:12:00:00")   # or Trainer(max_time={"hours": 12})
+        ...
+        timer.time_elapsed("train"), timer.start_time("validate"), timer.end_time("test")
     """
 
     def __init__(self, duration: str | datetime.timedelta | dict[str, int] | None = None, interval: str = "step",
@@ -79,8 +82,17 @@ class Timer(Callback):
         self._step_at_last_batch = 0
 
     # --- what it measured --------------------------------------------------------------------
+    def start_time(self, stage: str = "train") -> float | None:
+        """When ``stage`` last started (``time.monotonic()`` seconds), or None."""
+        return self._start[_stage(stage)]
+
+    def end_time(self, stage: str = "train") -> float | None:
+        """When ``stage`` last ended (``time.monotonic()`` seconds), or None while it runs or before."""
+        return self._end[_stage(stage)]
+
     def time_elapsed(self, stage: str = "train") -> float:
         """Seconds spent in ``stage`` ("train", "validate" or "test"); training counts resumed runs."""
+        stage = _stage(stage)
         start, end = self._start[stage], self._end[stage]
         offset = self._offset if stage == "train" else 0.0
         if start is None:
@@ -135,9 +147,10 @@ class Timer(Callback):
         if not spent or trainer.should_stop:
             return
         trainer.should_stop = True
-        if self.verbose and trainer.is_global_zero:
-            print(f"Timer: {self.time_elapsed():.1f} s of training reached the time limit of {self.duration:g} s; "
-                  f"stopping at global step {trainer.global_step}.", file=sys.stderr)
+        if self.verbose and trainer.is_global_zero:  # Lightning's words, then the limit and the step
+            elapsed, limit = (datetime.timedelta(seconds=int(seconds)) for seconds in (self.time_elapsed(), self.duration))
+            print(f"Time limit reached. Elapsed time is {elapsed}. Signaling Trainer to stop (Timer: limit {limit}, at "
+                  f"global step {trainer.global_step}).", file=sys.stderr)
 
     # --- checkpoint state -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -145,3 +158,9 @@ class Timer(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._offset = state_dict.get("time_elapsed", {}).get("train", 0.0)
+
+
+def _stage(stage: str) -> str:
+    if stage not in STAGES:
+        raise ValueError(f"Timer: {stage!r} is not a stage; use one of {', '.join(STAGES)}.")
+    return stage

@@ -64,9 +64,15 @@ def test_two_callbacks_with_the_same_state_key_are_refused():
         Trainer(strategy="cpu", callbacks=[EarlyStopping("val/loss"), EarlyStopping("val/loss")])
 
 
-def test_progress_bar_refresh_rate_must_be_positive():
-    with pytest.raises(ValueError, match=r"ProgressBar\(refresh_rate=0\): use an int >= 1"):
-        ProgressBar(refresh_rate=0)
+def test_progress_bar_arguments_are_checked_and_one_bar_is_allowed():
+    with pytest.raises(ValueError, match=r"ProgressBar\(refresh_rate=-1\): use an int >= 0 \(0 turns the bars off\)"):
+        ProgressBar(refresh_rate=-1)
+    with pytest.raises(ValueError, match=r"ProgressBar\(process_position=1.5\): use an int >= 0"):
+        ProgressBar(process_position=1.5)
+    with pytest.raises(ValueError, match=r"holds 2 progress bars \(ProgressBar, ProgressBar\); only one is supported"):
+        Trainer(strategy="cpu", callbacks=[ProgressBar(), ProgressBar()])
+    with pytest.raises(ValueError, match=r"Trainer\(enable_progress_bar=False\) but callbacks holds a ProgressBar"):
+        Trainer(strategy="cpu", callbacks=[ProgressBar()], enable_progress_bar=False)
 
 
 def test_the_progress_bar_prints_one_tidy_line_per_epoch_when_not_on_a_terminal(make_trainer, regression_loader, capsys):

@@ -346,8 +346,8 @@ def test_a_class_path_typo_lists_only_the_modules_own_classes_and_functions(part
     with pytest.raises(SystemExit) as raised:
         main(["fit", "--config", str(path)])
     message = str(raised.value)
-    assert ("did you mean ModelCheckpoint or GradientCheckpointing? It also has: AMP, AsyncLogger, BackboneFinetuning, "
-            "BaseFinetuning, BatchSizeFinder, CSVLogger") in message
+    assert ("did you mean ModelCheckpoint or GradientCheckpointing? It also has: AMP, AdvancedProfiler, AsyncLogger, "
+            "BackboneFinetuning, BaseFinetuning, BasePredictionWriter, BatchSizeFinder, CSVLogger") in message
     assert not any(name in message for name in ("Any", "annotations", "base", "model_checkpoint", "typing",
                                                 "cadence_shadowing", "tensorboard_available", "search", "lr_finder"))
 
@@ -358,7 +358,8 @@ def test_a_class_path_typo_lists_only_the_modules_own_classes_and_functions(part
         ("lightning.pytorch.callbacks.EarlyStopping", r"is PyTorch Lightning's; Cadence's is callbacks.EarlyStopping"),
         ("lightning.pytorch.cli.ReduceLROnPlateau",
          r"is PyTorch Lightning's; use torch.optim.lr_scheduler.ReduceLROnPlateau, with monitor: in its init_args"),
-        ("pytorch_lightning.callbacks.RichProgressBar", r"is PyTorch Lightning's; Cadence has no class of that name"),
+        ("pytorch_lightning.callbacks.RichProgressBar", r"is PyTorch Lightning's; Cadence does not have it; instead: callbacks.ProgressBar"),
+        ("lightning.pytorch.callbacks.Bogus", r"is PyTorch Lightning's; Cadence has no class of that name"),
     ],
 )
 def test_a_lightning_class_path_names_the_cadence_class_to_use(parts, tmp_path, class_path, match):

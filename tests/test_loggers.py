@@ -282,3 +282,17 @@ def test_bad_logger_arguments_are_refused_with_the_fix():
 def test_a_learning_rate_monitor_without_a_logger_says_so(make_trainer):
     with pytest.raises(ValueError, match=r"LearningRateMonitor writes to the loggers, and this Trainer has none"):
         make_trainer(max_epochs=1, callbacks=[LearningRateMonitor()]).fit(Logged(), loader(2))
+
+
+def test_loggers_have_lightnings_remaining_members(tmp_path):
+    logger = CSVLogger(save_dir=tmp_path, prefix="train")
+    assert (logger.group_separator, logger.LOGGER_JOIN_CHAR, logger.NAME_HPARAMS_FILE) == ("/", "-", "hparams.yaml")
+    assert logger.root_dir == str(tmp_path / "cadence_logs")
+    logger.log_hyperparams()  # Lightning's params=None: nothing new to keep, and no error
+    assert logger.hparams == {}
+
+    class Printing(Logger):
+        def log_metrics(self, metrics, step=None):
+            pass
+
+    assert Printing().root_dir is None and Printing().group_separator == "/"

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import PerformanceReport, Profiler
+from callbacks import PerformanceReport, ProfiledHooks, Profiler
 from trainer import Trainer, TrainingModule
 
 
@@ -70,16 +70,12 @@ def test_the_trainers_profiler_argument_maps_onto_the_callbacks():
     kinds = lambda trainer: [type(callback) for callback in trainer.callbacks]  # noqa: E731
     quiet = {"strategy": "cpu", "logger": False, "enable_progress_bar": False, "enable_checkpointing": False,
              "enable_model_summary": False}
-    assert kinds(Trainer(profiler="pytorch", report=False, **quiet)) == [Profiler]
-    assert kinds(Trainer(profiler="simple", **quiet)) == [PerformanceReport]
+    assert kinds(Trainer(profiler=None, **quiet)) == [PerformanceReport]
+    assert kinds(Trainer(profiler="simple", report=False, **quiet)) == [ProfiledHooks]  # Lightning's SimpleProfiler
     mine = Profiler(active=1)
     assert Trainer(profiler=mine, report=False, **quiet).callbacks == [mine]
-    with pytest.raises(ValueError, match=r'Trainer\(profiler=\'advanced\'\): use None, "simple" \(the performance report\)'):
-        Trainer(profiler="advanced", **quiet)
-    with pytest.raises(ValueError, match=r"Trainer\(profiler='pytorch'\) and a Profiler in callbacks: pass one of them"):
-        Trainer(profiler="pytorch", callbacks=[Profiler()], **quiet)
-    with pytest.raises(ValueError, match=r'Trainer\(profiler="simple", report=False\): "simple" is the performance report'):
-        Trainer(profiler="simple", report=False, **quiet)
+    with pytest.raises(ValueError, match=r"Trainer\(profiler=<callbacks.profiler.Profiler .*\) and a Profiler in callbacks: pass one of them"):
+        Trainer(profiler=mine, callbacks=[Profiler()], **quiet)
     with pytest.raises(ValueError, match=r"Trainer\(report='yes'\): use True"):
         Trainer(report="yes", **quiet)
 

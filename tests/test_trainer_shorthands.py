@@ -8,6 +8,7 @@ Where a test needs GPUs this machine lacks, it mocks the ``torch.cuda`` queries 
 
 from __future__ import annotations
 
+import datetime
 import re
 import time
 
@@ -168,7 +169,7 @@ def test_max_time_stops_after_an_optimizer_step_and_checkpoints_like_a_normal_en
 @pytest.mark.parametrize("max_time, match", [
     ("1:00", r"Trainer\(max_time='1:00'\) is not a duration. Use \"DD:HH:MM:SS\""),
     ({"hour": 1}, r"Trainer\(max_time=\{'hour': 1\}\): .*the keys are datetime.timedelta's"),
-    ("00:00:00:00", "is not a positive duration"),
+    (datetime.timedelta(seconds=-1), r"is a negative duration; use 0 \(stop at the first check\) or more"),
 ])
 def test_a_bad_max_time_says_the_formats(max_time, match):
     with pytest.raises(ValueError, match=match):

@@ -168,10 +168,15 @@ def translate(*, max_epochs: Any, max_steps: Any, strategy: Any, devices: Any, p
         callbacks, enable_progress_bar=enable_progress_bar, enable_checkpointing=enable_checkpointing, logger=logger
     )
     _add_model_summary(run.callbacks, enable_model_summary)
-    if max_time is not None:
+    if max_time is not None and any(isinstance(callback, Timer) for callback in run.callbacks):
+        parse_duration(max_time, "Trainer(max_time")  # still checked
+        if os.environ.get("RANK", "0") == "0":  # as in Lightning: the Timer given wins, and the user is told
+            print(f"Trainer(max_time={max_time!r}) is not used: the callbacks list already contains a Timer, whose "
+                  "duration limits the run.", file=sys.stderr)
+    elif max_time is not None:
         run.callbacks.append(Timer(parse_duration(max_time, "Trainer(max_time")))
-        if run.max_epochs is None and run.max_steps == -1:
-            run.max_epochs = -1  # as in Lightning: the time limit alone ends the run
+    if max_time is not None and run.max_epochs is None and run.max_steps == -1:
+        run.max_epochs = -1  # as in Lightning: the time limit alone ends the run
     if benchmark is not None or detect_anomaly:
         run.callbacks.append(TorchFlags(cudnn_benchmark=benchmark, detect_anomaly=bool(detect_anomaly)))
     if sync_batchnorm:

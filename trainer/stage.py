@@ -22,7 +22,7 @@ from trainer.hooks import step_without_batch_idx, takes_batch_idx, warn_uncalled
 from trainer.log_dir import choose_log_dir, versions_root
 from trainer.seed import seed_generators, use_deterministic_algorithms
 from trainer.stage_loaders import end_workers
-from trainer.utilities import rank_zero_only
+from trainer.utilities import rank_zero_only, set_rank
 
 if TYPE_CHECKING:
     from callbacks import Callback
@@ -59,7 +59,7 @@ def enter_stage(trainer: Trainer, stage: str, module: TrainingModule, data: Data
     the running module (the Trainer holds ``data`` itself)."""
     trainer.stage = stage
     trainer.strategy.setup_environment()
-    rank_zero_only.rank = trainer.global_rank
+    set_rank(trainer.global_rank)  # rank_zero_only's (and lightning_utilities')
     trainer.log_dir = trainer.strategy.broadcast_object(trainer.log_dir)  # torchrun ranks each chose one; use rank zero's
     trainer.module = module
     module.trainer = trainer

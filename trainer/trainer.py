@@ -59,8 +59,9 @@ class Trainer:
     ``seed`` and ``deterministic`` (seed everything, per rank and worker, first; deterministic kernels),
     ``on_nonfinite_loss`` (a NaN/inf training loss ``"raise"``s, checked at log steps, or its step is
     ``"skip"``ped, a host sync per step, or it is ``"ignore"``d) and ``report`` (after ``fit``, where the time
-    went, with advice). SIGTERM and SIGUSR1 during ``fit`` save ``last.ckpt`` at the end of the current
-    step and end the process (trainer/preemption.py); ``fit(ckpt_path="last")`` resumes.
+    went, with advice). ``profiler`` is Lightning's (``"simple"``, ``"advanced"``, ``"pytorch"`` or an object).
+    SIGTERM and SIGUSR1 during ``fit`` save ``last.ckpt`` at the end of the current step and end the process
+    (trainer/preemption.py); ``fit(ckpt_path="last")`` resumes.
 
     Example::
 
@@ -86,7 +87,7 @@ class Trainer:
         overfit_batches: int | float = 0.0, enable_model_summary: bool = True,
         benchmark: bool | None = None, detect_anomaly: bool = False,
         inference_mode: bool = True, use_distributed_sampler: bool = True, sync_batchnorm: bool = False,
-        reload_dataloaders_every_n_epochs: int = 0, profiler: str | Callback | None = None, report: bool = True,
+        reload_dataloaders_every_n_epochs: int = 0, profiler: Any = None, report: bool = True,
         **unknown: Any,
     ) -> None:
         arguments = dict(locals())  # exactly this signature's: nothing else is bound yet
@@ -636,6 +637,7 @@ class Trainer:
     loggers = property(lambda self: self._callbacks_of(callbacks_package.Logger))
     logger = property(lambda self: next(iter(self.loggers), None))
     checkpoint_callback = property(lambda self: next(iter(self._callbacks_of(callbacks_package.ModelCheckpoint)), None))
+    profiler = property(lambda self: callbacks_package.profiler_of(self.callbacks))  # a PassThroughProfiler if none
     num_skipped_steps = property(lambda self: self._guard.skipped)  # steps on_nonfinite_loss="skip" skipped
     callback_metrics = property(lambda self: self.metrics.callback_metrics)  # published values (trainer/metrics.py)
     progress_bar_metrics = property(lambda self: self.metrics.progress_bar_metrics)

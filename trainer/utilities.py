@@ -1,22 +1,42 @@
-"""Helpers Lightning users import from ``lightning.pytorch.utilities``: here ``trainer.utilities``
-(and ``trainer`` itself).
+"""Helpers Lightning users import from ``lightning.pytorch.utilities``: here ``trainer.utilities``.
 
-``rank_zero_only`` runs a function on the process of global rank zero only. Its ``rank`` is read
-from ``RANK`` (torchrun, Cadence's DDP workers) or ``SLURM_PROCID`` when the process starts, and
-set by the Trainer when a stage starts, as in Lightning.
+- ``rank_zero_only`` runs a function on the process of global rank zero only. Its ``rank`` is read
+  from ``RANK`` (torchrun, Cadence's DDP workers) or ``SLURM_PROCID`` when the process starts, and
+  set by the Trainer when a stage starts, as in Lightning (``lightning_utilities``' own
+  ``rank_zero_only`` too, when that package is installed: projects that use it directly, such as
+  the lightning-hydra-template's logger, then work under Cadence).
+- ``rank_zero_info``, ``rank_zero_debug`` (the ``"cadence"`` logger, which prints to stderr unless
+  logging is configured), ``rank_zero_warn``, ``rank_zero_deprecation`` (warnings): on rank zero only.
+- ``grad_norm``, ``AttributeDict``, ``LightningEnum``, ``GradClipAlgorithmType``,
+  ``move_data_to_device``, ``is_picklable``, ``measure_flops``, ``suggested_max_num_workers``,
+  ``find_shared_parameters``, ``set_shared_parameters``, ``is_shared_filesystem``: Lightning's meaning.
+- ``CombinedLoader`` and ``disable_possible_user_warnings`` are refused with the Cadence way.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
+import importlib.util
+import logging
 import os
+import pickle
+import time
+import uuid
+import warnings
+from pathlib import Path
 from typing import Any, Callable, TypeVar
+
+import torch
+from torch import nn
+
+from strategies.transfer import move_to_device
 
 Result = TypeVar("Result")
 
 
-def rank_zero_only(function: Callable[..., Result], default: Any = None) -> Callable[..., Result | Any]:
-    """Decorate ``function`` so that it runs on global rank zero only; elsewhere it returns ``default``.
+def rank_zero_only(fn: Callable[..., Result], default: Any = None) -> Callable[..., Result | Any]:
+    """Decorate ``fn`` so that it runs on global rank zero only; elsewhere it returns ``default``.
 
     Example::
 
@@ -25,10 +45,10 @@ def rank_zero_only(function: Callable[..., Result], default: Any = None) -> Call
             print(text)
     """
 
-    @functools.wraps(function)
+    @functools.wraps(fn)
     def on_rank_zero(*args: Any, **kwargs: Any) -> Result | Any:
         if rank_zero_only.rank == 0:
-            return function(*args, **kwargs)
+            return fn(*args, **kwargs)
         return default
 
     return on_rank_zero
@@ -42,4 +62,215 @@ def _rank_of_this_process() -> int:
     return 0
 
 
-rank_zero_only.rank = _rank_of_this_process()  # type: ignore[attr-defined]
+def set_rank(rank: int) -> None:
+    """This process's global rank, for ``rank_zero_only`` (and ``lightning_utilities``' when installed)."""
+    rank_zero_only.rank = rank  # type: ignore[attr-defined]
+    if importlib.util.find_spec("lightning_utilities") is not None:  # no dependency: only when it is there
+        from lightning_utilities.core.rank_zero import rank_zero_only as utilities_rank_zero_only
+
+        utilities_rank_zero_only.rank = rank
+
+
+set_rank(_rank_of_this_process())
+
+
+def _logger() -> logging.Logger:
+    """The ``"cadence"`` logger: INFO to stderr unless the program configured logging (as Lightning's)."""
+    logger = logging.getLogger("cadence")
+    if not logger.handlers and not logging.getLogger().handlers:
+        logger.addHandler(logging.StreamHandler())
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger
+
+
+@rank_zero_only
+def rank_zero_info(*args: Any, stacklevel: int = 4, **kwargs: Any) -> None:
+    """``logging.info`` on rank zero (the ``"cadence"`` logger)."""
+    _logger().info(*args, stacklevel=stacklevel, **kwargs)
+
+
+@rank_zero_only
+def rank_zero_debug(*args: Any, stacklevel: int = 4, **kwargs: Any) -> None:
+    """``logging.debug`` on rank zero (the ``"cadence"`` logger)."""
+    _logger().debug(*args, stacklevel=stacklevel, **kwargs)
+
+
+@rank_zero_only
+def rank_zero_warn(message: str | Warning, stacklevel: int = 4, **kwargs: Any) -> None:
+    """``warnings.warn`` on rank zero; ``category=`` as there (UserWarning by default)."""
+    warnings.warn(message, stacklevel=stacklevel, **kwargs)
+
+
+@rank_zero_only
+def rank_zero_deprecation(message: str | Warning, stacklevel: int = 5, **kwargs: Any) -> None:
+    """A DeprecationWarning on rank zero."""
+    kwargs.setdefault("category", DeprecationWarning)
+    warnings.warn(message, stacklevel=stacklevel, **kwargs)
+
+
+def grad_norm(module: nn.Module, norm_type: float | int | str, group_separator: str = "/") -> dict[str, torch.Tensor]:
+    """The ``norm_type`` norm of each parameter's gradient and of all of them, as tensors (no host
+    sync): ``{"grad_2.0_norm/layer.weight": ..., "grad_2.0_norm_total": ...}``, for ``self.log_dict``
+    in ``on_before_optimizer_step``. Parameters without a gradient are left out."""
+    norm_type = float(norm_type)
+    if norm_type <= 0:
+        raise ValueError(f"grad_norm(norm_type={norm_type}): use a positive number or 'inf' (the largest value).")
+    norms = {f"grad_{norm_type}_norm{group_separator}{name}": parameter.grad.detach().norm(norm_type)
+             for name, parameter in module.named_parameters() if parameter.grad is not None}
+    if norms:
+        norms[f"grad_{norm_type}_norm_total"] = torch.stack(list(norms.values())).norm(norm_type)
+    return norms
+
+
+class AttributeDict(dict):
+    """A dict whose keys are also attributes (``hparams.lr``), printed one key a line.
+
+    Example::
+
+        config = AttributeDict(lr=0.1, batch_size=32)
+        config.lr, config["batch_size"]
+    """
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError as error:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{key}'") from error
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self[key] = value
+
+    def __delattr__(self, key: str) -> None:
+        try:
+            del self[key]
+        except KeyError as error:
+            raise AttributeError(key) from error
+
+    def __repr__(self) -> str:
+        if not self:
+            return ""
+        width = max(len(str(key)) for key in self) + 3  # Lightning's layout: '"lr":   0.1'
+        return "\n".join(f"{f'{chr(34)}{key}{chr(34)}:':{width}s} {self[key]}" for key in sorted(self, key=str))
+
+
+class LightningEnum(str, enum.Enum):
+    """A string enum compared by value, ignoring case: ``GradClipAlgorithmType.NORM == "Norm"``."""
+
+    @classmethod
+    def from_str(cls, value: str, source: str = "key") -> LightningEnum:
+        """The member whose name (``source="key"``), value (``"value"``) or either (``"any"``) is ``value``."""
+        for member in cls:
+            if (source in ("key", "any") and member.name.lower() == value.lower()) or \
+                    (source in ("value", "any") and member.value.lower() == value.lower()):
+                return member
+        raise ValueError(f"{cls.__name__}: no member named {value!r}; use one of "
+                         f"{', '.join(member.value for member in cls)}.")
+
+    def __eq__(self, other: object) -> bool:
+        other = other.value if isinstance(other, enum.Enum) else str(other)
+        return self.value.lower() == other.lower()
+
+    def __hash__(self) -> int:
+        return hash(self.value.lower())
+
+
+class GradClipAlgorithmType(LightningEnum):
+    """``Trainer(gradient_clip_algorithm=...)``'s values."""
+
+    VALUE = "value"
+    NORM = "norm"
+
+
+def move_data_to_device(batch: Any, device: torch.device | str | int) -> Any:
+    """``batch`` (tensors in lists, tuples, dicts, dataclasses, ...) on ``device``, as the Trainer moves batches."""
+    return move_to_device(batch, torch.device(device) if not isinstance(device, torch.device) else device)
+
+
+def is_picklable(obj: object) -> bool:
+    """Whether ``pickle`` can serialize ``obj`` (what DDP's spawned processes need)."""
+    try:
+        pickle.dumps(obj)
+    except (pickle.PickleError, AttributeError, RecursionError, RuntimeError, TypeError):  # RuntimeError: torch.jit
+        return False
+    return True
+
+
+def measure_flops(model: nn.Module, forward_fn: Callable[[], torch.Tensor],
+                  loss_fn: Callable[[torch.Tensor], torch.Tensor] | None = None) -> int:
+    """Floating-point operations of ``forward_fn()`` (and the backward of ``loss_fn`` of its result),
+    counted by ``torch.utils.flop_counter``; run it on the meta device to count without computing."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        if loss_fn is None:
+            forward_fn()
+        else:
+            loss_fn(forward_fn()).backward()
+    return counter.get_total_flops()
+
+
+def suggested_max_num_workers(local_world_size: int) -> int:
+    """DataLoader workers per process: the CPUs this process may use, shared by ``local_world_size``
+    processes, less one each for the process itself (at least 1)."""
+    if local_world_size < 1:
+        raise ValueError(f"suggested_max_num_workers(local_world_size={local_world_size}): use an int >= 1.")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // local_world_size - 1)
+
+
+def find_shared_parameters(module: nn.Module) -> list[list[str]]:
+    """The names of parameters that are one tensor (tied weights), grouped: ``[["encoder.w", "decoder.w"]]``."""
+    names: dict[int, list[str]] = {}
+    for name, parameter in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
+
+
+def set_shared_parameters(module: nn.Module, shared_params: list[list[str]]) -> nn.Module:
+    """Tie again the groups ``find_shared_parameters`` found (after a copy or a move untied them)."""
+    for group in shared_params:
+        first = module.get_parameter(group[0])
+        for name in group[1:]:
+            owner, _, attribute = name.rpartition(".")
+            setattr(module.get_submodule(owner), attribute, first)
+    return module
+
+
+def is_shared_filesystem(strategy: Any, path: str | os.PathLike | None = None, timeout: int = 3) -> bool:
+    """Whether every process of ``strategy`` sees ``path`` (default: the working directory) as one
+    filesystem: rank zero writes a file there, and each process looks for it for ``timeout`` seconds."""
+    if strategy.world_size == 1:
+        return True
+    directory = Path(path if path is not None else Path.cwd())
+    check = directory / f".cadence_shared_fs_{strategy.broadcast_object(uuid.uuid4().hex)}"
+    if strategy.is_global_zero:
+        check.touch()
+    strategy.barrier()
+    deadline = time.monotonic() + timeout
+    while not check.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    shared = not strategy.reduce_any(not check.exists())
+    strategy.barrier()
+    if strategy.is_global_zero:
+        check.unlink(missing_ok=True)
+    return shared
+
+
+def disable_possible_user_warnings(module: str = "") -> None:
+    """Refused: Cadence has no PossibleUserWarning category."""
+    raise NotImplementedError(
+        "disable_possible_user_warnings: Cadence's warnings are UserWarnings reported at your own line; silence "
+        "one with warnings.filterwarnings('ignore', message=...), or all with "
+        "warnings.filterwarnings('ignore', category=UserWarning).")
+
+
+class CombinedLoader:
+    """Refused: Cadence trains on one loader and evaluates on a list or dict of loaders."""
+
+    def __init__(self, iterables: Any = None, mode: str = "min_size") -> None:
+        raise NotImplementedError(
+            "CombinedLoader: Cadence trains on one loader (combine datasets with torch.utils.data.ConcatDataset, "
+            "or zip them in one Dataset) and evaluates on several as a list or dict: "
+            "trainer.validate(model, [loader_a, loader_b]).")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any, Callable
 
+from callbacks.refused import Refused
 from trainer.cli.config_files import ConfigError
 
 #: Where a class_path without a dot is looked up, in this order.
@@ -143,7 +144,11 @@ def _import_short_name(key: str, name: str) -> tuple[str, Callable[..., Any]]:
 
 def _cadence_equivalent(name: str) -> str:
     for module_name in (*SHORT_NAME_MODULES[:2], "trainer"):
-        if name in public_names(importlib.import_module(module_name)):
+        module = importlib.import_module(module_name)
+        found = getattr(module, name, None)
+        if isinstance(found, type) and issubclass(found, Refused):  # importable, refused when made
+            return f"Cadence does not have it; instead: {found.way}."
+        if name in public_names(module):
             return f"Cadence's is {module_name}.{name} (class_path: {module_name}.{name})."
     if name == "ReduceLROnPlateau":
         return "use torch.optim.lr_scheduler.ReduceLROnPlateau, with monitor: in its init_args."

@@ -1,0 +1,74 @@
+"""BasePredictionWriter: write predictions as they come (Lightning's), instead of keeping them.
+
+Subclass it and implement ``write_on_batch_end`` (``write_interval="batch"``), ``write_on_epoch_end``
+(``"epoch"``) or both (``"batch_and_epoch"``); then ``trainer.predict(model, loader,
+return_predictions=False)`` keeps nothing in memory. Under DDP each process writes its own share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from trainer import Trainer, TrainingModule
+
+WRITE_INTERVALS = ("batch", "epoch", "batch_and_epoch")
+
+
+class BasePredictionWriter(Callback):
+    """Hand each batch's predictions, or the whole pass's, to your ``write_on_*`` methods.
+
+    Args:
+        write_interval: ``"batch"``, ``"epoch"`` or ``"batch_and_epoch"``.
+
+    ``batch_indices`` is None: Cadence does not track which samples a batch holds (with a
+    sequential loader, batch ``k`` holds samples ``k * batch_size`` onwards; ``trainer.predict``
+    returns the predictions in the dataset's order, also under DDP).
+
+    Example::
+
+        class TorchSave(BasePredictionWriter):
+            def write_on_epoch_end(self, trainer, module, predictions, batch_indices):
+                torch.save(predictions, f"predictions_{trainer.global_rank}.pt")
+    """
+
+    def __init__(self, write_interval: str = "batch") -> None:
+        if write_interval not in WRITE_INTERVALS:
+            raise ValueError(f"BasePredictionWriter(write_interval={write_interval!r}): use one of "
+                             f"{', '.join(WRITE_INTERVALS)}.")
+        self.interval = write_interval
+        self._predictions: list[list[Any]] = []
+
+    def write_on_batch_end(self, trainer: Trainer, pl_module: TrainingModule, prediction: Any,
+                           batch_indices: Sequence[int] | None, batch: Any, batch_idx: int, dataloader_idx: int) -> None:
+        """Write one batch's predictions (override it for ``write_interval="batch"``)."""
+        raise NotImplementedError(f"{type(self).__name__} writes each batch (write_interval={self.interval!r}): "
+                                  "implement write_on_batch_end.")
+
+    def write_on_epoch_end(self, trainer: Trainer, pl_module: TrainingModule, predictions: Sequence[Any],
+                           batch_indices: Sequence[Any] | None) -> None:
+        """Write the pass's predictions: a list of batch outputs (a list of them per loader with several)."""
+        raise NotImplementedError(f"{type(self).__name__} writes at the end (write_interval={self.interval!r}): "
+                                  "implement write_on_epoch_end.")
+
+    def on_predict_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        self._predictions = []
+
+    def on_predict_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int,
+                             dataloader_idx: int = 0) -> None:
+        if self.interval != "epoch":
+            self.write_on_batch_end(trainer, module, outputs, None, batch, batch_idx, dataloader_idx)
+        if self.interval != "batch":  # kept for write_on_epoch_end
+            while len(self._predictions) <= dataloader_idx:
+                self._predictions.append([])
+            self._predictions[dataloader_idx].append(outputs)
+
+    def on_predict_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
+        if self.interval != "batch":
+            predictions, self._predictions = self._predictions, []
+            several = len(predictions) > 1
+            self.write_on_epoch_end(trainer, module, predictions if several else (predictions or [[]])[0],
+                                    [None] * len(predictions) if several else None)

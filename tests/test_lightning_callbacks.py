@@ -1,0 +1,124 @@
+"""Lightning's smaller callbacks: LambdaCallback, BasePredictionWriter, GradientAccumulationScheduler,
+OnExceptionCheckpoint; and those Cadence refuses, each naming the Cadence way."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from linear_regression import LinearRegression
+from torch.utils.data import DataLoader
+
+import callbacks
+from callbacks import (
+    BasePredictionWriter, Callback, GradientAccumulationScheduler, LambdaCallback, OnExceptionCheckpoint,
+)
+
+
+def test_lambda_callback_runs_the_functions_given_with_the_hooks_arguments(make_trainer, regression_loader):
+    seen = []
+    hooks = LambdaCallback(on_train_epoch_end=lambda trainer, module: seen.append(("epoch", trainer.current_epoch)),
+                           on_train_batch_end=lambda trainer, module, outputs, batch, batch_idx: seen.append(batch_idx))
+    make_trainer(max_epochs=2, callbacks=[hooks, LambdaCallback(on_fit_end=lambda t, m: seen.append("end"))]).fit(
+        LinearRegression(), regression_loader)
+    assert seen == [*range(8), ("epoch", 0), *range(8), ("epoch", 1), "end"]
+    with pytest.raises(ValueError, match=r"LambdaCallback\(on_fit_start=3\): use a function of the hook's arguments"):
+        LambdaCallback(on_fit_start=3)
+
+
+class Predicting(LinearRegression):
+    def predict_step(self, batch, batch_idx):
+        return self.layer(batch[0])
+
+
+class Writer(BasePredictionWriter):
+    def __init__(self, write_interval):
+        super().__init__(write_interval)
+        self.batches, self.epochs = [], []
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        self.batches.append((batch_idx, dataloader_idx, prediction.shape))
+
+    def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
+        self.epochs.append(predictions)
+
+
+@pytest.mark.parametrize("interval, batches, epochs", [("batch", 8, 0), ("epoch", 0, 1), ("batch_and_epoch", 8, 1)])
+def test_prediction_writer_writes_each_batch_or_the_whole_pass(make_trainer, regression_loader, interval, batches, epochs):
+    writer = Writer(interval)
+    returned = make_trainer(callbacks=[writer]).predict(Predicting(), regression_loader, return_predictions=False)
+    assert returned is None
+    assert len(writer.batches) == batches and len(writer.epochs) == epochs
+    if batches:
+        assert writer.batches[0] == (0, 0, torch.Size([8, 2]))
+    if epochs:
+        assert len(writer.epochs[0]) == 8 and torch.cat(writer.epochs[0]).shape == (64, 2)
+
+
+def test_prediction_writer_refuses_an_unknown_interval_and_says_what_to_implement(make_trainer, regression_loader):
+    with pytest.raises(ValueError, match=r"write_interval='step'\): use one of batch, epoch, batch_and_epoch"):
+        BasePredictionWriter("step")
+    with pytest.raises(NotImplementedError, match=r"BasePredictionWriter writes each batch .* implement write_on_batch_end"):
+        make_trainer(callbacks=[BasePredictionWriter()]).predict(Predicting(), regression_loader)
+
+
+class CountSteps(Callback):
+    def __init__(self):
+        self.steps_by_epoch = {}
+
+    def on_train_epoch_end(self, trainer, module):
+        self.steps_by_epoch[trainer.current_epoch] = trainer.global_step
+
+
+def test_gradient_accumulation_scheduler_changes_the_window_by_epoch(make_trainer, regression_loader):
+    counts = CountSteps()
+    scheduler = GradientAccumulationScheduler({1: 4, 2: 2})
+    make_trainer(max_epochs=3, callbacks=[scheduler, counts]).fit(LinearRegression(), regression_loader)
+    assert counts.steps_by_epoch == {0: 8, 1: 8 + 2, 2: 8 + 2 + 4}  # 8 batches an epoch: windows of 1, 4, 2
+    with pytest.raises(ValueError, match=r"Trainer\(accumulate_grad_batches=2\) and a GradientAccumulationScheduler"):
+        make_trainer(max_epochs=1, accumulate_grad_batches=2, callbacks=[GradientAccumulationScheduler({0: 4})]).fit(
+            LinearRegression(), regression_loader)
+    with pytest.raises(ValueError, match=r"the values are numbers of batches to accumulate, ints >= 1"):
+        GradientAccumulationScheduler({0: 0})
+    with pytest.raises(TypeError, match=r"use a non-empty dict"):
+        GradientAccumulationScheduler({})
+
+
+def test_on_exception_checkpoint_saves_what_fit_reached_and_it_resumes(make_trainer, regression_loader, tmp_path):
+    class Failing(LinearRegression):
+        def training_step(self, batch, batch_idx):
+            if self.current_epoch == 1 and batch_idx == 3:
+                raise KeyboardInterrupt
+            return super().training_step(batch, batch_idx)
+
+    saver = OnExceptionCheckpoint(tmp_path / "saved")
+    trainer = make_trainer(max_epochs=2, callbacks=[saver])
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit(Failing(), regression_loader)
+    assert saver.ckpt_path == str(tmp_path / "saved" / "on_exception.ckpt")
+    resumed = make_trainer(max_epochs=2, callbacks=[OnExceptionCheckpoint(tmp_path / "saved")])
+    resumed.fit(LinearRegression(), regression_loader, ckpt_path=saver.ckpt_path)
+    # 8 + 3 steps before the failure; the checkpoint counts the running batch (3) as done, as one written at a batch's
+    # end does, so the resumed run takes the last 4 (Lightning replays the failed batch: see the docs)
+    assert resumed.global_step == 15
+    assert not (tmp_path / "saved" / "on_exception.ckpt").exists()  # a run that ended well removes it
+    with pytest.raises(ValueError, match=r"OnExceptionCheckpoint\(filename=''\): use a file name without the extension"):
+        OnExceptionCheckpoint(tmp_path, filename="")
+
+
+@pytest.mark.parametrize("name, way", [
+    ("DeviceStatsMonitor", "the performance report"), ("ThroughputMonitor", "batches per second"),
+    ("SpikeDetection", "divergence_threshold"), ("RichProgressBar", "callbacks.ProgressBar"),
+    ("RichModelSummary", r"callbacks.ModelSummary\(max_depth=...\)"), ("ModelPruning", "torch.nn.utils.prune"),
+    ("StochasticWeightAveraging", "AveragedModel"), ("EMAWeightAveraging", "get_ema_multi_avg_fn"),
+    ("WandbLogger", "write a callbacks.Logger"), ("XLAProfiler", "not XLA"),
+])
+def test_lightning_callbacks_cadence_lacks_import_and_refuse_with_the_way(name, way):
+    refused = getattr(callbacks, name)
+    with pytest.raises(NotImplementedError, match=rf"{name} is Lightning's; Cadence does not have it. Instead: .*{way}"):
+        refused(swa_lrs=0.01)
+
+
+def test_a_prediction_loader_of_two_batches_hands_the_writer_two_batches(make_trainer, regression_loader):
+    writer = Writer("epoch")
+    make_trainer(callbacks=[writer]).predict(Predicting(), DataLoader(regression_loader.dataset, batch_size=32))
+    assert [prediction.shape for prediction in writer.epochs[0]] == [torch.Size([32, 2])] * 2

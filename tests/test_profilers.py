@@ -1,0 +1,180 @@
+"""Lightning's profilers (SimpleProfiler, AdvancedProfiler, PyTorchProfiler, PassThroughProfiler):
+Trainer(profiler=...), trainer.profiler, what each records over a fit and where its report goes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch.nn.functional as F
+from linear_regression import LinearRegression
+from torch.utils.data import DataLoader
+
+from callbacks import (
+    AdvancedProfiler, Callback, EarlyStopping, PassThroughProfiler, ProfiledHooks, PyTorchProfiler, SimpleProfiler,
+)
+from callbacks.profilers import Profiler
+from trainer import Trainer
+
+
+class Validated(LinearRegression):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", F.mse_loss(self.layer(x), y))
+
+    def on_train_epoch_end(self):
+        pass
+
+
+class Counting(Callback):
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        pass
+
+
+@pytest.mark.parametrize(("profiler", "kind"), [
+    (None, PassThroughProfiler), ("simple", SimpleProfiler), ("Simple", SimpleProfiler),
+    ("advanced", AdvancedProfiler), ("pytorch", PyTorchProfiler)])
+def test_trainer_profiler_is_the_profiler_given_by_name_or_a_pass_through(profiler, kind):
+    assert isinstance(Trainer(strategy="cpu", profiler=profiler).profiler, kind)
+
+
+def test_a_profiler_object_is_the_trainers_and_runs_first_among_the_callbacks():
+    profiler = SimpleProfiler()
+    trainer = Trainer(strategy="cpu", profiler=profiler, callbacks=[Counting()], report=False)
+    assert trainer.profiler is profiler
+    assert isinstance(trainer.callbacks[0], ProfiledHooks) and trainer.callbacks[0].profiler is profiler
+
+
+def test_an_unknown_profiler_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match=r"Trainer\(profiler='xla'\): use None, \"simple\" \(time per hook\), "
+                                         r"\"advanced\".* not XLA"):
+        Trainer(strategy="cpu", profiler="xla")
+    with pytest.raises(ValueError, match=r"Trainer\(profiler='fast'\): use None, \"simple\""):
+        Trainer(strategy="cpu", profiler="fast")
+
+
+def test_simple_profiler_times_each_implemented_hook_step_and_phase_of_fit(make_trainer, regression_loader, tmp_path):
+    profiler = SimpleProfiler(dirpath=tmp_path / "perf", filename="profile")
+    trainer = make_trainer(max_epochs=2, profiler=profiler, callbacks=[Counting(), EarlyStopping("val_loss")])
+    module = Validated()
+    trainer.fit(module, regression_loader, regression_loader)
+    calls = {action: len(durations) for action, durations in profiler.recorded_durations.items()}
+    stopping = "[Callback]EarlyStopping{'monitor': 'val_loss', 'mode': 'min'}"
+    assert calls["[TrainingModule]Validated.training_step"] == 16  # 8 batches, 2 epochs
+    assert calls["[TrainingModule]Validated.validation_step"] == 2 + 16  # the sanity check's 2, then 8 a epoch
+    assert calls["[TrainingModule]Validated.on_train_epoch_end"] == 2
+    assert calls["[TrainingModule]Validated.configure_optimizers"] == 1
+    assert calls["[Callback]Counting.on_train_batch_end"] == 16
+    assert calls[f"{stopping}.on_validation_end"] == 3 and calls[f"{stopping}.setup"] == 1
+    assert calls["run_training_batch"] == 16 and calls["run_training_epoch"] == 2
+    assert not any(".on_fit_start" in action and "Counting" in action for action in calls)  # not implemented: not called
+    report = (tmp_path / "perf" / "fit-profile.txt").read_text()
+    assert report.startswith("FIT Profiler Report")
+    for column in ("Action", "Mean duration (s)", "Num calls", "Total time (s)", "Percentage %"):
+        assert column in report
+    assert "[Callback]Counting.on_train_batch_end" in report
+    assert not any(name in vars(module) for name in ("training_step", "validation_step", "on_train_epoch_end"))
+
+
+def test_the_report_goes_to_stderr_without_a_filename_and_to_log_dir_with_one(make_trainer, regression_loader, capsys):
+    trainer = make_trainer(max_epochs=1, profiler="simple")
+    trainer.fit(LinearRegression(), regression_loader)
+    assert "FIT Profiler Report" in capsys.readouterr().err
+    profiler = SimpleProfiler(filename="perf")
+    trainer = make_trainer(max_epochs=1, profiler=profiler)
+    trainer.fit(LinearRegression(), regression_loader)
+    trainer.validate(Validated(), regression_loader)
+    assert profiler.dirpath == str(trainer.log_dir)
+    assert sorted(path.name for path in trainer.log_dir.glob("*-perf.txt")) == ["fit-perf.txt", "validate-perf.txt"]
+    assert "FIT Profiler Report" not in capsys.readouterr().err
+
+
+def test_simple_profiler_table_lists_actions_by_total_time_as_lightning_does():
+    profiler = SimpleProfiler()
+    profiler.recorded_durations.update({"on_fit_start": [3.0], "on_train_start": [0.5, 0.5], "training_step": [2.0]})
+    profiler.start_time = time.perf_counter() - 10.0
+    rows = [line for line in profiler.summary().expandtabs().splitlines() if line.startswith("|")]
+    assert [row.split("|")[1].strip() for row in rows] == ["Action", "Total", "on_fit_start", "training_step",
+                                                             "on_train_start"]
+    mean, count, total, share = (cell.strip() for cell in rows[4].split("|")[2:6])
+    assert (mean, count, total) == ("0.5", "2", "1.0") and 9.9 < float(share) < 10.1
+    short = SimpleProfiler(extended=False)
+    short.recorded_durations.update({"a": [1.0, 3.0], "b": [2.5]})
+    rows = [line for line in short.summary().expandtabs().splitlines() if line.startswith("|")]
+    assert [[cell.strip() for cell in row.split("|")[1:4]] for row in rows] == [
+        ["Action", "Mean duration (s)", "Total time (s)"], ["b", "2.5", "2.5"], ["a", "2.0", "4.0"]]
+
+
+def test_simple_profiler_refuses_unbalanced_actions():
+    profiler = SimpleProfiler()
+    with pytest.raises(ValueError, match=r"Attempting to stop recording an action \(step\) which was never started"):
+        profiler.stop("step")
+    profiler.start("step")
+    with pytest.raises(ValueError, match="Attempted to start step which has already started"):
+        profiler.start("step")
+
+
+def test_a_module_times_its_own_code_through_trainer_profiler(make_trainer, regression_loader):
+    class Augmenting(LinearRegression):
+        def training_step(self, batch, batch_idx):
+            with self.trainer.profiler.profile("augment"):
+                batch = [tensor * 1.0 for tensor in batch]
+            return super().training_step(batch, batch_idx)
+
+    profiler = SimpleProfiler()
+    make_trainer(max_epochs=1, profiler=profiler).fit(Augmenting(), regression_loader)
+    assert len(profiler.recorded_durations["augment"]) == 8
+    make_trainer(max_epochs=1).fit(Augmenting(), regression_loader)  # no profiler: the pass-through one
+
+
+def test_a_subclass_of_the_profiler_interface_sees_every_action(make_trainer, regression_loader):
+    class Names(Profiler):
+        def __init__(self):
+            super().__init__()
+            self.started, self.stopped = [], []
+
+        def start(self, action_name):
+            self.started.append(action_name)
+
+        def stop(self, action_name):
+            self.stopped.append(action_name)
+
+    names = Names()
+    make_trainer(max_epochs=1, profiler=names).fit(LinearRegression(), DataLoader(regression_loader.dataset, batch_size=32))
+    assert names.started.count("[TrainingModule]LinearRegression.training_step") == 2
+    assert sorted(names.started) == sorted(names.stopped)
+
+
+def test_advanced_profiler_writes_cprofile_stats_per_action(make_trainer, regression_loader, tmp_path):
+    profiler = AdvancedProfiler(dirpath=tmp_path, filename="cprofile", dump_stats=True)
+    make_trainer(max_epochs=1, profiler=profiler).fit(LinearRegression(), regression_loader)
+    report = (tmp_path / "fit-cprofile.txt").read_text()
+    assert "Profile stats for: [TrainingModule]LinearRegression.training_step" in report
+    assert "mse_loss" in report and "Ordered by: cumulative time" in report
+    assert (tmp_path / "fit-cprofile-[TrainingModule]LinearRegression.training_step.prof").stat().st_size > 0
+    with pytest.raises(ValueError, match=r"Attempting to stop recording an action \(x\) which was never started"):
+        AdvancedProfiler().stop("x")
+
+
+def test_pytorch_profiler_records_the_actions_and_the_modules_in_chrome_traces(make_trainer, regression_loader, tmp_path):
+    profiler = PyTorchProfiler(dirpath=tmp_path, filename="torch", row_limit=200, table_kwargs={"max_name_column_width": 100})
+    make_trainer(max_epochs=1, profiler=profiler).fit(LinearRegression(), regression_loader)
+    report = (tmp_path / "fit-torch.txt").read_text()
+    assert "[pl][profile][TrainingModule]LinearRegression.training_step" in report
+    assert "[pl][module]torch.nn.modules.linear.Linear: layer" in report and "aten::mse_loss" in report
+    traces = sorted(path.name for path in tmp_path.glob("*.pt.trace.json"))
+    # The default schedule (wait 1, warmup 1, record 3, again): batches 3-5, then the 8th, cut short by the end
+    assert traces == ["fit-torch.5.pt.trace.json", "fit-torch.8.pt.trace.json"]
+
+
+def test_pytorch_profiler_refuses_what_it_cannot_do_with_the_way():
+    with pytest.raises(ValueError, match=r"PyTorchProfiler\(sort_by_key='time'\): use one of count, cpu_memory_usage"):
+        PyTorchProfiler(sort_by_key="time")
+    with pytest.raises(ValueError, match=r"PyTorchProfiler\(emit_nvtx=True\).*emit_nvtx\(\):` under nsys"):
+        PyTorchProfiler(emit_nvtx=True)
+    with pytest.raises(ValueError, match=r"PyTorchProfiler\(record_shape=...\): not an argument of torch.profiler.profile"):
+        PyTorchProfiler(record_shape=True)
+    with pytest.raises(KeyError, match=r"row_limit has its own argument"):
+        PyTorchProfiler(table_kwargs={"row_limit": 3})
+    with pytest.raises(ValueError, match=r"PyTorchProfiler\(schedule=3\): use torch.profiler.schedule"):
+        PyTorchProfiler(schedule=3)

@@ -1,0 +1,102 @@
+"""ProgressBar as Lightning's TQDMProgressBar: refresh_rate=0 turns it off, the bars and totals
+subclasses read, get_metrics, leave, process_position; drawn on a terminal, lines otherwise."""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+import pytest
+import torch.nn.functional as F
+from linear_regression import LinearRegression
+
+from callbacks import ProgressBar, TQDMProgressBar
+
+
+class Validated(LinearRegression):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", F.mse_loss(self.layer(x), y), prog_bar=True)
+
+
+class Terminal(io.StringIO):
+    """A terminal on stderr, which the test machine lacks: tqdm then draws."""
+
+    def isatty(self):
+        return True
+
+
+class Seen(ProgressBar):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.totals = {}
+
+    def on_sanity_check_end(self, trainer, module):
+        self.totals["sanity"] = self.val_progress_bar.total
+        super().on_sanity_check_end(trainer, module)
+
+    def on_validation_epoch_end(self, trainer, module):
+        self.totals["val"] = self.val_progress_bar.total  # the sanity check's first, then each epoch's
+
+    def get_metrics(self, trainer, module):
+        return {**super().get_metrics(trainer, module), "my_metric": 123}
+
+
+def test_the_bars_and_their_totals_are_there_for_subclasses(make_trainer, regression_loader, capsys):
+    bar = Seen()
+    trainer = make_trainer(max_epochs=2, enable_progress_bar=True, callbacks=[bar], limit_val_batches=5,
+                           log_every_n_steps=2)
+    assert trainer.progress_bar_callback is bar and TQDMProgressBar is ProgressBar
+    trainer.fit(Validated(), regression_loader, regression_loader)
+    assert bar.totals == {"sanity": 2, "val": 5}
+    assert (bar.train_progress_bar.total, bar.train_progress_bar.n, bar.total_train_batches) == (8, 8, 8)
+    assert bar.refresh_rate == 1 and bar.is_enabled and bar.trainer is trainer
+    err = capsys.readouterr().err  # not a terminal: one line per epoch, with what get_metrics returns
+    assert "Epoch 2/2: step 16, train_loss=" in err and "my_metric=123" in err
+    pickle.dumps(bar)
+
+
+def test_refresh_rate_zero_keeps_the_bar_object_and_shows_nothing(make_trainer, regression_loader, capsys):
+    bar = ProgressBar(refresh_rate=0)
+    trainer = make_trainer(max_epochs=1, enable_progress_bar=True, callbacks=[bar])
+    trainer.fit(Validated(), regression_loader, regression_loader)
+    assert trainer.progress_bar_callback is bar and bar.is_disabled
+    assert "Epoch 1/1" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("leave, bars", [(False, 1), (True, 2)])
+def test_on_a_terminal_the_bar_is_drawn_one_per_fit_or_one_per_epoch(make_trainer, regression_loader, monkeypatch,
+                                                                     leave, bars):
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    made = []
+
+    class Counting(ProgressBar):
+        def init_train_tqdm(self):
+            made.append(super().init_train_tqdm())
+            return made[-1]
+
+    trainer = make_trainer(max_epochs=2, enable_progress_bar=True, callbacks=[Counting(leave=leave)],
+                           log_every_n_steps=2)
+    trainer.fit(Validated(), regression_loader, regression_loader)
+    drawn = terminal.getvalue()
+    assert len(made) == bars
+    assert "Epoch 2/2: 100%" in drawn and "8/8" in drawn and "train_loss=" in drawn and "val_loss=" in drawn
+
+
+def test_a_bar_under_a_test_run_counts_the_test_batches(make_trainer, regression_loader):
+    class Tested(Validated):
+        def test_step(self, batch, batch_idx):
+            self.validation_step(batch, batch_idx)
+
+    bar = ProgressBar()
+    trainer = make_trainer(enable_progress_bar=True, callbacks=[bar], limit_test_batches=3)
+    trainer.test(Tested(), regression_loader, verbose=False)
+    assert (bar.test_progress_bar.total, bar.test_progress_bar.n, bar.total_test_batches) == (3, 3, 3)
+    with pytest.raises(TypeError, match=r"ProgressBar.predict_progress_bar is made when its stage starts"):
+        bar.predict_progress_bar

@@ -33,6 +33,7 @@ from torch import nn
 
 from strategies.base import Strategy
 from strategies.checkpoint import read_checkpoint, remove_checkpoint, replace_atomic, save_atomic, staging_directory
+from strategies.checkpoint.files import plain_copy
 from strategies.ddp import DDP, DEFAULT_TIMEOUT_S
 from strategies.process_group import launched_by_torchrun
 from strategies.selection import ACCEPTED, select_submodules
@@ -286,7 +287,10 @@ class FSDP(DDP):
                           "writes its own shards, so the checkpoint directory must be on a file system that all "
                           "machines share.")
         try:
-            write_shards({key: state[key] for key in SHARDED_KEYS if key in state}, staging, self._control_group)
+            # NumPy learning rates as Python numbers, as in one-file checkpoints (the shards' plain values
+            # are read with weights_only=True too).
+            write_shards(plain_copy({key: state[key] for key in SHARDED_KEYS if key in state}, None), staging,
+                         self._control_group)
             if self.is_global_zero:
                 replace_atomic(staging, path)
         except OSError as failure:

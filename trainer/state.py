@@ -72,8 +72,10 @@ def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
         "optimizer_states": [trainer.strategy.optimizer_state_dict(trainer.module, optimizer)
                              for optimizer in trainer.optimizers],
         "lr_schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
+        # Cadence's counters, and Lightning's loop progress for Lightning's own fit(ckpt_path=...)
         "loops": {"epoch": epoch, "batches_done": batches_done, "global_step": trainer.global_step,
-                  "train_batches_seen": progress.batches_seen, "world_size": trainer.world_size},
+                  "train_batches_seen": progress.batches_seen, "world_size": trainer.world_size,
+                  **checkpoint_io.lightning_loops(epoch, batches_done, trainer.global_step, progress.batches_seen)},
         "rng": rng,
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         "callback_metrics": dict(trainer.callback_metrics),
@@ -87,6 +89,8 @@ def checkpoint_state(trainer: Trainer, module: TrainingModule, training: dict[st
     and the module's ``on_save_checkpoint``."""
     state = {
         "format": checkpoint_io.FORMAT_VERSION,
+        # Lightning's top-level keys (strategies/checkpoint/lightning.py): tools that read its checkpoints read ours
+        **checkpoint_io.lightning_keys(trainer.current_epoch, trainer.global_step, module.hparams),
         "state_dict": trainer.strategy.module_state_dict(module),  # under FSDP: this rank's shards
         **training,
         "hyper_parameters": checkpoint_io.plain_hyperparameters(module.hparams),
@@ -213,8 +217,14 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
     checkpoint_io.load_optimizers(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], state, path,
                                   functools.partial(strategy.load_optimizer_state_dict, module))
     _restore_callbacks(trainer, state["callbacks"], path)
-    rng = state["rng"]  # one entry per rank
-    if len(rng) != trainer.world_size and trainer.is_global_zero:
+    rng = state["rng"]  # one entry per rank; None from a checkpoint Lightning wrote
+    if rng is None:
+        rng = [_rng_from_here(sampler)]
+        if trainer.is_global_zero:
+            warnings.warn(f"Checkpoint {path} holds no RNG states (Lightning does not save them): the weights, optimizers, "
+                          "schedulers, callbacks and the epoch and step are restored, but the data order and random draws "
+                          "will not continue exactly as in the run that wrote it.", stacklevel=3)
+    elif len(rng) != trainer.world_size and trainer.is_global_zero:
         warnings.warn(f"Checkpoint {path} was written by {len(rng)} processes and resumes on {trainer.world_size}: "
                       "the weights and optimizer states load whole, but random draws and the rest of the epoch's "
                       "data order will differ.", stacklevel=3)
@@ -225,6 +235,13 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
     loops = state["loops"]
     return Resumed(loops["epoch"], loops["global_step"], loops["batches_done"], loops["train_batches_seen"], rank_rng,
                    state.get("callback_metrics", {}))
+
+
+def _rng_from_here(sampler: ResumableBatchSampler | None) -> dict[str, Any]:
+    """RNG states for a checkpoint that has none: this process's, so that restoring them changes
+    nothing, and a mid-epoch resume draws the epoch's order from them and skips the batches done."""
+    now = {**capture_rng_state(), "generators": sampler.generator_states() if sampler is not None else []}
+    return {"now": now, "epoch_start": now}
 
 
 def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> None:

@@ -266,9 +266,15 @@ class FSDP(DDP):
         # Keyed by parameter name, so that any number of processes can read it back.
         return by_name(optimizer.state_dict(), parameter_names(module, optimizer))
 
-    def save_checkpoint(self, state: dict[str, Any], path: Any) -> None:
+    supports_background_saves = False  # TODO(#18): torch.distributed.checkpoint.async_save
+
+    def save_checkpoint(self, state: dict[str, Any], path: Any, background: Any = None) -> None:
         """Every rank writes its shards into a temporary directory next to ``path``; rank zero writes
-        the plain state and the index, and renames the directory into place once all are done."""
+        the plain state and the index, and renames the directory into place once all are done.
+        ``background`` must be None (ModelCheckpoint refuses async_save under FSDP before fit)."""
+        if background is not None:
+            raise ValueError("FSDP writes its checkpoints in the training step; ModelCheckpoint(async_save=True) "
+                             "is not supported under FSDP yet.")
         path, staging, error = Path(path), None, None
         if self.is_global_zero:
             try:

@@ -30,6 +30,7 @@ from trainer.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
     from strategies import Strategy
+    from strategies.checkpoint.background import BackgroundWriter
     from trainer.datamodule import DataModule
     from trainer.metrics import MetricStore
     from trainer.module import TrainingModule
@@ -160,19 +161,20 @@ def end_of_fit_checkpoint(trainer: Trainer, end_of_fit: tuple[TrainingModule, di
 
 def write_checkpoint(trainer: Trainer, path: str | os.PathLike, training: dict[str, Any] | None,
                      datamodule: DataModule | None, end_of_fit: tuple[TrainingModule, dict[str, Any]] | None,
-                     weights_only: bool = False) -> int:
+                     weights_only: bool = False, background: BackgroundWriter | None = None) -> int:
     """``Trainer.save_checkpoint``: during a stage, the running state (``training``, with the
     stage's ``datamodule``) in the strategy's layout (every rank takes part); when no stage runs,
     the state the last fit ended with (``end_of_fit``; rank zero writes). ``weights_only``: the
     weights and hyperparameters, without the training state (as in Lightning, the callbacks'
-    ``on_save_checkpoint`` is not called; the module's is). Returns its global step."""
+    ``on_save_checkpoint`` is not called; the module's is). ``background``: during a stage, write
+    a snapshot in that writer's thread (the strategy's ``save_checkpoint``). Returns its global step."""
     if trainer.module is None:  # no stage runs: the state the last fit ended with
         state = end_of_fit_checkpoint(trainer, end_of_fit, weights_only)
         if trainer.strategy.is_global_zero:  # the processes of a run have left their group: no barrier
             checkpoint_io.save_atomic(state, path)
         return end_of_fit[1]["loops"]["global_step"]
     state = checkpoint_state(trainer, trainer.module, {} if weights_only else training, datamodule)
-    trainer.strategy.save_checkpoint(state, path)  # every rank returns, or raises, together
+    trainer.strategy.save_checkpoint(state, path, background)  # every rank returns, or raises, together
     return trainer.global_step
 
 

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -45,6 +45,9 @@ from trainer.state import (
     Progress, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
 )
 from trainer.timing import PhaseTimes, measured
+
+if TYPE_CHECKING:
+    from strategies.checkpoint.background import BackgroundWriter
 
 CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
 
@@ -230,14 +233,15 @@ class Trainer:
 
     @measured("checkpointing")
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool | None = None,
-                        storage_options: Any = None) -> None:
+                        storage_options: Any = None, *, background: BackgroundWriter | None = None) -> None:
         """Write the whole training state to ``filepath`` atomically in the strategy's layout (one file,
         or FSDP's shards), callbacks' state included, after on_save_checkpoint (callbacks', then module's).
         ``weights_only=True``: the weights and hyperparameters only (``load_from_checkpoint`` and
         ``validate/test(ckpt_path=...)`` read it; ``fit`` cannot resume from it). During a stage, call it
         on every rank; one written at the end of a batch resumes after it. After ``fit`` returns (a spawned
         one too) it writes the state that fit ended with (the weights as they are now), so that
-        ``fit(model, ckpt_path=filepath)`` with a larger ``max_epochs`` continues exactly."""
+        ``fit(model, ckpt_path=filepath)`` with a larger ``max_epochs`` continues exactly. ``background``
+        (``ModelCheckpoint(async_save=True)``'s): wait for a snapshot only, and write it in that writer's thread."""
         if storage_options is not None:
             raise ValueError("Trainer.save_checkpoint(storage_options=...): Cadence writes local files only; leave it "
                              "None and copy the file where it should go.")
@@ -246,7 +250,7 @@ class Trainer:
             self._guard.check(self.strategy, self.current_epoch)  # never write weights a NaN/inf loss produced
             training = None if weights_only else training_state(self, self._progress)
         datamodule = self._data.datamodule if self._data is not None else None
-        step = write_checkpoint(self, filepath, training, datamodule, self._end_of_fit, bool(weights_only))
+        step = write_checkpoint(self, filepath, training, datamodule, self._end_of_fit, bool(weights_only), background)
         if not weights_only:  # the last checkpoint a run can resume from, named when a loss turns NaN
             self._guard.last_checkpoint = (str(filepath), step)
 

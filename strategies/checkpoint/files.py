@@ -28,11 +28,15 @@ import pickle
 import re
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from strategies.checkpoint.background import HostBuffers
 
 # The leaves torch.load(weights_only=True) accepts (see torch/_weights_only_unpickler.py). Exact
 # types: a subclass (torch.__version__ is a str subclass, numpy.float64 a float one) pickles as a
@@ -46,7 +50,7 @@ _PLAIN_MAPPINGS = (dict, collections.OrderedDict, collections.Counter)
 # =============================================================================================
 # Writing one file: a snapshot, then the write
 # =============================================================================================
-def snapshot(state: dict[str, Any], to_host: bool = False) -> dict[str, Any]:
+def snapshot(state: dict[str, Any], to_host: bool = False, buffers: HostBuffers | None = None) -> dict[str, Any]:
     """``state`` as a checkpoint will hold it: NumPy scalars as Python numbers, checked to be
     tensors and plain data only.
 
@@ -64,32 +68,40 @@ def snapshot(state: dict[str, Any], to_host: bool = False) -> dict[str, Any]:
             Tensors shared within ``state`` stay shared in the copy. The file then records the
             tensors on the CPU (``load_from_checkpoint(map_location=None)`` keeps them there),
             where a synchronous save records the device they were on.
+        buffers: with ``to_host``, the pinned buffers to copy CUDA tensors into, kept across saves
+            (:class:`~strategies.checkpoint.background.HostBuffers`); returns once the copies are done.
 
     Raises:
         TypeError: a value that ``torch.load(weights_only=True)`` would refuse, named by its key.
     """
-    plain = plain_copy(state, {} if to_host else None)
+    plain = plain_copy(state, {} if to_host else None, buffers.copy if buffers is not None else _host_copy)
+    if buffers is not None:
+        buffers.synchronize()
     check_plain(plain)
     return plain
 
 
-def plain_copy(value: Any, copies: dict[int, torch.Tensor] | None) -> Any:
+def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu", copy=True)
+
+
+def plain_copy(value: Any, copies: dict[int, torch.Tensor] | None,
+               copy: Callable[[torch.Tensor], torch.Tensor] = _host_copy) -> Any:
     """``value`` with NumPy scalars as Python numbers and, given ``copies`` (tensors copied so far,
-    by id), its tensors copied to the host. Only the containers ``check_plain`` accepts are rebuilt;
-    anything else is left for it to name."""
+    by id), its tensors copied to the host with ``copy``. Only the containers ``check_plain``
+    accepts are rebuilt; anything else is left for it to name."""
     if isinstance(value, torch.Tensor):
         if copies is None:
             return value
         if id(value) not in copies:
-            # TODO(#18): on CUDA, pinned host buffers kept across saves and a non_blocking copy.
-            copies[id(value)] = value.detach().to("cpu", copy=True)
+            copies[id(value)] = copy(value)
         return copies[id(value)]
     if isinstance(value, np.generic) and isinstance(value, (np.number, np.bool_)):
         return value.item()
     if type(value) in _PLAIN_MAPPINGS:
-        return type(value)({key: plain_copy(item, copies) for key, item in value.items()})
+        return type(value)({key: plain_copy(item, copies, copy) for key, item in value.items()})
     if type(value) in (list, tuple, set):
-        return type(value)(plain_copy(item, copies) for item in value)
+        return type(value)(plain_copy(item, copies, copy) for item in value)
     return value  # immutable plain data, or what check_plain refuses
 
 

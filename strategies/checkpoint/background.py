@@ -35,6 +35,13 @@ class BackgroundWriter:
         self._error: BaseException | None = None
         self.host_buffers = HostBuffers()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled with its ModelCheckpoint into spawned processes (or deep-copied): a new, idle writer there.
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()
+
     def submit(self, what: str, job: Callable[[], Any]) -> None:
         """Run ``job`` after those submitted before it (``what`` names it in an error)."""
         with self._lock:

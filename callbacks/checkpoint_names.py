@@ -1,4 +1,5 @@
-"""ModelCheckpoint's arguments checked, its triggers resolved and its file names formatted, as in Lightning.
+"""ModelCheckpoint's arguments checked, its triggers resolved (and the clock of its time trigger)
+and its file names formatted, as in Lightning.
 
 File names follow Lightning's rules exactly, since users and tools look for them: every
 ``{name}`` or ``{name:spec}`` field of the filename is a logged metric, ``epoch`` or ``step``;
@@ -12,8 +13,14 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from trainer import Trainer
 
 
 def check_arguments(**arguments: Any) -> None:
@@ -85,3 +92,34 @@ def format_name(template: str, metrics: dict[str, Any], auto_insert_metric_name:
         raise ValueError(f"ModelCheckpoint(filename=...) cannot be formatted with {sorted(metrics)}: {error}. Each "
                          "{field} is a logged metric, epoch or step, with an optional format spec such as {val_loss:.3f} "
                          "or {epoch:02d}.") from None
+
+
+class TrainTimeClock:
+    """``train_time_interval``'s clock: the host's monotonic clock, read once per optimizer step."""
+
+    def __init__(self) -> None:
+        self._last_time_checked, self._step_of_time_check = time.monotonic(), 0
+        self._next_time_check = 0  # several processes: the optimizer step at which they next compare clocks
+
+    def start(self, step: int) -> None:
+        self._next_time_check = step
+        self.restart(step)
+
+    def restart(self, step: int) -> None:
+        self._last_time_checked, self._step_of_time_check = time.monotonic(), step
+
+    def is_due(self, trainer: Trainer, interval: timedelta) -> bool:
+        """With several processes each reads its own clock, so they compare at steps planned ahead
+        from the step time (at most a twentieth of the interval apart, one small CPU collective
+        each); the save is then at most that much late."""
+        seconds, elapsed = interval.total_seconds(), time.monotonic() - self._last_time_checked
+        if trainer.world_size == 1:
+            return elapsed >= seconds
+        if trainer.global_step < self._next_time_check:
+            return False
+        seconds_per_step = elapsed / max(1, trainer.global_step - self._step_of_time_check)
+        ahead = max(1, int(seconds / 20 / seconds_per_step)) if seconds_per_step > 0 else 1
+        agreed = trainer.strategy.all_reduce(torch.tensor([float(elapsed >= seconds), float(trainer.global_step + ahead)]),
+                                             op="max")
+        self._next_time_check = int(agreed[1])
+        return bool(agreed[0])

@@ -8,14 +8,16 @@ is refreshed at every trigger, ranked or not, so it always holds the newest stat
 link to the ranked file of the same moment when there is one (one serialization, not two), or
 with ``save_last="link"`` a symbolic link to the newest ranked file, as in Lightning. Under FSDP
 each checkpoint is a directory of shards (``strategies/checkpoint/sharded.py``), linked and
-pruned whole. Names and arguments are checked in ``callbacks/checkpoint_names.py``.
+pruned whole. Names and arguments are checked in ``callbacks/checkpoint_names.py``. With
+``async_save=True`` the step waits for a snapshot only; the write, then the link and the pruning
+that must follow it, run in a background thread (``strategies/checkpoint/background.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -23,9 +25,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from callbacks.base import Callback
-from callbacks.checkpoint_names import check_arguments, format_name, resolve_triggers
+from callbacks.checkpoint_names import TrainTimeClock, check_arguments, format_name, resolve_triggers
 from callbacks.console import epoch_label, warn, write_line
 from strategies.checkpoint import link_checkpoint, remove_checkpoint, symlink_checkpoint
+from strategies.checkpoint.background import BackgroundWriter
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -57,6 +60,9 @@ class ModelCheckpoint(Callback):
             (False); None decides as Lightning: after validation when it runs other than once per epoch.
         enable_version_counter: a name already on disk gets ``-v1``, ``-v2``, ... instead of being
             overwritten (``last.ckpt`` is always replaced: it is the state to resume from).
+        async_save: training waits for a copy of the state on the host only; a thread writes it (Cadence's;
+            Lightning has AsyncCheckpointIO). The next save and the end of fit wait for it; its error is
+            raised at the next step (several processes: at the next save or the end of fit).
 
     Example::
 
@@ -75,7 +81,8 @@ class ModelCheckpoint(Callback):
                  save_on_exception: bool = False, save_weights_only: bool = False, mode: str = "min",
                  auto_insert_metric_name: bool = True, every_n_train_steps: int | None = None,
                  train_time_interval: timedelta | float | None = None, every_n_epochs: int | None = None,
-                 save_on_train_epoch_end: bool | None = None, enable_version_counter: bool = True) -> None:
+                 save_on_train_epoch_end: bool | None = None, enable_version_counter: bool = True,
+                 async_save: bool = False) -> None:
         check_arguments(dirpath=dirpath, filename=filename, monitor=monitor, verbose=verbose, save_last=save_last,
                         save_top_k=save_top_k, save_on_exception=save_on_exception,
                         save_weights_only=save_weights_only, mode=mode, auto_insert_metric_name=auto_insert_metric_name,
@@ -99,11 +106,11 @@ class ModelCheckpoint(Callback):
         self._last_checkpoint_saved = ""  # the newest ranked file (what save_last="link" points at)
         self._last_global_step_saved = 0  # nothing to save before the first step, as in Lightning
         self._step_at_last_batch = 0
-        self._last_time_checked, self._step_of_time_check = time.monotonic(), 0  # train_time_interval's clock
-        self._next_time_check = 0  # several processes: the optimizer step at which they next compare clocks
+        self._clock = TrainTimeClock()  # train_time_interval's
         self._defer_save_until_validation = False  # a step/time trigger waits for the monitored metric
         self._validated = False  # a validation ran in this fit: a missing monitor is then an error
         self._warned: set[str] = set()
+        self._background = BackgroundWriter() if async_save else None  # None: saves are written in the step
 
     @property
     def every_n_epochs(self) -> int:
@@ -123,6 +130,9 @@ class ModelCheckpoint(Callback):
             self.dirpath = Path(trainer.log_dir) / "checkpoints"
         if self.dirpath.exists() and not self.dirpath.is_dir():
             raise ValueError(f"ModelCheckpoint(dirpath={str(self.dirpath)!r}) is a file; use a directory.")
+        if self._background is not None and not trainer.strategy.supports_background_saves:
+            raise ValueError(f"ModelCheckpoint(async_save=True) is not supported by {trainer.strategy.describe()} yet "
+                             "(TODO(#18): DCP's async_save for sharded checkpoints). Use async_save=False.")
         if stage == "fit":  # before a checkpoint is restored, which may set it again
             self._validated, self._defer_save_until_validation = False, False
             if self.save_on_exception and trainer.world_size > 1:
@@ -139,10 +149,12 @@ class ModelCheckpoint(Callback):
             warn(f"Checkpoint directory {self.dirpath} exists and is not empty.")
 
     def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._step_at_last_batch = self._next_time_check = trainer.global_step
-        self._restart_clock(trainer)
+        self._step_at_last_batch = trainer.global_step
+        self._clock.start(trainer.global_step)
 
     def on_train_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._background is not None and trainer.world_size == 1:
+            self._background.check()  # a failed background write, named at the next step (no host sync)
         if not self._every_n_train_steps and self._train_time_interval is None:
             return
         stepped = trainer.global_step != self._step_at_last_batch
@@ -150,9 +162,9 @@ class ModelCheckpoint(Callback):
         if not stepped:  # mid accumulation window: a checkpoint would lose the partial gradients
             return
         due = self._every_n_train_steps > 0 and trainer.global_step % self._every_n_train_steps == 0
-        if self._train_time_interval is not None and self._time_is_due(trainer):
+        if self._train_time_interval is not None and self._clock.is_due(trainer, self._train_time_interval):
             due = True
-            self._restart_clock(trainer)
+            self._clock.restart(trainer.global_step)
         if not due or trainer.global_step == self._last_global_step_saved:
             return
         metrics = self._monitor_candidates(trainer)
@@ -164,25 +176,6 @@ class ModelCheckpoint(Callback):
                 self._save_last(trainer, metrics)
             return
         self._save_topk_and_last(trainer, metrics)
-
-    def _time_is_due(self, trainer: Trainer) -> bool:
-        """One clock read per optimizer step. With several processes each reads its own clock, so they
-        compare at steps planned ahead from the step time (at most a twentieth of the interval
-        apart, one small CPU collective each); the save is then at most that much late."""
-        interval, elapsed = self._train_time_interval.total_seconds(), time.monotonic() - self._last_time_checked
-        if trainer.world_size == 1:
-            return elapsed >= interval
-        if trainer.global_step < self._next_time_check:
-            return False
-        seconds_per_step = elapsed / max(1, trainer.global_step - self._step_of_time_check)
-        ahead = max(1, int(interval / 20 / seconds_per_step)) if seconds_per_step > 0 else 1
-        agreed = trainer.strategy.all_reduce(torch.tensor([float(elapsed >= interval), float(trainer.global_step + ahead)]),
-                                             op="max")
-        self._next_time_check = int(agreed[1])
-        return bool(agreed[0])
-
-    def _restart_clock(self, trainer: Trainer) -> None:
-        self._last_time_checked, self._step_of_time_check = time.monotonic(), trainer.global_step
 
     def on_validation_end(self, trainer: Trainer, module: TrainingModule) -> None:
         if trainer.sanity_checking or trainer.stage != "fit":
@@ -205,6 +198,12 @@ class ModelCheckpoint(Callback):
                  f"{'only last.ckpt was written' if self.save_last else 'nothing was saved'}.")
         if self.save_last and trainer.global_step != self._last_global_step_saved:
             self._save_last(trainer, self._monitor_candidates(trainer))  # the end of training, whatever the triggers
+        if self._background is not None:
+            self._background.wait_everywhere(trainer.strategy.reduce_any)
+
+    def teardown(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
+        if self._background is not None:  # any exit path (an exception, a stop) waits for the last write
+            self._background.wait_and_warn(warn)
 
     def on_exception(self, trainer: Trainer, module: TrainingModule, error: BaseException) -> None:
         if (not self.save_on_exception or trainer.stage != "fit" or trainer.sanity_checking or trainer.module is None
@@ -321,11 +320,14 @@ class ModelCheckpoint(Callback):
         return last
 
     def _link(self, trainer: Trainer, ranked: Path, last: Path) -> None:
-        """Rank zero links; every rank learns whether it could, so all raise together or none."""
-        error = None
-        if trainer.is_global_zero:
+        """Rank zero links; every rank learns whether it could, so all raise together or none. With
+        async_save, once the ranked file is complete (errors then come with the write's)."""
+        error, link = None, symlink_checkpoint if self.save_last == "link" else link_checkpoint
+        if self._background is not None and trainer.is_global_zero:
+            self._background.submit(str(last), functools.partial(link, ranked, last))
+        elif self._background is None and trainer.is_global_zero:
             try:
-                (symlink_checkpoint if self.save_last == "link" else link_checkpoint)(ranked, last)
+                link(ranked, last)
             except OSError as failure:
                 error = failure
         if trainer.strategy.reduce_any(error is not None):
@@ -336,12 +338,15 @@ class ModelCheckpoint(Callback):
                weights_only: bool | None = None, ranked: bool = False) -> None:
         """``trainer.save_checkpoint`` on every rank; on failure, the bookkeeping goes back to ``restore``."""
         try:
-            trainer.save_checkpoint(path, weights_only=self.save_weights_only if weights_only is None else weights_only)
+            if self._background is not None:  # the previous write first: one snapshot at a time
+                self._background.wait_everywhere(trainer.strategy.reduce_any)
+            trainer.save_checkpoint(path, weights_only=self.save_weights_only if weights_only is None else weights_only,
+                                    background=self._background)
         except BaseException:
             if restore is not None:
                 self.load_state_dict({**self.state_dict(), **restore})
             raise
-        self._restart_clock(trainer)
+        self._clock.restart(trainer.global_step)
         self._last_global_step_saved = trainer.global_step
         if ranked:
             self._last_checkpoint_saved = str(path)
@@ -365,7 +370,10 @@ class ModelCheckpoint(Callback):
         """Delete a checkpoint this callback wrote (only inside its directory, never ``last.ckpt``)."""
         if (trainer.is_global_zero and self.dirpath in Path(path).parents and path != self.last_model_path
                 and path not in self.best_k_models):
-            remove_checkpoint(path)
+            if self._background is not None:  # only once the file replacing it is complete
+                self._background.submit(path, functools.partial(remove_checkpoint, path))
+            else:
+                remove_checkpoint(path)
 
     # --- names ------------------------------------------------------------------------------
     def format_checkpoint_name(self, metrics: dict[str, Any], filename: str | None = None, ver: int | None = None,

@@ -8,6 +8,7 @@ not offer adds a method here, with a single-process default, instead of the loop
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from pathlib import Path
 from collections.abc import Iterable, Sequence
@@ -17,7 +18,8 @@ import torch
 from torch import nn
 
 from strategies.accelerators import check_agrees, device_count
-from strategies.checkpoint import read_checkpoint, save_atomic
+from strategies.checkpoint import read_checkpoint, save_atomic, snapshot, write_file
+from strategies.checkpoint.background import BackgroundWriter
 from strategies.transfer import move_to_device
 
 
@@ -34,6 +36,8 @@ class Strategy:
     #: run then hands it back to the caller, for ``trainer.save_checkpoint`` after ``fit``. FSDP's
     #: ranks each hold a shard.
     whole_state_on_rank_zero: bool = True
+    #: ``save_checkpoint`` takes a ``background`` writer (``ModelCheckpoint(async_save=True)``).
+    supports_background_saves: bool = True
     #: Copy the next batch on a side stream while the current one computes: None is on for CUDA
     #: and off elsewhere (:meth:`batches_on_device`).
     prefetch: bool | None = None
@@ -225,14 +229,21 @@ class Strategy:
         """The optimizer's state as a checkpoint stores it."""
         return optimizer.state_dict()
 
-    def save_checkpoint(self, state: dict[str, Any], path: str | os.PathLike) -> None:
+    def save_checkpoint(self, state: dict[str, Any], path: str | os.PathLike,
+                        background: BackgroundWriter | None = None) -> None:
         """Write the training state (``trainer/state.py``'s dict) at ``path`` atomically. Call it on
         every rank. Here rank zero writes one file and every rank waits, then fails with it if the
-        write failed, so none is left waiting at the next collective."""
+        write failed, so none is left waiting at the next collective. With ``background``, rank
+        zero takes a snapshot on the host and ``background`` writes it while training goes on
+        (every rank waits for the snapshot only)."""
         error = None
         if self.is_global_zero:
             try:
-                save_atomic(state, path)
+                if background is None:
+                    save_atomic(state, path)
+                else:
+                    taken = snapshot(state, to_host=True, buffers=background.host_buffers)
+                    background.submit(str(path), functools.partial(write_file, taken, path))
             except (OSError, TypeError) as failure:
                 error = failure
         if self.reduce_any(error is not None):  # doubles as the barrier

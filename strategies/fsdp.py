@@ -33,6 +33,7 @@ from torch import nn
 
 from strategies.base import Strategy
 from strategies.checkpoint import read_checkpoint, remove_checkpoint, replace_atomic, save_atomic, staging_directory
+from strategies.checkpoint.files import plain_copy
 from strategies.ddp import DDP, DEFAULT_TIMEOUT_S
 from strategies.process_group import launched_by_torchrun
 from strategies.selection import ACCEPTED, select_submodules
@@ -265,9 +266,15 @@ class FSDP(DDP):
         # Keyed by parameter name, so that any number of processes can read it back.
         return by_name(optimizer.state_dict(), parameter_names(module, optimizer))
 
-    def save_checkpoint(self, state: dict[str, Any], path: Any) -> None:
+    supports_background_saves = False  # TODO(#18): torch.distributed.checkpoint.async_save
+
+    def save_checkpoint(self, state: dict[str, Any], path: Any, background: Any = None) -> None:
         """Every rank writes its shards into a temporary directory next to ``path``; rank zero writes
-        the plain state and the index, and renames the directory into place once all are done."""
+        the plain state and the index, and renames the directory into place once all are done.
+        ``background`` must be None (ModelCheckpoint refuses async_save under FSDP before fit)."""
+        if background is not None:
+            raise ValueError("FSDP writes its checkpoints in the training step; ModelCheckpoint(async_save=True) "
+                             "is not supported under FSDP yet.")
         path, staging, error = Path(path), None, None
         if self.is_global_zero:
             try:
@@ -286,7 +293,10 @@ class FSDP(DDP):
                           "writes its own shards, so the checkpoint directory must be on a file system that all "
                           "machines share.")
         try:
-            write_shards({key: state[key] for key in SHARDED_KEYS if key in state}, staging, self._control_group)
+            # NumPy learning rates as Python numbers, as in one-file checkpoints (the shards' plain values
+            # are read with weights_only=True too).
+            write_shards(plain_copy({key: state[key] for key in SHARDED_KEYS if key in state}, None), staging,
+                         self._control_group)
             if self.is_global_zero:
                 replace_atomic(staging, path)
         except OSError as failure:

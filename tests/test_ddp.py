@@ -141,9 +141,10 @@ def spawned_fit(tmp_path_factory):
         default_root_dir=out, logger=CSVLogger(), log_every_n_steps=2, seed=0,
         max_time={"hours": 1},  # never reached: the ranks' Timer checks pair up at log steps, no hang
         callbacks=[Profiler(wait=0, warmup=1, active=1, record_shapes=False, profile_memory=False), ModelCheckpoint(),
-                   # Always due: the ranks compare their clocks after every step and save together.
+                   # Always due: the ranks compare their clocks after every step and save together,
+                   # rank zero in the background (each save waits for the previous one, on every rank).
                    ModelCheckpoint(dirpath=out / "timed", filename="{step}", save_top_k=-1, save_last=False,
-                                   train_time_interval=timedelta(0))],
+                                   train_time_interval=timedelta(0), async_save=True)],
     )
     with stderr_into(out / "stderr.txt"):
         trainer.fit(model, DataLoader(data, batch_size=BATCH_SIZE, shuffle=True), DataLoader(data, batch_size=8))
@@ -248,10 +249,12 @@ def test_only_rank_zero_prints_and_writes_logs_and_checkpoints(spawned_fit):
     torch.testing.assert_close(checkpoint["state_dict"]["layer.weight"], spawned_fit.model.layer.weight)
 
 
-def test_a_train_time_interval_under_ddp_saves_on_every_rank_at_the_same_steps(spawned_fit):
+def test_a_train_time_interval_under_ddp_saves_on_every_rank_at_the_same_steps_also_in_the_background(spawned_fit):
     steps = EPOCHS * SAMPLES // (WORLD_SIZE * BATCH_SIZE * ACCUMULATE)
     assert sorted(path.name for path in (spawned_fit.out / "timed").iterdir()) == sorted(
         f"step={step}.ckpt" for step in range(1, steps + 1))
+    for step in range(1, steps + 1):  # written in the background, all complete when fit returned
+        assert torch.load(spawned_fit.out / "timed" / f"step={step}.ckpt", weights_only=True)["global_step"] == step
 
 
 def test_save_checkpoint_after_a_spawned_fit_holds_the_state_the_workers_ended_with(spawned_fit):

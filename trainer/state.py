@@ -30,6 +30,7 @@ from trainer.seed import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:
     from strategies import Strategy
+    from strategies.checkpoint.background import BackgroundWriter
     from trainer.datamodule import DataModule
     from trainer.metrics import MetricStore
     from trainer.module import TrainingModule
@@ -72,8 +73,10 @@ def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
         "optimizer_states": [trainer.strategy.optimizer_state_dict(trainer.module, optimizer)
                              for optimizer in trainer.optimizers],
         "lr_schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
+        # Cadence's counters, and Lightning's loop progress for Lightning's own fit(ckpt_path=...)
         "loops": {"epoch": epoch, "batches_done": batches_done, "global_step": trainer.global_step,
-                  "train_batches_seen": progress.batches_seen, "world_size": trainer.world_size},
+                  "train_batches_seen": progress.batches_seen, "world_size": trainer.world_size,
+                  **checkpoint_io.lightning_loops(epoch, batches_done, trainer.global_step, progress.batches_seen)},
         "rng": rng,
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         "callback_metrics": dict(trainer.callback_metrics),
@@ -87,6 +90,8 @@ def checkpoint_state(trainer: Trainer, module: TrainingModule, training: dict[st
     and the module's ``on_save_checkpoint``."""
     state = {
         "format": checkpoint_io.FORMAT_VERSION,
+        # Lightning's top-level keys (strategies/checkpoint/lightning.py): tools that read its checkpoints read ours
+        **checkpoint_io.lightning_keys(trainer.current_epoch, trainer.global_step, module.hparams),
         "state_dict": trainer.strategy.module_state_dict(module),  # under FSDP: this rank's shards
         **training,
         "hyper_parameters": checkpoint_io.plain_hyperparameters(module.hparams),
@@ -156,12 +161,15 @@ def end_of_fit_checkpoint(trainer: Trainer, end_of_fit: tuple[TrainingModule, di
 
 def write_checkpoint(trainer: Trainer, path: str | os.PathLike, progress: Progress,
                      datamodule: DataModule | None, end_of_fit: tuple[TrainingModule, dict[str, Any]] | None,
-                     weights_only: bool = False, storage_options: Any = None) -> int:
+                     weights_only: bool = False, storage_options: Any = None,
+                     background: BackgroundWriter | None = None) -> int:
     """``Trainer.save_checkpoint``: during a stage, the running state (:func:`training_state` at
     ``progress``, with the stage's ``datamodule``) in the strategy's layout (every rank takes part);
     when no stage runs, the state the last fit ended with (``end_of_fit``; rank zero writes).
     ``weights_only``: the weights and hyperparameters, without the training state (as in Lightning,
-    the callbacks' ``on_save_checkpoint`` is not called; the module's is). Returns its global step."""
+    the callbacks' ``on_save_checkpoint`` is not called; the module's is). ``background``: during a
+    stage, write a snapshot in that writer's thread (the strategy's ``save_checkpoint``). Returns its
+    global step."""
     if storage_options is not None:
         raise ValueError("Trainer.save_checkpoint(storage_options=...): Cadence writes local files only; leave it "
                          "None and copy the file where it should go.")
@@ -171,7 +179,7 @@ def write_checkpoint(trainer: Trainer, path: str | os.PathLike, progress: Progre
             checkpoint_io.save_atomic(state, path)
         return end_of_fit[1]["loops"]["global_step"]
     state = checkpoint_state(trainer, trainer.module, {} if weights_only else training_state(trainer, progress), datamodule)
-    trainer.strategy.save_checkpoint(state, path)  # every rank returns, or raises, together
+    trainer.strategy.save_checkpoint(state, path, background)  # every rank returns, or raises, together
     return trainer.global_step
 
 
@@ -216,8 +224,14 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
     checkpoint_io.load_optimizers(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], state, path,
                                   functools.partial(strategy.load_optimizer_state_dict, module))
     _restore_callbacks(trainer, state["callbacks"], path)
-    rng = state["rng"]  # one entry per rank
-    if len(rng) != trainer.world_size and trainer.is_global_zero:
+    rng = state["rng"]  # one entry per rank; None from a checkpoint Lightning wrote
+    if rng is None:
+        rng = [_rng_from_here(sampler)]
+        if trainer.is_global_zero:
+            warnings.warn(f"Checkpoint {path} holds no RNG states (Lightning does not save them): the weights, optimizers, "
+                          "schedulers, callbacks and the epoch and step are restored, but the data order and random draws "
+                          "will not continue exactly as in the run that wrote it.", stacklevel=3)
+    elif len(rng) != trainer.world_size and trainer.is_global_zero:
         warnings.warn(f"Checkpoint {path} was written by {len(rng)} processes and resumes on {trainer.world_size}: "
                       "the weights and optimizer states load whole, but random draws and the rest of the epoch's "
                       "data order will differ.", stacklevel=3)
@@ -228,6 +242,13 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
     loops = state["loops"]
     return Resumed(loops["epoch"], loops["global_step"], loops["batches_done"], loops["train_batches_seen"], rank_rng,
                    state.get("callback_metrics", {}))
+
+
+def _rng_from_here(sampler: ResumableBatchSampler | None) -> dict[str, Any]:
+    """RNG states for a checkpoint that has none: this process's, so that restoring them changes
+    nothing, and a mid-epoch resume draws the epoch's order from them and skips the batches done."""
+    now = {**capture_rng_state(), "generators": sampler.generator_states() if sampler is not None else []}
+    return {"now": now, "epoch_start": now}
 
 
 def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> None:

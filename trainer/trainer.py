@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -48,6 +48,9 @@ from trainer.state import (
 )
 from trainer.timing import PhaseTimes, measured
 from trainer.trial import Snapshot, fresh_loop_state
+
+if TYPE_CHECKING:
+    from strategies.checkpoint.background import BackgroundWriter
 
 CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
 
@@ -215,19 +218,20 @@ class Trainer:
 
     @measured("checkpointing")
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool | None = None,
-                        storage_options: Any = None) -> None:
+                        storage_options: Any = None, *, background: BackgroundWriter | None = None) -> None:
         """Write the whole training state to ``filepath`` atomically in the strategy's layout (one file,
         or FSDP's shards), callbacks' state included, after on_save_checkpoint (callbacks', then module's).
         ``weights_only=True``: the weights and hyperparameters only (``load_from_checkpoint`` and
         ``validate/test(ckpt_path=...)`` read it; ``fit`` cannot resume from it). During a stage, call it
         on every rank; one written at the end of a batch resumes after it. After ``fit`` returns (a spawned
         one too) it writes the state that fit ended with (the weights as they are now), so that
-        ``fit(model, ckpt_path=filepath)`` with a larger ``max_epochs`` continues exactly."""
+        ``fit(model, ckpt_path=filepath)`` with a larger ``max_epochs`` continues exactly. ``background``
+        (``ModelCheckpoint(async_save=True)``'s): wait for a snapshot only, and write it in that writer's thread."""
         if self.module is not None:  # a stage runs: never write weights a NaN/inf loss produced
             self._guard.check(self.strategy, self.current_epoch)
         datamodule = self._data.datamodule if self._data is not None else None
         step = write_checkpoint(self, filepath, self._progress, datamodule, self._end_of_fit, bool(weights_only),
-                                storage_options)
+                                storage_options, background)
         if not weights_only:  # the last checkpoint a run can resume from, named when a loss turns NaN
             self._guard.last_checkpoint = (str(filepath), step)
 

@@ -8,6 +8,7 @@ What a checkpoint holds, and putting it back into a run, is the Trainer's (``tra
                 directories swapped into place; links and removal for ModelCheckpoint
     sharded.py  a directory of shards written and read with torch.distributed.checkpoint (FSDP)
     format.py   the format version, what a resumable checkpoint holds, whether one fits a model
+    lightning.py  Lightning's keys written into Cadence's checkpoints; Lightning's checkpoints read
     paths.py    which checkpoint a path, "last" or "best" names
 
 Reading: every reader goes through :func:`read_checkpoint`. From ``Trainer.fit(ckpt_path=...)``
@@ -19,7 +20,8 @@ to the bytes read::
         restored from it before its loaders are made) -> Strategy.load_checkpoint (strategies/base.py;
         FSDP passes how each rank reads its part of the shards) -> read_checkpoint (here)
         -> read_file (files.py) -> torch.load(weights_only=True); or, for a sharded directory, its
-        state file so, and its shards through DCP (sharded.py)
+        state file so, and its shards through DCP (sharded.py); a file Lightning wrote is
+        translated (lightning.py)
     then restore (trainer/state.py) puts the state read into the module, optimizers and loop.
 
 validate, test and predict take the same path with the weights only; ``load_from_checkpoint``
@@ -50,15 +52,18 @@ from strategies.checkpoint.format import (
     FORMAT_VERSION, TRAINING_STATE_KEYS, check_format, check_resumable, check_weights, inexact_hyperparameters,
     load_optimizers, load_weights, plain_hyperparameters,
 )
+from strategies.checkpoint.lightning import (
+    LIGHTNING_LAYOUT_VERSION, from_lightning, is_lightning_checkpoint, lightning_keys, lightning_loops,
+)
 from strategies.checkpoint.paths import (
     LAST, check_exists, is_checkpoint, newest_last, resolve_ckpt_path, run_checkpoint_directories,
 )
 from strategies.checkpoint.sharded import STATE_FILE, read_whole_shards
 
 __all__ = [
-    "FORMAT_VERSION", "LAST", "STATE_FILE", "TRAINING_STATE_KEYS", "check_exists", "check_format", "check_plain",
+    "FORMAT_VERSION", "LAST", "LIGHTNING_LAYOUT_VERSION", "STATE_FILE", "TRAINING_STATE_KEYS", "check_exists", "check_format", "check_plain",
     "check_resumable", "check_weights", "convert_checkpoint", "inexact_hyperparameters", "is_checkpoint",
-    "link_checkpoint", "load_optimizers", "load_weights", "newest_last", "plain_hyperparameters", "read_checkpoint",
+    "lightning_keys", "lightning_loops", "link_checkpoint", "load_optimizers", "load_weights", "newest_last", "plain_hyperparameters", "read_checkpoint",
     "read_file", "recover_interrupted_replace", "remove_checkpoint", "replace_atomic", "resolve_ckpt_path",
     "run_checkpoint_directories", "save_atomic", "snapshot", "staging_directory", "symlink_checkpoint", "write_file",
 ]
@@ -69,7 +74,8 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *,
     """The checkpoint at ``path``, read safely and checked: the one read path of every reader.
 
     Args:
-        path: a checkpoint file, or a sharded checkpoint directory (written under FSDP).
+        path: a checkpoint file, or a sharded checkpoint directory (written under FSDP). A file
+            Lightning wrote is returned in Cadence's layout (:func:`~strategies.checkpoint.lightning.from_lightning`).
         map_location: where a file's tensors go, as for ``torch.load``.
         shards: how this process reads a sharded directory's shards, ``shards(path)`` returning
             ``{"state_dict": ..., "optimizer_states": ...}``. Default: whole, on the CPU, in this
@@ -93,6 +99,8 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *,
             state.update((shards or read_whole_shards)(path))
     else:
         state = read_file(path, map_location, mmap=not weights)
+        if is_lightning_checkpoint(state):
+            state = from_lightning(state)
     check_format(state, path, weights=weights or not path.is_dir())
     return state
 

@@ -28,51 +28,81 @@ import pickle
 import re
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from strategies.checkpoint.background import HostBuffers
 
 # The leaves torch.load(weights_only=True) accepts (see torch/_weights_only_unpickler.py). Exact
 # types: a subclass (torch.__version__ is a str subclass, numpy.float64 a float one) pickles as a
 # class reference that the safe loader refuses.
 _PLAIN_LEAVES = (str, bytes, bytearray, int, float, bool, complex, type(None), torch.Tensor,
                  torch.nn.Parameter, torch.Size, torch.dtype, torch.device)
+# The mappings it accepts (exact types too); a MultiStepLR's milestones are a Counter.
+_PLAIN_MAPPINGS = (dict, collections.OrderedDict, collections.Counter)
 
 
 # =============================================================================================
 # Writing one file: a snapshot, then the write
 # =============================================================================================
-def snapshot(state: dict[str, Any], to_host: bool = False) -> dict[str, Any]:
-    """``state`` as a checkpoint will hold it: checked to be tensors and plain data only.
+def snapshot(state: dict[str, Any], to_host: bool = False, buffers: HostBuffers | None = None) -> dict[str, Any]:
+    """``state`` as a checkpoint will hold it: NumPy scalars as Python numbers, checked to be
+    tensors and plain data only.
+
+    A NumPy scalar (a learning rate a scheduler computed with ``np.cos``) becomes the Python number
+    of the same value (``item()``: exact, a float64 is a Python float), so that the file loads with
+    any ``torch.load(weights_only=True)``, which refuses NumPy's classes; torch's optimizers compute
+    the same with either. Everything torch's safe loader accepts is kept as it is (a MultiStepLR's
+    ``collections.Counter`` of milestones included).
 
     Args:
         state: the checkpoint's content (``trainer/state.py`` gathers it).
         to_host: copy every tensor (detached) into CPU memory, so that training may go on changing
             the originals while :func:`write_file` writes the copy (in another thread, say).
-            Without it nothing is copied, and the state must be written before training goes on.
+            Without it no tensor is copied, and the state must be written before training goes on.
             Tensors shared within ``state`` stay shared in the copy. The file then records the
             tensors on the CPU (``load_from_checkpoint(map_location=None)`` keeps them there),
             where a synchronous save records the device they were on.
+        buffers: with ``to_host``, the pinned buffers to copy CUDA tensors into, kept across saves
+            (:class:`~strategies.checkpoint.background.HostBuffers`); returns once the copies are done.
 
     Raises:
         TypeError: a value that ``torch.load(weights_only=True)`` would refuse, named by its key.
     """
-    check_plain(state)
-    return _copied_to_host(state, {}) if to_host else state
+    plain = plain_copy(state, {} if to_host else None, buffers.copy if buffers is not None else _host_copy)
+    if buffers is not None:
+        buffers.synchronize()
+    check_plain(plain)
+    return plain
 
 
-def _copied_to_host(value: Any, copies: dict[int, torch.Tensor]) -> Any:
+def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu", copy=True)
+
+
+def plain_copy(value: Any, copies: dict[int, torch.Tensor] | None,
+               copy: Callable[[torch.Tensor], torch.Tensor] = _host_copy) -> Any:
+    """``value`` with NumPy scalars as Python numbers and, given ``copies`` (tensors copied so far,
+    by id), its tensors copied to the host with ``copy``. Only the containers ``check_plain``
+    accepts are rebuilt; anything else is left for it to name."""
     if isinstance(value, torch.Tensor):
+        if copies is None:
+            return value
         if id(value) not in copies:
-            # TODO(#18): on CUDA, pinned host buffers kept across saves and a non_blocking copy.
-            copies[id(value)] = value.detach().to("cpu", copy=True)
+            copies[id(value)] = copy(value)
         return copies[id(value)]
-    if isinstance(value, dict):  # dict and OrderedDict (check_plain allows no other mapping)
-        return type(value)((key, _copied_to_host(item, copies)) for key, item in value.items())
-    if isinstance(value, (list, tuple, set)):
-        return type(value)(_copied_to_host(item, copies) for item in value)
-    return value  # immutable plain data
+    if isinstance(value, np.generic) and isinstance(value, (np.number, np.bool_)):
+        return value.item()
+    if type(value) in _PLAIN_MAPPINGS:
+        return type(value)({key: plain_copy(item, copies, copy) for key, item in value.items()})
+    if type(value) in (list, tuple, set):
+        return type(value)(plain_copy(item, copies, copy) for item in value)
+    return value  # immutable plain data, or what check_plain refuses
 
 
 def write_file(state: dict[str, Any], path: str | os.PathLike) -> Path:
@@ -268,7 +298,7 @@ def check_plain(value: Any, where: str = "checkpoint") -> None:
     """Raise a TypeError naming the first value that ``torch.load(weights_only=True)`` would refuse."""
     if type(value) in _PLAIN_LEAVES:
         return
-    if type(value) in (dict, collections.OrderedDict):
+    if type(value) in _PLAIN_MAPPINGS:
         for key, item in value.items():
             if type(key) not in (str, int, float, bool, type(None)):
                 raise TypeError(f"{where} has a key of type {type(key).__name__} ({key!r}); checkpoint "

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import multiprocessing
 import os
 import shlex
 import signal
 import sys
 import threading
 from collections.abc import Iterator
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -202,6 +204,12 @@ def iterate_shielded(loader: Any, make_iterator: Any = iter) -> Iterator[Any]:
     if not (getattr(loader, "num_workers", 0) and is_shielded(getattr(loader, "worker_init_fn", None))
             and hasattr(signal, "pthread_sigmask")):
         return make_iterator(loader)
+    context = loader.multiprocessing_context or multiprocessing.get_context()
+    if context.get_start_method() != "fork":
+        # The loader's queues register with multiprocessing's resource tracker, and the call that
+        # starts the tracker unblocks SIGINT and SIGTERM in this thread when it is done: started now,
+        # before the block, it leaves the mask alone.
+        resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         return make_iterator(loader)

@@ -135,7 +135,8 @@ def test_a_sigterm_while_the_dataloader_workers_start_kills_none_of_them_and_the
 def test_ctrl_c_to_a_spawned_ddp_job_while_its_workers_start_saves_and_the_launcher_exits_130_in_one_line(tmp_path):
     # A terminal's Ctrl-C reaches the launcher, both ranks and their DataLoader workers (as they start).
     child = subprocess.run([sys.executable, run_resumable.__file__, str(tmp_path), "--ddp",
-                            "--signal-when-workers-start", "SIGINT", "0"], capture_output=True, text=True, timeout=240)
+                            "--signal-when-workers-start", "SIGINT", "0"], capture_output=True, text=True, timeout=300,
+                           start_new_session=True)  # the job's own process group, as a terminal gives it
     assert child.returncode == 128 + signal.SIGINT, child.stderr
     assert "Traceback" not in child.stderr and child.stderr.count("press Ctrl-C again") == 1
     assert child.stderr.count("Ctrl-C (SIGINT) received; stopped after global step") == 1

@@ -36,7 +36,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from multiprocessing import resource_tracker
+from multiprocessing import forkserver, resource_tracker
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -131,8 +131,9 @@ class Preemption:
         except KeyboardInterrupt:
             self.interrupted = True
             if say:
-                print(f"\nCadence: {stage} stopped at once by Ctrl-C (KeyboardInterrupt); nothing was saved at this "
-                      "point.", file=sys.stderr, flush=True)
+                unsaved = "; nothing was saved at this point" if stage == "fit" else ""
+                print(f"\nCadence: {stage} stopped at once by Ctrl-C (KeyboardInterrupt){unsaved}.", file=sys.stderr,
+                      flush=True)
             raise SystemExit(128 + signal.SIGINT) from None
         except BaseException:
             self.interrupted = True
@@ -204,12 +205,14 @@ def iterate_shielded(loader: Any, make_iterator: Any = iter) -> Iterator[Any]:
     if not (getattr(loader, "num_workers", 0) and is_shielded(getattr(loader, "worker_init_fn", None))
             and hasattr(signal, "pthread_sigmask")):
         return make_iterator(loader)
-    context = loader.multiprocessing_context or multiprocessing.get_context()
-    if context.get_start_method() != "fork":
+    method = (loader.multiprocessing_context or multiprocessing.get_context()).get_start_method()
+    if method != "fork":
         # The loader's queues register with multiprocessing's resource tracker, and the call that
         # starts the tracker unblocks SIGINT and SIGTERM in this thread when it is done: started now,
         # before the block, it leaves the mask alone.
         resource_tracker.ensure_running()
+    if method == "forkserver":  # started inside the block, it would pass the block to every later child
+        forkserver.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         return make_iterator(loader)

@@ -2,7 +2,8 @@
 
 ``Trainer._launch`` calls :func:`prepare_launch` in the calling process, before the strategy
 starts any (the module's callbacks join, ``ckpt_path`` is resolved so that a wrong one costs
-nothing, the log directory is chosen: returned for the Trainer to take); then each process of
+nothing, and is "last" in a fit that torchrun restarted (:func:`elastic_restart`), the log
+directory is chosen: returned for the Trainer to take); then each process of
 the stage runs
 ``Trainer._run_stage``, which calls :func:`enter_stage` (this process's rank and log directory),
 :func:`setup_stage` (seeding, ``prepare_data``, the ``setup`` hooks) and, whatever happened,

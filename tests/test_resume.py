@@ -214,8 +214,10 @@ def test_a_torchrun_job_whose_rank_is_killed_is_restarted_and_resumes_by_itself_
     assert ("Cadence: torchrun restarted the job (restart 1 of at most 1) and fit got no ckpt_path, so it resumes "
             f"from {checkpoint}.") in restarted_output
     assert f"Cadence: resuming from {checkpoint} at epoch 1, global step 4" in restarted_output
-    assert re.search(r"Rank 1 died: its process \(pid \d+\) is gone, without a Python error \(killed: SIGKILL, the "
-                     r"out-of-memory killer\)\. It was last seen in \w+ at training batch \d of epoch 1", restarted_output)
+    if "failed on rank 0" in restarted_output:  # rank 0's collective broke before torchrun stopped it (a race)
+        assert re.search(r"Rank 1 died: its process \(pid \d+\) is gone, without a Python error \(killed: SIGKILL, "
+                         r"the out-of-memory killer\)\. It was last seen in .+, while rank 0 waited in",  # its last report
+                         restarted_output) and "fell behind" not in restarted_output
     assert [path.name for path in (tmp_path / "killed" / "cadence_logs").iterdir()] == ["version_0"]  # logs continue
     final, reference = (torch.load(tmp_path / name / "final.pt", weights_only=True) for name in ("killed", "uninterrupted"))
     assert final.keys() == reference.keys() and all(torch.equal(final[key], reference[key]) for key in reference)

@@ -137,12 +137,14 @@ def read_records(store: Any, world_size: int) -> dict[int, dict[str, Any]]:
 
 def describe_record(record: dict[str, Any]) -> str:
     where = f"in {record['phase']}"
+    if is_dead(record):
+        where = f"DIED (its process is gone); last seen {where}"
     if record["batches"]:
         epoch = f" of epoch {record['epoch']}" if record.get("epoch") is not None else ""
         where += f" at training batch {record['batch_idx']}{epoch} (global step {record.get('global_step')})"
     where += f", {record['collectives']} collectives done, for {record['in_phase_s']} s"
     age = time.time() - record["published"]
-    if age > 5:
+    if age > 5 and not is_dead(record):
         where += f"; no news for {age:.0f} s (dead, or stuck in C code holding the GIL?)"
     return f"rank {record['rank']} ({record['host']}, pid {record['pid']}): {where}"
 
@@ -171,7 +173,9 @@ def collective_error(name: str, error: Exception, store: Any, world_size: int, m
     where every rank was (``me``: this rank's record, taken when it failed), and what to do about it."""
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     report = where_ranks_were(store, world_size, me)
-    if "timed out" in str(error).lower():
+    if any(is_dead(record) for record in read_records(store, world_size).values()):
+        hint = "The rank that died is the cause; the others stopped because it was gone."
+    elif "timed out" in str(error).lower():
         hint = (f"If that work is legitimately slow, raise DDP(timeout=...) (now {timeout_s:g} s); "
                 "otherwise look for code that only some ranks run.")
     else:
@@ -188,11 +192,41 @@ def fell_behind(other: dict[str, Any], me: dict[str, Any]) -> bool:
     return counters < mine or (counters == mine and not other["waiting"])
 
 
+def is_dead(record: dict[str, Any]) -> bool:
+    """True when the rank of ``record`` ran on this machine and its process is gone (or a zombie,
+    not yet reaped by its launcher). A rank on another machine is never known dead here: its
+    record then says how long ago it last reported."""
+    if record.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(record["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists, owned by someone else: not ours to judge
+        return False
+    try:
+        with open(f"/proc/{record['pid']}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _place(record: dict[str, Any]) -> str:
+    if record["batches"] == 0:
+        return f"{record['phase']} before its first training batch"
+    return f"{record['phase']} at training batch {record['batch_idx']}"
+
+
 def _compare(other: dict[str, Any], me: dict[str, Any]) -> str:
-    """Whether ``other`` was waiting with ``me``, behind it, or somewhere else."""
+    """Whether ``other`` was waiting with ``me``, behind it, or somewhere else (or had died)."""
+    if is_dead(other):
+        epoch = f" of epoch {other['epoch']}" if other.get("epoch") is not None else ""
+        return (f"Rank {other['rank']} died: its process (pid {other['pid']}) is gone, without a Python error (killed: "
+                f"SIGKILL, the out-of-memory killer). It was last seen in {_place(other)}{epoch} (global step "
+                f"{other.get('global_step')}), while rank {me['rank']} waited in {me['phase']}.")
     if other["phase"] == me["phase"] and (other["batches"], other["collectives"]) == (me["batches"], me["collectives"]):
         return ""  # waiting at the same collective
-    place = f"{other['phase']} at training batch {other['batch_idx']}"
+    place = _place(other)
     if fell_behind(other, me):
         return (f"Rank {other['rank']} fell behind: it was in {place} and had not reached "
                 f"{me['phase']}, where rank {me['rank']} waited.")

@@ -66,10 +66,13 @@ def _run_workers(strategy: DDP, function: Callable[..., Any], args: tuple, count
             _run_worker, args=(count, host, store.port, result_path, PickledWork(strategy, function, args)),
             nprocs=count, join=False, start_method=strategy.start_method,
         )
+        received: list[int] = []  # the stop signals this process got
         try:
-            with _forward_preemption_signals(context):
+            with _forward_stop_signals(context, received):
                 died_after_work = _wait_for_workers(context, directory)
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
+            if signal.SIGINT in received:  # Ctrl-C reached ranks that had no handler yet (still starting)
+                raise KeyboardInterrupt from None
             # Spawned workers set up one stage each: their keys live under the first session's prefix.
             message = failure_message(dist.PrefixStore(forensics.session_prefix(0), store), count,
                                       _native_crash(context, error), strategy.timeout.total_seconds(),
@@ -80,6 +83,8 @@ def _run_workers(strategy: DDP, function: Callable[..., Any], args: tuple, count
         finally:
             _stop_leftovers(context)
         unfinished = [rank for rank in range(count) if not _done_marker(directory, rank).exists()]
+        if unfinished and signal.SIGINT in received:  # a rank's KeyboardInterrupt (torch's spawn: exit code 0)
+            raise KeyboardInterrupt
         if unfinished:  # every rank ended with exit code 0, yet not all of them finished
             message = _unfinished_message(dist.PrefixStore(forensics.session_prefix(0), store), count, unfinished[0],
                                           name)
@@ -177,23 +182,33 @@ def _ended_how(exit_code: int) -> str:
 
 
 @contextlib.contextmanager
-def _forward_preemption_signals(context: Any) -> Iterator[None]:
-    """SIGTERM/SIGUSR1 sent to this process go on to the workers, which save and stop at a safe
-    point (trainer/preemption.py); this process waits for them instead of dying first, which
-    would take the workers down mid-save."""
+def _forward_stop_signals(context: Any, received: list[int]) -> Iterator[None]:
+    """Stop signals sent to this process reach the workers, which save and stop at a safe point
+    (trainer/preemption.py); this process waits for them instead of dying first, which would take
+    the workers down mid-save. Each signal received is appended to ``received``.
+
+    Ctrl-C in a terminal sends SIGINT to the whole foreground process group, workers included: a
+    second SIGINT from here would count as their second Ctrl-C (stop now, without saving), so
+    SIGINT goes on as SIGTERM, which stops them the same way and reaches them also when only this
+    process was signalled. The first SIGINT puts the previous handler back: a second Ctrl-C raises
+    KeyboardInterrupt here, and the workers are stopped without saving.
+    """
     if threading.current_thread() is not threading.main_thread():  # handlers live on the main thread
         yield
         return
+    previous: dict[int, Any] = {}
 
     def forward(number: int, frame: Any) -> None:
+        received.append(number)
+        if number == signal.SIGINT:
+            signal.signal(number, previous[number])
         for process in context.processes:
             if process.is_alive():
-                os.kill(process.pid, number)
+                os.kill(process.pid, signal.SIGTERM if number == signal.SIGINT else number)
 
-    previous = {}
-    for name in ("SIGTERM", "SIGUSR1"):
+    for name in ("SIGINT", "SIGTERM", "SIGUSR1"):
         number = getattr(signal, name, None)
-        if number is not None and signal.getsignal(number) is not signal.SIG_IGN:
+        if number is not None and signal.getsignal(number) not in (signal.SIG_IGN, None):
             previous[number] = signal.signal(number, forward)
     try:
         yield

@@ -1,6 +1,7 @@
 """A small training run that the resume and preemption tests start in a child process and kill.
 
     python tests/run_resumable.py ROOT [--kill-at-step N | --kill-while-saving-step N | --ready-at-step N] [--fp16]
+        [--ddp] [--signal-when-workers-start SIGNAL EPOCH]
 
 Every run calls ``fit(..., ckpt_path="last")``, so running the same command again resumes; the
 final weights go to ``ROOT/final.pt``. The run has everything exact resume must survive: a
@@ -9,15 +10,21 @@ gradient accumulation, and validation right after some checkpoints (3 epochs of 
 5 optimizer steps each; a checkpoint every 4 steps, so steps 4 and 12 are followed by
 validation in the same batch). ``--fp16`` trains under ``AMP("fp16")`` with a loss scale too
 large at first (the first steps are skipped while it backs off), so a resumed run takes the same
-steps only if the scaler's state came back with the checkpoint.
+steps only if the scaler's state came back with the checkpoint. ``--ddp`` trains on 2 spawned
+processes; ``--signal-when-workers-start`` sends a signal to the whole job (as a terminal's Ctrl-C
+or a scheduler does) while the workers of an epoch start, under the "spawn" start method (each
+worker imports torch first: seconds in which it has not yet taken the signal over).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -30,6 +37,7 @@ from torch.utils.data import DataLoader, TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from callbacks import AMP, Callback, ModelCheckpoint  # noqa: E402
+from strategies import DDP  # noqa: E402
 from trainer import Trainer, TrainingModule, seed_everything  # noqa: E402
 
 
@@ -55,26 +63,28 @@ class Net(TrainingModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-def loaders() -> tuple[DataLoader, DataLoader]:
+def loaders(worker_start_method: str | None = None) -> tuple[DataLoader, DataLoader]:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(56, 4, generator=generator)
     y = x @ torch.randn(4, 2, generator=generator)
-    train = DataLoader(TensorDataset(x[:40], y[:40]), batch_size=4, shuffle=True, num_workers=2)
+    train = DataLoader(TensorDataset(x[:40], y[:40]), batch_size=4, shuffle=True, num_workers=2,
+                       multiprocessing_context=worker_start_method)
     return train, DataLoader(TensorDataset(x[40:], y[40:]), batch_size=8)
 
 
-def train(root: str | os.PathLike, callbacks: list[Callback] = ()) -> Net:
-    """Build the model and fit it, resuming from ROOT's last.ckpt when there is one."""
+def train(root: str | os.PathLike, callbacks: list[Callback] = (), ddp: bool = False,
+          worker_start_method: str | None = None, ckpt_path: str | None = "last") -> Net:
+    """Build the model and fit it, resuming from ROOT's last.ckpt when there is one (``ckpt_path``)."""
     seed_everything(0)
     model = Net()
     trainer = Trainer(
-        strategy="cpu", max_epochs=3, accumulate_grad_batches=2, val_check_interval=4, log_every_n_steps=3,
+        strategy=DDP(devices=2) if ddp else "cpu", max_epochs=3, accumulate_grad_batches=2, val_check_interval=4, log_every_n_steps=3,
         default_root_dir=root, enable_progress_bar=False, seed=7,
         callbacks=[ModelCheckpoint(every_n_train_steps=4, every_n_epochs=None), *callbacks],
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*found no last.ckpt.*")  # the first run starts fresh
-        trainer.fit(model, *loaders(), ckpt_path="last")
+        trainer.fit(model, *loaders(worker_start_method), ckpt_path=ckpt_path)
     return model
 
 
@@ -121,6 +131,30 @@ class ReadyAtStep(Callback):
             time.sleep(0.05)
 
 
+class SignalWhenWorkersStart(Callback):
+    """At the start of epoch ``epoch`` (rank zero), once the training loader's workers are started
+    and before they can have imported torch (start method "spawn"), send signal ``number`` from
+    another process (``kill``), as a scheduler or a terminal does: to this whole process group
+    (``group``), or to this process and the workers."""
+
+    def __init__(self, number: int, epoch: int, group: bool) -> None:
+        self.number, self.epoch, self.group = number, epoch, group
+
+    def on_train_epoch_start(self, trainer, module):
+        if trainer.current_epoch == self.epoch and trainer.is_global_zero:
+            before = {process.pid for process in multiprocessing.active_children()}
+            threading.Thread(target=self._send, args=(before,), daemon=True).start()
+
+    def _send(self, before: set[int]) -> None:
+        deadline, started = time.monotonic() + 60, []
+        while len(started) < 2 and time.monotonic() < deadline:  # the loader's two workers
+            started = [process.pid for process in multiprocessing.active_children() if process.pid not in before]
+            time.sleep(0.002)
+        targets = [f"-{os.getpgrp()}"] if self.group else [str(os.getpid()), *map(str, started)]
+        # Its own session: kill is then not one of the processes it signals.
+        subprocess.run(["kill", f"-{signal.Signals(self.number).name[3:]}", "--", *targets], start_new_session=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("root")
@@ -128,6 +162,8 @@ def main() -> None:
     parser.add_argument("--kill-while-saving-step", type=int)
     parser.add_argument("--ready-at-step", type=int)
     parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--ddp", action="store_true")
+    parser.add_argument("--signal-when-workers-start", nargs=2, metavar=("SIGNAL", "EPOCH"))
     args = parser.parse_args()
     callbacks: list[Callback] = [fp16_amp()] if args.fp16 else []
     if args.kill_at_step is not None:
@@ -136,7 +172,12 @@ def main() -> None:
         kill_while_saving(args.kill_while_saving_step)
     if args.ready_at_step is not None:
         callbacks.append(ReadyAtStep(args.ready_at_step))
-    model = train(args.root, callbacks)
+    worker_start_method = None
+    if args.signal_when_workers_start is not None:
+        name, epoch = args.signal_when_workers_start
+        callbacks.append(SignalWhenWorkersStart(getattr(signal, name), int(epoch), group=True))
+        worker_start_method = "spawn"
+    model = train(args.root, callbacks, ddp=args.ddp, worker_start_method=worker_start_method)
     torch.save(model.state_dict(), Path(args.root) / "final.pt")
 
 

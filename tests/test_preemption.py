@@ -1,8 +1,9 @@
-"""Preemption: SIGTERM/SIGUSR1 finish the step, save last.ckpt, flush the logs and end the process.
+"""Stop signals: Ctrl-C, SIGTERM, SIGUSR1 finish the step, save last.ckpt, flush the logs and end the process.
 
 ``fit`` then raises ``SystemExit(128 + signal)``; running the same command again resumes. The
-subprocess test signals the whole process group, as a scheduler does, so the DataLoader workers
-get the signal too and must survive it until the step is done.
+subprocess tests signal the whole process group, as a terminal's Ctrl-C and a scheduler do, so the
+DataLoader workers get the signal too and must survive it until the step is done, also while they
+are still starting.
 """
 
 from __future__ import annotations
@@ -43,35 +44,104 @@ def logged_steps(path: Path, metric: str) -> list[str]:
 
 
 class SignalAt(Callback):
-    """Send ``number`` to this process after training batch ``batch_idx`` of the first epoch."""
+    """Send ``number`` to this process (``times`` times) after training batch ``batch_idx`` of the first epoch."""
 
-    def __init__(self, number: int, batch_idx: int) -> None:
-        self.number, self.batch_idx = number, batch_idx
+    def __init__(self, number: int, batch_idx: int, times: int = 1) -> None:
+        self.number, self.batch_idx, self.times = number, batch_idx, times
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.current_epoch == 0 and batch_idx == self.batch_idx:
-            os.kill(os.getpid(), self.number)
+            for _ in range(self.times):
+                os.kill(os.getpid(), self.number)
 
 
-def test_sigterm_to_the_whole_job_saves_and_the_same_command_resumes_bit_identically(tmp_path):
+def test_ctrl_c_to_the_whole_job_saves_exits_130_and_the_same_command_resumes_bit_identically(tmp_path, capsys):
     reference = run_resumable.train(tmp_path / "uninterrupted").state_dict()
-    root = tmp_path / "preempted"
-    child = subprocess.Popen([sys.executable, run_resumable.__file__, str(root), "--ready-at-step", "3"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    root = tmp_path / "interrupted"
+    command = [sys.executable, run_resumable.__file__, str(root), "--ready-at-step", "3"]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     if child.stdout.readline() != "ready\n":
         child.kill()
         pytest.fail(f"the child failed before training: {child.communicate()[1]}")
-    os.killpg(child.pid, signal.SIGTERM)  # the main process and its two DataLoader workers
+    os.killpg(child.pid, signal.SIGINT)  # Ctrl-C: the main process and its two DataLoader workers
     _, stderr = child.communicate(timeout=60)
-    assert child.returncode == 128 + signal.SIGTERM, stderr
-    assert "SIGTERM received; stopped after global step" in stderr and 'ckpt_path="last") to resume' in stderr
+    assert child.returncode == 128 + signal.SIGINT, stderr
+    assert stderr.count("press Ctrl-C again to stop now without saving") == 1 and "Traceback" not in stderr
+    assert "Ctrl-C (SIGINT) received; stopped after global step" in stderr
+    assert f"run the same command (python {run_resumable.__file__} {root} --ready-at-step 3)" in stderr
     version = root / "cadence_logs" / "version_0"
     saved = torch.load(version / "checkpoints" / "last.ckpt", weights_only=True)["loops"]
     assert saved["global_step"] >= 3 and saved["batches_done"] % 2 == 0  # a whole accumulation window
     assert str(saved["global_step"]) in logged_steps(version / "metrics.csv", "train/loss")  # logs flushed
+    capsys.readouterr()
     resumed = run_resumable.train(root)  # the same command again
     assert all(torch.equal(resumed.state_dict()[key], value) for key, value in reference.items())
     assert [path.name for path in (root / "cadence_logs").iterdir()] == ["version_0"]
+    assert (f"Cadence: resuming from {version / 'checkpoints' / 'last.ckpt'} at epoch {saved['epoch']}, global step "
+            f"{saved['global_step']}, after batch {saved['batches_done'] - 1} of the epoch.") in capsys.readouterr().err
+
+
+def test_a_second_ctrl_c_stops_at_once_without_saving_and_without_a_traceback(make_trainer, regression_loader, capfd):
+    seen = []
+
+    class SeesTheError(Callback):
+        def on_exception(self, trainer, module, error):
+            seen.append(type(error))
+
+    handler_before = signal.getsignal(signal.SIGINT)
+    trainer = make_trainer(max_epochs=2, callbacks=[SignalAt(signal.SIGINT, 1, times=2), SeesTheError()])
+    with pytest.raises(SystemExit) as exited:
+        trainer.fit(Regressor(), regression_loader)
+    assert exited.value.code == 128 + signal.SIGINT and exited.value.__suppress_context__  # no chained traceback
+    assert trainer.interrupted and seen == [KeyboardInterrupt]  # as in Lightning: on_exception, then interrupted
+    assert trainer.global_step == 2  # the second Ctrl-C came before the end of the step that was to save
+    assert not (trainer.log_dir / "checkpoints").exists()
+    err = capfd.readouterr().err  # the first line is written to file descriptor 2 by the signal handler
+    assert "press Ctrl-C again to stop now without saving" in err
+    assert "fit stopped at once by Ctrl-C (KeyboardInterrupt); nothing was saved" in err
+    assert signal.getsignal(signal.SIGINT) is handler_before
+
+
+def test_a_keyboard_interrupt_raised_in_a_hook_ends_the_stage_with_status_130_as_lightning_ends_it(make_trainer,
+                                                                                                   regression_loader):
+    class Interrupts(Callback):
+        times = 1
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if self.times:
+                self.times -= 1
+                raise KeyboardInterrupt
+
+    trainer = make_trainer(max_epochs=1, callbacks=[Interrupts()])
+    assert not trainer.interrupted
+    with pytest.raises(SystemExit, match="130"):
+        trainer.fit(Regressor(), regression_loader)
+    assert trainer.interrupted
+    trainer.fit(Regressor(), regression_loader)
+    assert not trainer.interrupted  # the next stage ended normally
+
+
+def test_a_sigterm_while_the_dataloader_workers_start_kills_none_of_them_and_the_step_is_saved(tmp_path):
+    # Workers started with "spawn" import torch for a second or more before their init function can
+    # take SIGTERM over; the signal comes from another process (kill), as a scheduler's does.
+    stopper = run_resumable.SignalWhenWorkersStart(signal.SIGTERM, epoch=0, group=False)
+    with pytest.raises(SystemExit) as exited:
+        run_resumable.train(tmp_path, [stopper], worker_start_method="spawn")
+    assert exited.value.code == 128 + signal.SIGTERM
+    saved = torch.load(tmp_path / "cadence_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert (saved["loops"]["epoch"], saved["loops"]["batches_done"]) == (0, 2)  # the window the signal came in
+
+
+def test_ctrl_c_to_a_spawned_ddp_job_while_its_workers_start_saves_and_the_launcher_exits_130_in_one_line(tmp_path):
+    # A terminal's Ctrl-C reaches the launcher, both ranks and their DataLoader workers (as they start).
+    child = subprocess.run([sys.executable, run_resumable.__file__, str(tmp_path), "--ddp",
+                            "--signal-when-workers-start", "SIGINT", "0"], capture_output=True, text=True, timeout=300,
+                           start_new_session=True)  # the job's own process group, as a terminal gives it
+    assert child.returncode == 128 + signal.SIGINT, child.stderr
+    assert "Traceback" not in child.stderr and child.stderr.count("press Ctrl-C again") == 1
+    assert child.stderr.count("Ctrl-C (SIGINT) received; stopped after global step") == 1
+    saved = torch.load(tmp_path / "cadence_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["loops"]["global_step"] >= 1 and len(saved["rng"]) == 2  # every rank's state
 
 
 def test_sigusr1_finishes_the_accumulation_window_then_saves_and_exits(make_trainer, regression_loader, tmp_path, capsys):
@@ -87,6 +157,7 @@ def test_sigusr1_finishes_the_accumulation_window_then_saves_and_exits(make_trai
     assert "2" in logged_steps(trainer.log_dir / "metrics.csv", "train/loss")  # logged after the last log step
     assert "SIGUSR1 received; stopped after global step 2 (epoch 0, batch 5)" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGUSR1) is handler_before
+    assert trainer.interrupted  # as Lightning's Trainer after a SIGTERM
 
 
 def test_without_a_model_checkpoint_the_state_goes_to_the_log_directory(make_trainer, regression_loader):

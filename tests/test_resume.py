@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import run_resumable
+from processes import free_port, run_together, torchrun
 from callbacks import Callback
 from strategies import DDP
 from trainer import Trainer, TrainingModule, seed_everything
@@ -193,3 +195,29 @@ def test_a_ddp_run_resumes_mid_epoch_exactly_with_each_ranks_rng(tmp_path):
     reference = fit([SaveAtStep(path, 6, window=2)])
     assert len(torch.load(path, weights_only=True)["rng"]) == 2
     assert_same_weights(fit(ckpt_path=path), reference.state_dict())
+
+
+def test_a_torchrun_job_whose_rank_is_killed_is_restarted_and_resumes_by_itself_to_the_same_weights(tmp_path):
+    # The same script on every attempt, without ckpt_path: rank 1 SIGKILLs itself after step 6 on
+    # the first attempt (after step 4's checkpoint); torchrun restarts both ranks, which resume.
+    elastic = str(SCRIPT.parent / "run_elastic.py")
+
+    def job(root: Path, *options: str) -> list[str]:
+        return torchrun("--nproc-per-node=2", "--max-restarts=1", "--monitor-interval=0.1", "--rdzv-backend=c10d",
+                        f"--rdzv-endpoint=127.0.0.1:{free_port()}", elastic, str(root), *options)
+
+    (restarted, restarted_output), (uninterrupted, _) = run_together(
+        [job(tmp_path / "killed", "--kill-rank", "1", "--kill-at-step", "6"), job(tmp_path / "uninterrupted")],
+        timeout=240)
+    assert (restarted, uninterrupted) == (0, 0), restarted_output
+    checkpoint = tmp_path / "killed" / "cadence_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert ("Cadence: torchrun restarted the job (restart 1 of at most 1) and fit got no ckpt_path, so it resumes "
+            f"from {checkpoint}.") in restarted_output
+    assert f"Cadence: resuming from {checkpoint} at epoch 1, global step 4" in restarted_output
+    if "failed on rank 0" in restarted_output:  # rank 0's collective broke before torchrun stopped it (a race)
+        assert re.search(r"Rank 1 died: its process \(pid \d+\) is gone, without a Python error \(killed: SIGKILL, "
+                         r"the out-of-memory killer\)\. It was last seen in .+, while rank 0 waited in",  # its last report
+                         restarted_output) and "fell behind" not in restarted_output
+    assert [path.name for path in (tmp_path / "killed" / "cadence_logs").iterdir()] == ["version_0"]  # logs continue
+    final, reference = (torch.load(tmp_path / name / "final.pt", weights_only=True) for name in ("killed", "uninterrupted"))
+    assert final.keys() == reference.keys() and all(torch.equal(final[key], reference[key]) for key in reference)

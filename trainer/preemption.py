@@ -1,30 +1,42 @@
-"""Preemption: SIGTERM or SIGUSR1 stop the run at a safe point, save it, and end the process.
+"""Stop signals: Ctrl-C, SIGTERM or SIGUSR1 stop the run at a safe point, save it, and end the process.
 
 A cluster that takes a node back sends SIGTERM and, a grace period later, SIGKILL; SLURM sends
-SIGUSR1 ahead of a time limit when asked (``#SBATCH --signal=USR1@120``). During ``fit`` the
-Trainer installs handlers (main thread only; the previous handlers return after ``fit``) that
-only set a flag. The loop reads that plain bool at the end of every batch; once set, it finishes
-the accumulation window it is in, writes ``last.ckpt``, flushes the logs, stops, and ``fit`` then
-raises ``SystemExit(128 + signal number)`` (143 for SIGTERM), the exit status of a process ended
-by that signal, so a scheduler sees the job as terminated rather than finished and the user's
-code after ``fit`` (a test run, an export) does not run on half-trained weights. Running the same
-command again with ``fit(..., ckpt_path="last")`` resumes. Under DDP the ranks vote at log steps
-(``strategy.reduce_any``, no collective per step), so every rank stops after the same batch.
+SIGUSR1 ahead of a time limit when asked (``#SBATCH --signal=USR1@120``); a person presses Ctrl-C
+(SIGINT). During ``fit`` the Trainer installs handlers (main thread only; the previous handlers
+return after ``fit``) that only set a flag. The loop reads that plain bool at the end of every
+batch; once set, it finishes the accumulation window it is in, writes ``last.ckpt``, flushes the
+logs, stops, and ``fit`` then raises ``SystemExit(128 + signal number)`` (130 for Ctrl-C, 143 for
+SIGTERM), the exit status of a process ended by that signal, so a scheduler sees the job as
+terminated rather than finished and the user's code after ``fit`` (a test run, an export) does
+not run on half-trained weights. Running the same command again with ``fit(..., ckpt_path="last")``
+resumes. Under DDP the ranks vote at log steps (``strategy.reduce_any``, no collective per step),
+so every rank stops after the same batch.
+
+The first Ctrl-C puts the previous SIGINT handler back (Python's raises KeyboardInterrupt), so a
+second one stops at once without saving. A KeyboardInterrupt that leaves a stage (that second
+Ctrl-C, or one raised where no handler of ours ran) ends the process with status 130 and one line
+instead of a traceback (:meth:`Preemption.interruptible`); as in Lightning, the stage's callbacks
+get ``on_exception`` first and ``trainer.interrupted`` says so (SystemExit does not end IPython).
 
 DataLoader workers are shielded from these signals (:func:`workers_ignore_preemption`): a
-scheduler often signals every process of the job, and a worker that died of SIGTERM would crash
-the loop before it reached the end of the step.
+scheduler often signals every process of the job, and Ctrl-C reaches the whole foreground process
+group, and a worker that died of the signal would crash the loop before it reached the end of the
+step. Workers start with the signals blocked (:func:`iterate_shielded`) until their init function
+has taken them over, so a signal sent while a worker is still starting cannot kill it either.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import multiprocessing
 import os
+import shlex
 import signal
 import sys
 import threading
 from collections.abc import Iterator
+from multiprocessing import forkserver, resource_tracker
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,43 +44,57 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 #: The signals that ask for a graceful stop (SIGUSR1 does not exist on Windows).
-PREEMPTION_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name))
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
 
 
 class Preemption:
-    """The preemption flag of one Trainer, and the signal handlers that set it."""
+    """The stop flag of one Trainer, and the signal handlers that set it."""
 
     def __init__(self) -> None:
-        self.signal_number: int | None = None  # the first preemption signal received during fit
+        self.signal_number: int | None = None  # the first stop signal received during fit
         self.stop_now = False  # read by the loop every batch: a plain bool, no call
+        self.interrupted = False  # Lightning's trainer.interrupted: the last stage ended by an error or a signal
         self._world_size = 1
+        self._announce = False  # this process says that Ctrl-C was heard (rank zero)
+        self._pid = os.getpid()
+        self._previous: dict[int, Any] = {}
 
     @contextlib.contextmanager
-    def handle_signals(self, world_size: int) -> Iterator[None]:
-        """Catch the preemption signals while the body (``fit``) runs; restore the old handlers after.
+    def handle_signals(self, world_size: int, announce: bool = True) -> Iterator[None]:
+        """Catch the stop signals while the body (``fit``) runs; restore the old handlers after.
 
         Args:
             world_size: with one process the handler stops the loop directly; with several, the
                 ranks agree at log steps (:meth:`agree`).
+            announce: say on stderr when Ctrl-C is heard (rank zero).
         """
-        self.signal_number, self.stop_now, self._world_size = None, False, world_size
-        previous: dict[int, Any] = {}
+        self.signal_number, self.stop_now, self._world_size, self._announce = None, False, world_size, announce
+        self._pid, self._previous = os.getpid(), {}
         if threading.current_thread() is threading.main_thread():  # Python allows handlers only there
-            for number in PREEMPTION_SIGNALS:
+            for number in STOP_SIGNALS:
                 current = signal.getsignal(number)
-                # SIG_IGN: the process was told to ignore it (nohup, a launcher), so keep doing so.
+                # SIG_IGN: the process was told to ignore it (nohup, a background job), so keep doing so.
                 # None: a handler installed outside Python, which could not be put back after fit.
                 if current is signal.SIG_IGN or current is None:
                     continue
-                previous[number] = signal.signal(number, self._on_signal)
+                self._previous[number] = signal.signal(number, self._on_signal)
         try:
             yield
         finally:
-            for number, handler in previous.items():
+            for number, handler in self._previous.items():
                 signal.signal(number, handler)
+            self._previous = {}
 
     def _on_signal(self, number: int, frame: Any) -> None:
-        # Runs between two bytecodes of the training thread: set flags, nothing else.
+        # Runs between two bytecodes of the training thread: set flags, nothing that could block.
+        if os.getpid() != self._pid:
+            return  # a forked DataLoader worker before its init function ran: the main process handles it
+        if number == signal.SIGINT:
+            # The next Ctrl-C goes to the handler from before fit (Python's raises KeyboardInterrupt).
+            signal.signal(number, self._previous.get(number, signal.default_int_handler))
+            if self._announce:  # os.write: a print here could re-enter a print the signal interrupted
+                os.write(2, b"\nCadence: Ctrl-C: stopping after this step to save last.ckpt; press Ctrl-C again "
+                            b"to stop now without saving.\n")
         if self.signal_number is None:
             self.signal_number = number
         if self._world_size == 1:
@@ -89,21 +115,42 @@ class Preemption:
     def reason(self) -> str:
         """Why the loop stops, for the message: "SIGTERM received", or another rank's signal."""
         if self.signal_number is None:
-            return "another process received a preemption signal"
+            return "another process received a stop signal"
+        if self.signal_number == signal.SIGINT:
+            return "Ctrl-C (SIGINT) received"
         return f"{signal.Signals(self.signal_number).name} received"
+
+    @contextlib.contextmanager
+    def interruptible(self, stage: str, say: bool) -> Iterator[None]:
+        """Around a whole stage in the calling process: ``interrupted`` (as Lightning's: the stage
+        ended by an error or a signal), and a KeyboardInterrupt made ``SystemExit(130)`` with one
+        line (``say``: rank zero) instead of a traceback through the loop."""
+        self.interrupted = False
+        try:
+            yield
+        except KeyboardInterrupt:
+            self.interrupted = True
+            if say:
+                unsaved = "; nothing was saved at this point" if stage == "fit" else ""
+                print(f"\nCadence: {stage} stopped at once by Ctrl-C (KeyboardInterrupt){unsaved}.", file=sys.stderr,
+                      flush=True)
+            raise SystemExit(128 + signal.SIGINT) from None
+        except BaseException:
+            self.interrupted = True
+            raise
 
     def exit_if_stopped(self) -> None:
         """After ``fit``: end the process as the signal asked, now that the state is saved."""
         number = self.stopping_signal()
         if number is None:
             return
-        self.signal_number, self.stop_now = None, False
+        self.signal_number, self.stop_now, self.interrupted = None, False, True
         raise SystemExit(128 + number)
 
 
 def save_for_preemption(trainer: Trainer, reason: str) -> None:
-    """A preemption signal arrived (``reason``) and the accumulation window has ended: write
-    last.ckpt (through the ModelCheckpoint, if any), stop the loop, say so on rank zero."""
+    """A stop signal arrived (``reason``) and the accumulation window has ended: write last.ckpt
+    (through the ModelCheckpoint, if any), stop the loop, say so on rank zero in one line."""
     if trainer.checkpoint_callback is not None:
         path = trainer.checkpoint_callback.write_last(trainer)
     else:
@@ -112,32 +159,81 @@ def save_for_preemption(trainer: Trainer, reason: str) -> None:
     trainer.should_stop = True
     if trainer.is_global_zero:
         print(f"Cadence: {reason}; stopped after global step {trainer.global_step} "
-              f"(epoch {trainer.current_epoch}, batch {trainer.batch_idx}) and saved {path}. Run the same command "
-              "with fit(..., ckpt_path=\"last\") to resume.", file=sys.stderr, flush=True)
+              f"(epoch {trainer.current_epoch}, batch {trainer.batch_idx}) and saved {path}. To resume, run the same "
+              f"command{_command()} with fit(..., ckpt_path=\"last\").", file=sys.stderr, flush=True)
+
+
+def _command() -> str:
+    """`` (python train.py --args)`` when this process runs a script, else nothing (a notebook)."""
+    script = sys.argv[0] if sys.argv else ""
+    if not script.endswith(".py") or not os.path.isfile(script):
+        return ""
+    return f" ({shlex.join(['python', *sys.argv])})"
 
 
 def workers_ignore_preemption(worker_init_fn: Any) -> Any:
-    """A DataLoader ``worker_init_fn`` that shields workers from preemption signals, then calls
+    """A DataLoader ``worker_init_fn`` that shields workers from stop signals, then calls
     ``worker_init_fn``.
 
-    A scheduler often signals every process of a job. PyTorch's worker handler ends a worker on
-    any SIGTERM, and the loop would then crash fetching the next batch before it could save. A
-    shielded worker ignores SIGUSR1, and SIGTERM unless its parent sent it (DataLoader shutdown
-    and multiprocessing's exit cleanup terminate workers that way, so those still work).
+    A scheduler often signals every process of a job, and Ctrl-C reaches every process of the
+    terminal's foreground job. PyTorch's worker handler ends a worker on any SIGTERM (and its loop
+    on KeyboardInterrupt), and the main loop would then crash fetching the next batch before it
+    could save. A shielded worker ignores SIGINT and SIGUSR1, and SIGTERM unless its parent sent it
+    (DataLoader shutdown and multiprocessing's exit cleanup terminate workers that way, so those
+    still work).
     """
-    if isinstance(worker_init_fn, functools.partial) and worker_init_fn.func is _shield_worker:
+    if is_shielded(worker_init_fn):
         return worker_init_fn
     return functools.partial(_shield_worker, worker_init_fn)
 
 
+def is_shielded(worker_init_fn: Any) -> bool:
+    """Whether ``worker_init_fn`` came from :func:`workers_ignore_preemption`."""
+    return isinstance(worker_init_fn, functools.partial) and worker_init_fn.func is _shield_worker
+
+
+def iterate_shielded(loader: Any, make_iterator: Any = iter) -> Iterator[Any]:
+    """``make_iterator(loader)`` (``iter``: the DataLoader starts its workers there) with the stop
+    signals blocked in this thread while it runs, when the loader's workers are shielded.
+
+    A child process inherits the blocked mask (fork; spawn keeps it through exec), so a signal sent
+    to the whole job while a worker starts (under spawn, it imports torch for seconds) stays pending
+    in the worker until :func:`workers_ignore_preemption` has taken the signals over, instead of
+    killing it; this process gets its own copy when the mask is restored. (A forkserver started
+    earlier hands out its own mask: there the window stays open.)
+    """
+    if not (getattr(loader, "num_workers", 0) and is_shielded(getattr(loader, "worker_init_fn", None))
+            and hasattr(signal, "pthread_sigmask")):
+        return make_iterator(loader)
+    method = (loader.multiprocessing_context or multiprocessing.get_context()).get_start_method()
+    if method != "fork":
+        # The loader's queues register with multiprocessing's resource tracker, and the call that
+        # starts the tracker unblocks SIGINT and SIGTERM in this thread when it is done: started now,
+        # before the block, it leaves the mask alone.
+        resource_tracker.ensure_running()
+    if method == "forkserver":  # started inside the block, it would pass the block to every later child
+        forkserver.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return make_iterator(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _shield_worker(worker_init_fn: Any, worker_id: int) -> None:
-    if hasattr(signal, "SIGUSR1"):
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    ignored = [getattr(signal, name) for name in ("SIGINT", "SIGUSR1") if hasattr(signal, name)]
+    for number in ignored:  # a pending one (sent while the worker started) is discarded
+        signal.signal(number, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # blocked since birth by iterate_shielded: ignored now instead
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, ignored)
     if hasattr(signal, "sigwaitinfo"):  # Linux: only there does a waiter learn who sent a signal
-        # Blocked here, SIGTERM reaches no handler; a thread takes it and tells senders apart.
+        # Blocked here, SIGTERM reaches no handler; a thread takes it (also one sent while the worker
+        # started, pending since) and tells senders apart.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         threading.Thread(target=_exit_on_parents_sigterm, args=(os.getppid(),), daemon=True,
                          name="cadence-worker-signals").start()
+    elif hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
 

@@ -2,7 +2,8 @@
 
 ``Trainer._launch`` calls :func:`prepare_launch` in the calling process, before the strategy
 starts any (the module's callbacks join, ``ckpt_path`` is resolved so that a wrong one costs
-nothing, the log directory is chosen: returned for the Trainer to take); then each process of
+nothing, and is "last" in a fit that torchrun restarted (:func:`elastic_restart`), the log
+directory is chosen: returned for the Trainer to take); then each process of
 the stage runs
 ``Trainer._run_stage``, which calls :func:`enter_stage` (this process's rank and log directory),
 :func:`setup_stage` (seeding, ``prepare_data``, the ``setup`` hooks) and, whatever happened,
@@ -11,6 +12,7 @@ the stage runs
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,17 +43,34 @@ def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_pa
     if rank_zero_only.rank == 0:
         warn_uncalled_hooks([module, *callbacks])
     loggers = [c for c in callbacks if isinstance(c, callbacks_package.Logger)]
+    restart = elastic_restart() if stage == "fit" and ckpt_path is None else 0
+    if restart:  # torchrun restarted the group after a failure: continue from the newest checkpoint by itself
+        ckpt_path = "last"
     if ckpt_path is not None:  # before anything starts, so a wrong path costs nothing
         checkpoints = [c for c in callbacks if isinstance(c, callbacks_package.ModelCheckpoint)]
         directories = [Path(c.dirpath) for c in checkpoints if c.dirpath is not None]
         best = checkpoints[0].best_model_path if checkpoints else None
         versions = versions_root(loggers, trainer.default_root_dir)
-        ckpt_path = checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, versions, trainer.is_global_zero,
-                                                    best=best)
+        ckpt_path = checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, versions,
+                                                    trainer.is_global_zero and not restart, best=best)
+    if restart and rank_zero_only.rank == 0:
+        found = f"resumes from {ckpt_path}" if ckpt_path is not None else "starts over: no last.ckpt was written yet"
+        print(f"Cadence: torchrun restarted the job (restart {restart} of at most "
+              f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}) and fit got no ckpt_path, so it {found}.",
+              file=sys.stderr, flush=True)
     log_dir = trainer.log_dir
     if log_dir is None:  # a resumed run keeps the version directory its checkpoint is in
         log_dir = choose_log_dir(loggers, trainer.default_root_dir, ckpt_path if stage == "fit" else None)
     return callbacks, ckpt_path, log_dir
+
+
+def elastic_restart() -> int:
+    """How many times torchrun's agent restarted this job's processes (``--max-restarts``): 0 on the
+    first attempt and outside torchrun. A restarted ``fit`` without ``ckpt_path`` resumes from "last"."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0
 
 
 def enter_stage(trainer: Trainer, stage: str, module: TrainingModule, data: DataSource) -> None:

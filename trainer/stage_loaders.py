@@ -23,6 +23,7 @@ import torch
 
 from strategies.transfer import move_to_device
 from trainer.data import default_max_epochs, loader_length, prepare_loader, set_sampler_epoch
+from trainer.preemption import iterate_shielded
 from trainer.resume import resumable, resume_iterator
 
 if TYPE_CHECKING:
@@ -157,7 +158,9 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
         return iter(())
     # Resuming mid-epoch redraws the epoch's order from the RNG state it began with and skips
     # the batches already trained as indices; nothing is fetched twice (trainer/resume.py).
-    iterator = resume_iterator(loader, progress.sampler, skip, resumed.rng) if skip else iter(loader)
+    # Workers start here with the stop signals held until they can ignore them (trainer/preemption.py).
+    iterator = iterate_shielded(loader, (lambda loader: resume_iterator(loader, progress.sampler, skip, resumed.rng))
+                                if skip else iter)
     batches = enumerate(iterator, start=skip)  # hot loop: C iterators only, no generator frame
     if limit < (loader_length(loader) or math.inf):
         # islice stops after the last batch without fetching another. Otherwise the loader runs
@@ -165,6 +168,13 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
         # generator when it runs out, so stopping one next() early changes every later epoch's order.
         return itertools.islice(batches, limit - skip)
     return batches
+
+
+def evaluation_batches(loader: Any, limit: int | float) -> Iterator[tuple[int, Any]]:
+    """``enumerate(loader)``, its first ``limit`` batches (``math.inf``: all), its workers started
+    with the stop signals held until they can ignore them (trainer/preemption.py)."""
+    batches = enumerate(iterate_shielded(loader))
+    return batches if limit == math.inf else itertools.islice(batches, int(limit))
 
 
 def gather_predictions(predictions: list[list[Any]], strategy: Any) -> list[list[Any]]:

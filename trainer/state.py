@@ -18,6 +18,7 @@ import functools
 import itertools
 import os
 import platform
+import sys
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -240,6 +241,10 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
     if sampler is not None:  # the loader's own generators: the next epoch's order
         sampler.set_generator_states(rank_rng["now"].get("generators", []))
     loops = state["loops"]
+    if trainer.is_global_zero:  # one line: which checkpoint, and where the loop continues
+        within = f", after batch {loops['batches_done'] - 1} of the epoch" if loops["batches_done"] else ""
+        print(f"Cadence: resuming from {path} at epoch {loops['epoch']}, global step {loops['global_step']}{within}.",
+              file=sys.stderr, flush=True)
     return Resumed(loops["epoch"], loops["global_step"], loops["batches_done"], loops["train_batches_seen"], rank_rng,
                    state.get("callback_metrics", {}))
 

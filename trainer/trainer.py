@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import itertools
 import math
 import os
 import sys
@@ -40,8 +39,8 @@ from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_m
 from trainer.shorthands import reject_unknown_arguments, translate
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
-    NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_loaders, gather_predictions, limit_reached,
-    load_fit_data, reload_due, train_batches, validation_due, validation_interval,
+    NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_batches, evaluation_loaders, gather_predictions,
+    limit_reached, load_fit_data, reload_due, train_batches, validation_due, validation_interval,
 )
 from trainer.state import (
     Progress, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
@@ -63,8 +62,8 @@ class Trainer:
     ``on_nonfinite_loss`` (a NaN/inf training loss ``"raise"``s, checked at log steps, or its step is
     ``"skip"``ped, a host sync per step, or it is ``"ignore"``d) and ``report`` (after ``fit``, where the time
     went, with advice). ``profiler`` is Lightning's (``"simple"``, ``"advanced"``, ``"pytorch"`` or an object).
-    SIGTERM and SIGUSR1 during ``fit`` save ``last.ckpt`` at the end of the current step and end the process
-    (trainer/preemption.py); ``fit(ckpt_path="last")`` resumes.
+    Ctrl-C, SIGTERM and SIGUSR1 during ``fit`` save ``last.ckpt`` at the end of the current step and end
+    the process (trainer/preemption.py); ``fit(ckpt_path="last")`` resumes.
 
     Example::
 
@@ -129,7 +128,7 @@ class Trainer:
         self._plan: StagePlan | None = None  # what setup decided for the running stage (trainer/setup.py)
         self._guard = LossGuard(on_nonfinite_loss)  # the losses since the last check (trainer/guards.py)
         self._end_of_fit: tuple[TrainingModule, dict] | None = None  # (module, training_state) when fit ended
-        self._preemption = Preemption()  # SIGTERM/SIGUSR1 during fit (trainer/preemption.py)
+        self._preemption = Preemption()  # Ctrl-C, SIGTERM, SIGUSR1 during fit (trainer/preemption.py)
         self._stage_loaders: list[Any] = []  # the loaders this stage made (trainer/stage_loaders.py)
         self._fit_loaders: FitLoaders | None = None  # fit's (made early if estimated_stepping_batches asks)
         self._evaluation_loaders: tuple[list[Any], list[int | float]] | None = None  # validate/test/predict's, counts
@@ -167,7 +166,7 @@ class Trainer:
                     -> at val_check_interval: on_log (the last log step's values, so logs stay in step
                        order), then validation (on_validation_start, on_validation_epoch_start,
                        each batch on_validation_batch_start/end, on_validation_epoch_end, on_validation_end)
-                    -> after SIGTERM/SIGUSR1, once the accumulation window ends: write last.ckpt, stop
+                    -> after Ctrl-C/SIGTERM/SIGUSR1, once the accumulation window ends: write last.ckpt, stop
                 epoch metrics -> on_log; epoch-interval schedulers
                 on_train_epoch_end (the callbacks', the module's, then what they logged -> on_log, then
                     EarlyStopping's and ModelCheckpoint's: Lightning's monitoring callbacks)
@@ -295,7 +294,8 @@ class Trainer:
         self.callbacks, ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path)  # trainer/stage.py
         module.trainer, self.lightning_module = self, module  # both answer after the stage too (test(model=None))
         self.datamodule = data.datamodule if data.datamodule is not None else self.datamodule
-        output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path, search)
+        with self._preemption.interruptible(stage, self.is_global_zero):  # KeyboardInterrupt: status 130, one line
+            output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path, search)
         if handoff is not None:  # the work ran in other processes: bring its results here
             self.current_epoch, self.global_step, self._preemption.signal_number, end_of_fit = receive_handoff(
                 module, self.callbacks, self.metrics, handoff, data.datamodule)  # also weights, callbacks, metrics
@@ -321,7 +321,7 @@ class Trainer:
                     self._make_loaders(stage, data)  # estimated_stepping_batches
                 output = search(self, module)
             elif stage == "fit":
-                with self._preemption.handle_signals(self.strategy.world_size):  # SIGTERM/SIGUSR1: save, stop
+                with self._preemption.handle_signals(self.strategy.world_size, self.is_global_zero):  # save, stop
                     output = self._run_fit(module, data, ckpt_path)
             else:
                 checkpoint = read_checkpoint(self.strategy, ckpt_path, module, [], data.datamodule)  # weights only
@@ -609,7 +609,7 @@ class Trainer:
                 step_index = (dataloader_idx,) if hooks.step_takes_dataloader_idx else ()
                 hook_index = (dataloader_idx,) if several else ()
                 predictions.append([])
-                batches = enumerate(loader) if limit == math.inf else itertools.islice(enumerate(loader), int(limit))
+                batches = evaluation_batches(loader, limit)  # workers start shielded from stop signals
                 for batch_idx, batch in self.strategy.batches_on_device(batches):
                     for hook in hooks.batch_start:
                         hook(batch, batch_idx, *hook_index)
@@ -642,6 +642,7 @@ class Trainer:
     logger = property(lambda self: next(iter(self.loggers), None))
     checkpoint_callback = property(lambda self: next(iter(self._callbacks_of(callbacks_package.ModelCheckpoint)), None))
     profiler = property(lambda self: callbacks_package.profiler_of(self.callbacks))  # a PassThroughProfiler if none
+    interrupted = property(lambda self: self._preemption.interrupted)  # the last stage ended by an error or a signal
     num_skipped_steps = property(lambda self: self._guard.skipped)  # steps on_nonfinite_loss="skip" skipped
     callback_metrics = property(lambda self: self.metrics.callback_metrics)  # published values (trainer/metrics.py)
     progress_bar_metrics = property(lambda self: self.metrics.progress_bar_metrics)

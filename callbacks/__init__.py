@@ -22,6 +22,7 @@ from callbacks.early_stopping import EarlyStopping
 from callbacks.async_logger import AsyncLogger
 from callbacks.logging import Logger
 from callbacks.lr_monitor import LearningRateMonitor
+from callbacks.microbatch import AutoMicrobatch
 from callbacks.model_checkpoint import ModelCheckpoint
 from callbacks.model_summary import ModelSummary
 from callbacks.performance import PerformanceReport
@@ -33,7 +34,7 @@ from callbacks.timer import Timer
 from callbacks.torch_flags import TorchFlags
 
 __all__ = [
-    "AMP", "AsyncLogger", "CSVLogger", "Callback", "Compile", "EarlyStopping", "GradientCheckpointing",
+    "AMP", "AsyncLogger", "AutoMicrobatch", "CSVLogger", "Callback", "Compile", "EarlyStopping", "GradientCheckpointing",
     "LearningRateMonitor", "Logger", "ModelCheckpoint", "ModelSummary", "PerformanceReport", "Profiler", "ProgressBar",
     "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags", "default_callbacks", "observability_callbacks",
     "with_module_callbacks",

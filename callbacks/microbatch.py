@@ -195,14 +195,15 @@ class AutoMicrobatch(Callback):
             ) from error
         try:
             size = batch_size_of(piece)
+            slice_batch(piece, 0, size, size)  # every part of it can be split
         except ValueError as unsplittable:
             raise ValueError(f"AutoMicrobatch: {where} ran out of memory and cannot be split: {unsplittable}") from error
-        if size > 1:
-            return size
+        if size <= 1:
             raise torch.OutOfMemoryError(
                 f"AutoMicrobatch: {where} ran out of memory in the {phase} even as microbatches of one sample: the "
                 f"model does not fit at all. Make it smaller (GradientCheckpointing, AMP, FSDP). The error: {error}"
             ) from error
+        return size
 
     def _say(self, trainer: Trainer, batch_idx: int, count: int, phase: str, total: int | None) -> None:
         self.microbatches = count

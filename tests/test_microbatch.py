@@ -214,3 +214,22 @@ def test_the_performance_report_names_the_split(make_trainer, capfd):
     err = capfd.readouterr().err
     assert "  microbatches: each batch ran as 2 from global step 0 on (AutoMicrobatch" in err
     assert err.count("AutoMicrobatch: training batch") == 1
+
+
+def test_backward_hooks_run_once_per_microbatch_and_the_batch_hooks_once_per_batch(make_trainer):
+    class Counts(Callback):
+        def __init__(self):
+            self.backward_losses, self.batch_ends = [], 0
+
+        def on_before_backward(self, trainer, module, loss):
+            self.backward_losses.append(loss.item())
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self.batch_ends += 1
+
+    counts = Counts()
+    limited = Limited(limit=5, where="forward")
+    fit(make_trainer, limited, sizes=(10, 7), callbacks=[counts, AutoMicrobatch()])
+    assert counts.batch_ends == 4  # two batches, two epochs
+    assert len(counts.backward_losses) == 8  # each batch as 2 microbatches (10 -> 5 + 5, 7 -> 4 + 3)
+    assert limited.sizes == [10, 5, 5, 4, 3, 5, 5, 4, 3]

@@ -37,8 +37,10 @@ statistics would be a microbatch's; ``allow_batchnorm=True`` accepts that) and m
 (``training_step`` runs its own backward and step). Cannot be redone exactly, so an error says so:
 an out-of-memory error in a backward in the middle of an accumulation window (the gradients of the
 window's earlier batches are mixed with part of this one's), and, with several processes, in the
-backward that all-reduces (the other ranks have exchanged part of the gradients).
-``AutoMicrobatch(microbatches=N)`` starts split, which avoids both.
+backward that all-reduces (the other ranks have exchanged part of the gradients) or in a DDP
+forward that had broadcast the module's buffers. ``AutoMicrobatch(microbatches=N)`` starts split,
+which avoids them. Under FSDP every forward and backward gathers and scatters shards: an
+out-of-memory error in the middle leaves the processes' collectives out of step, so start split.
 """
 
 from __future__ import annotations
@@ -185,6 +187,14 @@ class AutoMicrobatch(Callback):
                 f"AutoMicrobatch: {where} ran out of memory in the backward that all-reduces the gradients over "
                 f"{trainer.world_size} processes; the other processes have exchanged part of them, so the step cannot "
                 "be redone. Start split: AutoMicrobatch(microbatches=2) (or more), or a smaller batch_size."
+            ) from error
+        broadcasts = getattr(trainer.model, "will_sync_module_buffers", None)  # DDP's, per synchronizing forward
+        if phase == "forward" and trainer.world_size > 1 and callable(broadcasts) and broadcasts():
+            raise RuntimeError(
+                f"AutoMicrobatch: {where} ran out of memory in a forward that had broadcast the module's buffers to "
+                f"the other processes (DDP does so at each forward that follows a synchronizing one); a retry would "
+                "broadcast them again, and the processes' collectives would fall out of step. Start split: "
+                "AutoMicrobatch(microbatches=2) (or more), or a smaller batch_size."
             ) from error
         if phase == "backward" and not starts_window:
             raise RuntimeError(

@@ -29,6 +29,8 @@ The parts, cheapest first (issue 19 names the items; ``benchmarks/gpu_probes.py`
     prefetch         item 9: the side-stream prefetcher off and on: copy time, how much of it is hidden,
                      bit-identical weights (benchmarks/cuda_speed.py's copy-heavy step)
     fsdp             DDP and FSDP through fit with NCCL on the GPUs present (benchmarks/fsdp_bench.py)
+    microbatch       issue 18: memory capped so a whole batch runs out of it; AutoMicrobatch catches the real
+                     error, trains as microbatches, the weights equal the uncapped run's (benchmarks/microbatch_gpu.py)
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS.parent))  # run from a checkout, too
-sys.path.insert(1, str(BENCHMARKS))  # cuda_speed, cuda_sync_check, fsdp_bench, gpu_probes
+sys.path.insert(1, str(BENCHMARKS))  # cuda_speed, cuda_sync_check, fsdp_bench, gpu_probes, microbatch_gpu
 
 from callbacks import AMP, Callback, Compile  # noqa: E402
 from strategies import DDP, SingleDevice  # noqa: E402
@@ -279,6 +281,13 @@ def fsdp(out: Path, steps: int = 12, warmup: int = 3) -> dict:
                                  for kind, result in results.items()) + f" ({devices} GPU(s))"}
 
 
+def microbatch(out: Path) -> dict:
+    """benchmarks/microbatch_gpu.py: a real out-of-memory error, split into microbatches."""
+    import microbatch_gpu
+
+    return microbatch_gpu.check(out)
+
+
 # --- running the parts ----------------------------------------------------------------------------
 @dataclass
 class Part:
@@ -294,11 +303,12 @@ def parts() -> dict[str, Part]:
         "profiler": Part(gpu_probes.profiler, 45), "fsdp_offload": Part(gpu_probes.fsdp_offload, 75),
         "cuda_graphs": Part(gpu_probes.cuda_graphs, 100), "report": Part(gpu_probes.report, 120),
         "sync": Part(sync, 100), "amp": Part(amp, 150), "prefetch": Part(prefetch, 60), "fsdp": Part(fsdp, 100),
+        "microbatch": Part(microbatch, 90),
     }
 
 
 PART_NAMES = ("gpu_dataset", "memory", "profiler", "fsdp_offload", "cuda_graphs", "report", "sync", "amp", "prefetch",
-              "fsdp")
+              "fsdp", "microbatch")
 
 
 def run_part(name: str, out: Path, result_path: Path) -> int:

@@ -294,8 +294,9 @@ def contenders(variants: bool = False) -> dict[str, Callable[..., None]]:
     """Name -> function(network, loader, root); Lightning only when it is installed.
 
     ``variants`` adds Cadence configurations that are run only when named: ``cadence-lean-no-report``
-    (``report=False``) and ``cadence-lean-profiled`` (a Profiler whose one-batch schedule ends on the
-    first batch, so the other batches pay what a finished profiler costs).
+    (``report=False``), ``cadence-lean-profiled`` (a Profiler whose one-batch schedule ends on the
+    first batch, so the other batches pay what a finished profiler costs) and
+    ``cadence-lean-microbatch`` (``AutoMicrobatch()``, whose batches fit: what the seam costs).
     """
     found: dict[str, Callable[..., None]] = {
         "hand": lambda network, loader, root: hand_loop(network, loader),
@@ -309,9 +310,11 @@ def contenders(variants: bool = False) -> dict[str, Callable[..., None]]:
     found["cadence-clipped-lean"] = lambda network, loader, root: cadence_fit(network, loader, False, root,
                                                                                gradient_clip_val=1.0)
     if variants:
-        from callbacks import Profiler
+        from callbacks import AutoMicrobatch, Profiler
 
         found["cadence-lean-no-report"] = lambda network, loader, root: cadence_fit(network, loader, False, root, report=False)
+        found["cadence-lean-microbatch"] = lambda network, loader, root: cadence_fit(
+            network, loader, False, root, callbacks=[AutoMicrobatch()])
         found["cadence-lean-profiled"] = lambda network, loader, root: cadence_fit(
             network, loader, False, root, callbacks=[Profiler(wait=0, warmup=0, active=1, record_shapes=False, profile_memory=False)])
     if lightning_version() is not None:

@@ -25,6 +25,7 @@ from callbacks.async_logger import AsyncLogger
 from callbacks.logging import Logger
 from callbacks.lr_finder import LearningRateFinder, LRFinder
 from callbacks.lr_monitor import LearningRateMonitor
+from callbacks.microbatch import AutoMicrobatch
 from callbacks.model_checkpoint import ModelCheckpoint
 from callbacks.model_summary import ModelSummary
 from callbacks.performance import PerformanceReport
@@ -49,7 +50,7 @@ from callbacks.timer import Timer
 from callbacks.torch_flags import TorchFlags
 
 __all__ = [
-    "AMP", "AdvancedProfiler", "AsyncLogger", "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter",
+    "AMP", "AdvancedProfiler", "AsyncLogger", "AutoMicrobatch", "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter",
     "BatchSizeFinder", "CSVLogger", "Callback", "Compile", "EarlyStopping", "GradientAccumulationScheduler",
     "GradientCheckpointing", "LRFinder", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "Logger",
     "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint", "PassThroughProfiler", "PerformanceReport",

@@ -73,6 +73,7 @@ class RunFacts:
     loop_thread_cpu: float | None = None  # CPU seconds of the loop's thread from train start to end
     loop_thread_wall: float | None = None  # wall seconds of the same span
     slowest_rank: tuple[int, float] | None = None  # (rank, its data-wait share) when another rank waited more
+    microbatches: tuple[int, int] | None = None  # AutoMicrobatch's split and the global step it began at
 
     @property
     def batch_loops(self) -> float:
@@ -134,6 +135,10 @@ def format_report(facts: RunFacts, memory: str = "") -> str:
                  f"other (setup, epoch ends) {other:.2f} s")
     if memory:
         lines.append(f"  {memory}")
+    if facts.microbatches is not None:
+        count, step = facts.microbatches
+        lines.append(f"  microbatches: each batch ran as {count} from global step {step} on (AutoMicrobatch: a batch ran "
+                     "out of memory; the updates are the whole batch's)")
     advice = recommendations(facts)
     lines.append("Recommendations:" if advice else "Recommendations: none; no phase stands out.")
     lines += [f"  - {line}" for line in advice]

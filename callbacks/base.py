@@ -26,6 +26,9 @@ class Callback:
     - ``configure_model`` rewraps the model (compile, activation checkpointing) after it moved to
       the device and before the strategy wraps it for DDP.
     - ``forward_context`` returns a context entered around the forward and loss (autocast).
+    - ``forward_backward`` replaces the forward and backward of an automatic-optimization step
+      (``AutoMicrobatch`` runs it again in microbatches after an out-of-memory error); a callback
+      that implements it sets ``owns_forward_backward``.
     - ``backward`` and ``optimizer_step`` replace the plain ``loss.backward()`` and
       ``optimizer.step()``. A callback that implements one sets ``owns_backward`` or
       ``owns_optimizer_step`` to True; two callbacks claiming the same seam is an error. The owner
@@ -43,6 +46,8 @@ class Callback:
     owns_backward: bool = False
     #: Set to True by a callback that implements :meth:`optimizer_step`.
     owns_optimizer_step: bool = False
+    #: Set to True by a callback that implements :meth:`forward_backward`.
+    owns_forward_backward: bool = False
     #: True for callbacks that act on logged metrics (EarlyStopping, ModelCheckpoint): as in Lightning,
     #: their ``on_train_epoch_end`` runs after the module's, so that a metric it logs counts.
     monitors_metrics: bool = False
@@ -175,6 +180,24 @@ class Callback:
         not ``tensor.backward()``: under DDP the strategy runs the gradient all-reduce there (and
         skips it inside an accumulation window), so the gradients the step sees are averaged
         over the ranks in whatever scale this seam gave them.
+        """
+        raise NotImplementedError
+
+    def forward_backward(self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int, syncs: bool,
+                         forward: Any) -> tuple[Any, torch.Tensor]:
+        """Replace the forward and backward of one batch of automatic optimization; only called when
+        ``owns_forward_backward`` is True. Return ``(outputs, loss)`` as ``training_step`` would:
+        the loop records ``loss`` for the non-finite check and hands ``outputs`` to
+        ``on_train_batch_end``.
+
+        ``forward(batch, batch_idx)`` runs ``training_step`` under the callbacks' forward contexts
+        and returns ``(outputs, loss)``; backward goes through ``trainer.run_backward(loss)``
+        (``on_before_backward``, the backward seam, ``on_after_backward``), with the loss divided
+        by ``trainer.accumulate_grad_batches`` as the loop does. ``syncs`` is True for the batch
+        that ends the accumulation window: the loop runs the others under the strategy's
+        ``no_backward_sync``; this one's backward all-reduces (DDP), so a seam that runs several
+        backwards for it wraps all but the last in ``trainer.strategy.no_backward_sync``. The
+        optimizer step, clipping and zero grad stay the loop's, once per window.
         """
         raise NotImplementedError
 

@@ -127,6 +127,7 @@ def measure_run(trainer: Trainer, module: TrainingModule, started: float, before
         load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         loop_thread_cpu=time.thread_time() - loop_thread[0] if loop_thread else None,
         loop_thread_wall=time.perf_counter() - loop_thread[1] if loop_thread else None,
+        microbatches=facts.get("microbatches"),
     )
 
 

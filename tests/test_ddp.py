@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from callbacks import CSVLogger, ModelCheckpoint, Profiler
+from callbacks import AutoMicrobatch, CSVLogger, ModelCheckpoint, Profiler
 from linear_regression import IndexedRegression, LinearRegression
 from strategies import DDP
 from processes import free_port, run_together, torchrun
@@ -48,7 +48,9 @@ def make_optimizer(parameters):
 
 
 class Recorder(TrainingModule):
-    """Linear regression; each rank writes what it trained and validated on to ``rank{r}.json``."""
+    """Linear regression; each rank writes what it trained and validated on to ``rank{r}.json``.
+    Rank 1 runs out of memory (as a GPU would) for batches of more than 2 samples: ``AutoMicrobatch``
+    splits its batches, and not rank 0's."""
 
     def __init__(self, out_dir: str) -> None:
         super().__init__()
@@ -57,9 +59,13 @@ class Recorder(TrainingModule):
         self.seen: list = []  # [epoch, batch_idx, sample indices]
         self.validated: list = []
 
+    def on_train_batch_start(self, batch, batch_idx):
+        self.seen.append([self.current_epoch, batch_idx, batch[0].tolist()])  # the whole batch, split or not
+
     def training_step(self, batch, batch_idx):
         index, x, y = batch
-        self.seen.append([self.current_epoch, batch_idx, index.tolist()])
+        if self.trainer.global_rank == 1 and len(index) > 2:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (the test's, for {len(index)} samples on rank 1)")
         loss = F.mse_loss(self.layer(x), y)
         self.log("train/loss", loss, sync_dist=True)
         return loss
@@ -131,7 +137,8 @@ def stderr_into(path: Path):
 
 @pytest.fixture(scope="module")
 def spawned_fit(tmp_path_factory):
-    """One 2-process fit with accumulation, validation, a step scheduler, a logger and checkpoints."""
+    """One 2-process fit with accumulation, validation, a step scheduler, a logger, checkpoints, and
+    rank 1's batches split into microbatches."""
     out = tmp_path_factory.mktemp("ddp")
     model = Recorder(str(out))
     initial = copy.deepcopy(model.state_dict())
@@ -140,7 +147,8 @@ def spawned_fit(tmp_path_factory):
         strategy=DDP(devices=WORLD_SIZE), max_epochs=EPOCHS, accumulate_grad_batches=ACCUMULATE,
         default_root_dir=out, logger=CSVLogger(), log_every_n_steps=2, seed=0,
         max_time={"hours": 1},  # never reached: the ranks' Timer checks pair up at log steps, no hang
-        callbacks=[Profiler(wait=0, warmup=1, active=1, record_shapes=False, profile_memory=False), ModelCheckpoint(),
+        callbacks=[Profiler(wait=0, warmup=1, active=1, record_shapes=False, profile_memory=False), AutoMicrobatch(),
+                   ModelCheckpoint(),
                    # Always due: the ranks compare their clocks after every step and save together,
                    # rank zero in the background (each save waits for the previous one, on every rank).
                    ModelCheckpoint(dirpath=out / "timed", filename="{step}", save_top_k=-1, save_last=False,
@@ -175,6 +183,15 @@ def test_ddp_weights_equal_single_process_training_on_the_same_global_batches(sp
     trained = spawned_fit.model.layer
     torch.testing.assert_close(trained.weight, layer.weight, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(trained.bias, layer.bias, atol=1e-6, rtol=1e-5)
+
+
+def test_ranks_may_split_their_batches_differently_and_still_train_on_the_global_batch(spawned_fit):
+    # The weights test above holds with rank 1's batches split in two and rank 0's whole: each rank
+    # weights its microbatches by their share of its batch, and DDP averages the ranks' gradients.
+    said = [line for line in spawned_fit.stderr.splitlines() if line.startswith("AutoMicrobatch")]
+    assert said == ["AutoMicrobatch: rank 1: training batch 0 (epoch 0, global step 0) ran out of memory in the "
+                    "forward; it and the batches after it run as 2 microbatches of up to 2 samples, gradients "
+                    "accumulated within the step (the same update)."]
 
 
 def test_each_rank_trains_on_its_own_shard_in_a_new_order_each_epoch(spawned_fit):

@@ -20,10 +20,10 @@ def test_on_a_machine_without_a_gpu_every_part_says_so_and_both_summaries_are_wr
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert list(report["parts"]) == ["gpu_dataset", "memory", "profiler", "fsdp_offload", "cuda_graphs", "report", "sync",
-                                     "amp", "prefetch", "fsdp"]
+                                     "amp", "prefetch", "fsdp", "microbatch"]
     assert {part["status"] for part in report["parts"].values()} == {"skipped: no GPU"} and report["ok"]
     text = (tmp_path / "out" / "gpu_check.txt").read_text()
-    assert text.startswith("gpu_check ") and "no GPU x0" in text and text.count("skipped: no GPU  ") == 10
+    assert text.startswith("gpu_check ") and "no GPU x0" in text and text.count("skipped: no GPU  ") == 11
     assert done.stdout.strip() == text.strip()
 
 
@@ -31,6 +31,7 @@ def test_the_amp_part_finds_fit_and_the_hand_loop_bit_equal_on_the_cpu(tmp_path,
     monkeypatch.setattr(sys, "path", [str(BENCHMARKS), *sys.path])  # put back after the test
     import gpu_check
     import gpu_probes  # noqa: F401  (the probes import cleanly; they run on a GPU only)
+    import microbatch_gpu  # noqa: F401  (likewise)
 
     result = gpu_check.amp(tmp_path, device="cpu", configs=("fp32", "fp16"), width=8, depth=1, batch=4, steps=4, warmup=1)
     assert result["status"] == "passed", result["summary"]

@@ -22,6 +22,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from trainer.arguments import loss_of
 from trainer.hooks import StepHooks
 from trainer.optim import ClippedParameters, SchedulerConfig, parse_optimizers, single_owner, step_owner
 
@@ -54,6 +55,9 @@ class StagePlan:
         copy_losses: the non-finite guard keeps a copy of each step's loss, because a CUDA graph
             replay may overwrite it in place (the strategy's or a callback's ``may_replay_graphs``;
             ``trainer/guards.py``).
+        forward_backward: ``forward_backward(batch, batch_idx, syncs)`` of an automatic-optimization
+            step, returning ``(outputs, loss)``: the Trainer's, or the callback's that owns the seam
+            (``owns_forward_backward``: AutoMicrobatch), bound once.
     """
 
     hooks: StepHooks
@@ -64,6 +68,7 @@ class StagePlan:
     clip_parameters: Callable[[], list[Any]] = list
     step_hook_handles: list[Any] = dataclasses.field(default_factory=list)
     copy_losses: bool = True
+    forward_backward: Callable[[Any, int, bool], tuple[Any, torch.Tensor]] | None = None
 
 
 def setup_model(module: TrainingModule, strategy: Strategy, callbacks: list[Callback], stage: str) -> torch.nn.Module:
@@ -87,13 +92,15 @@ def plan_evaluation(hooks: StepHooks, model: torch.nn.Module, strategy: Strategy
 
 
 def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Module, hooks: StepHooks,
+                      forward_backward: Callable[[Any, int, bool], tuple[Any, torch.Tensor]],
                       ) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig], StagePlan]:
     """``configure_optimizers``, read once; the seams' owners; what clipping walks.
 
     Returns the optimizers and scheduler configs (``trainer.optimizers``,
     ``trainer.lr_scheduler_configs``) and the fit's plan, from the running ``trainer``'s public
     settings (its strategy, callbacks, accumulation, clipping, ``on_nonfinite_loss``); the callback
-    that owns backward is called with ``trainer``. ``model`` is what the strategy wrapped. In manual
+    that owns backward is called with ``trainer``. ``model`` is what the strategy wrapped;
+    ``forward_backward`` is the Trainer's, which the owner of that seam replaces. In manual
     optimization, each optimizer's step hooks count ``trainer.global_step`` (optimizer steps, as in
     Lightning) and call ``on_before_optimizer_step``; they are removed at teardown.
     """
@@ -142,11 +149,25 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
         backward = functools.partial(owner.backward, trainer, module)
     else:
         backward = torch.Tensor.backward if type(strategy).backward is Strategy.backward else strategy.backward
+    splitter = single_owner([c for c in callbacks if c.owns_forward_backward], "owns_forward_backward")
+    if splitter is not None:  # it runs training_step through `forward` as often as it splits the batch
+        forward = functools.partial(training_forward, hooks, training_step)
+        forward_backward = functools.partial(splitter.forward_backward, trainer, module, forward=forward)
     plan = StagePlan(
         hooks, training_step, backward, automatic_optimization=automatic, step_owner=step_owner(callbacks),
         clip_parameters=ClippedParameters(optimizers[0]),
         step_hook_handles=handles,
         copy_losses=strategy.may_replay_graphs or any(callback.may_replay_graphs for callback in callbacks),
+        forward_backward=forward_backward,
     )
     return optimizers, scheduler_configs, plan
+
+
+def training_forward(hooks: StepHooks, training_step: Callable[[Any, int], Any], batch: Any,
+                     batch_idx: int) -> tuple[Any, torch.Tensor]:
+    """``training_step`` under the callbacks' forward contexts: ``(outputs, loss)``, for the owner of
+    ``forward_backward`` (the Trainer's own step does the same inline, one call fewer)."""
+    with hooks.forward_context_manager():
+        outputs = training_step(batch, batch_idx)
+    return outputs, loss_of(outputs, batch_idx)
 

@@ -315,7 +315,8 @@ class Trainer:
             self.model = setup_model(module, self.strategy, self.callbacks, stage)  # the one setup order (trainer/setup.py)
             self._plan = plan_evaluation(hooks, self.model, self.strategy)
             if stage == "fit":
-                self.optimizers, self.lr_scheduler_configs, self._plan = plan_optimization(self, module, self.model, hooks)
+                self.optimizers, self.lr_scheduler_configs, self._plan = plan_optimization(
+                    self, module, self.model, hooks, self._forward_backward)
             if search is not None:
                 if self._fit_loaders is None:  # fit's are made already if configure_optimizers asked for
                     self._make_loaders(stage, data)  # estimated_stepping_batches
@@ -467,11 +468,11 @@ class Trainer:
             with plan.hooks.forward_context_manager():
                 return plan.training_step(batch, batch_idx)
         steps_now = (batch_idx + 1) % self.accumulate_grad_batches == 0 or batch_idx + 1 == num_batches
-        if steps_now:
-            outputs, loss = self._forward_backward(plan, batch, batch_idx)
+        if steps_now:  # plan.forward_backward: _forward_backward, or its owner's (AutoMicrobatch)
+            outputs, loss = plan.forward_backward(batch, batch_idx, True)
         else:  # accumulating: under DDP the gradients are all-reduced once, at the window's last batch
             with self.strategy.no_backward_sync(self.model, enabled=True):
-                outputs, loss = self._forward_backward(plan, batch, batch_idx)
+                outputs, loss = plan.forward_backward(batch, batch_idx, False)
         # Checked later (log step, epoch end, checkpoint), so no host sync here; a copy where a CUDA
         # graph replay may overwrite the loss in place at the next step (trainer/guards.py).
         recorded = loss.detach()
@@ -492,15 +493,15 @@ class Trainer:
             step_schedulers(self.lr_scheduler_configs, "step", self.global_step, self.callback_metrics)
         return outputs
 
-    def _forward_backward(self, plan: StagePlan, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor]:
+    def _forward_backward(self, batch: Any, batch_idx: int, syncs: bool) -> tuple[Any, torch.Tensor]:
         """training_step inside the callbacks' forward contexts (autocast), then backward outside them."""
+        plan = self._plan
         if plan.hooks.forward_context:
             with plan.hooks.forward_context_manager():
                 outputs = plan.training_step(batch, batch_idx)
         else:  # hot loop: nothing wraps the forward, and a `with` costs two calls
             outputs = plan.training_step(batch, batch_idx)
-        loss = loss_of(outputs, batch_idx)
-        accumulate = self.accumulate_grad_batches
+        loss, accumulate = loss_of(outputs, batch_idx), self.accumulate_grad_batches
         self.run_backward(loss / accumulate if accumulate > 1 else loss)
         return outputs, loss
 

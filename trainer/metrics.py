@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from trainer.host_copy import HostCopy, gather_alone
 from trainer.utilities import extract_batch_size
 
 REDUCE_FX = ("mean", "sum", "max", "min")
@@ -235,7 +236,7 @@ class MetricStore:
 
     def __init__(self, reduce: Any, gather: Any = None) -> None:
         self.reduce = reduce
-        self.gather = gather if gather is not None else _gather_alone
+        self.gather = gather if gather is not None else gather_alone
         self.train = StageMetrics(default_on_step=True)
         self.evaluation = StageMetrics(default_on_step=False)
         self.current = self.train
@@ -353,7 +354,7 @@ class MetricStore:
     def send_step_values(self, step: int) -> None:
         """At a log step: start a non-blocking copy of this step's values to the host."""
         values = self.train.take_step_values()
-        self._pending = _HostCopy(step, {_key(s, "step"): (v, s) for n, (v, s) in values.items()}, self.reduce, self.gather)
+        self._pending = HostCopy(step, {_key(s, "step"): (v, s) for n, (v, s) in values.items()}, self.reduce, self.gather)
 
     def receive(self) -> tuple[int, dict[str, float], dict[str, MetricSpec]] | None:
         """``(step, values, specs)`` of the last ``send_step_values``, or None if nothing is pending."""
@@ -378,7 +379,7 @@ class MetricStore:
         first = self.evaluation_batches.get(stage, 0)
         named = {(first + batch_idx, _key(spec, "step")): (value, spec)
                  for batch_idx, values in kept for name, (value, spec) in values.items()}
-        copy = _HostCopy(-1, named, self.reduce, self.gather)  # every rank, even with nothing kept: the sync check pairs up
+        copy = HostCopy(-1, named, self.reduce, self.gather)  # every rank, even with nothing kept: the sync check pairs up
         if not publish:
             return []
         self.evaluation_batches[stage] = first + num_batches
@@ -391,7 +392,7 @@ class MetricStore:
     def read_epoch_values(self, stage_metrics: StageMetrics, final: bool = True) -> tuple[dict[str, float], dict[str, MetricSpec]]:
         """At the end of an epoch or evaluation: the reduced epoch values on the host, now."""
         values = stage_metrics.take_epoch_values(final)
-        copy = _HostCopy(-1, {_key(s, "epoch"): (v, s) for n, (v, s) in values.items()}, self.reduce, self.gather)
+        copy = HostCopy(-1, {_key(s, "epoch"): (v, s) for n, (v, s) in values.items()}, self.reduce, self.gather)
         return copy.values(), copy.specs
 
 
@@ -428,57 +429,6 @@ def format_results(results: list[dict[str, float]] | Any, stage: str) -> str:
     return "\n".join(lines)
 
 
-class _HostCopy:
-    """Metric values on their way to the host: one stacked tensor per device, copied without blocking.
-
-    Values logged on different devices (a CUDA loss beside a CPU tensor such as a learning rate)
-    are stacked per device: a CPU stack is read as it is, a CUDA stack is copied into pinned
-    memory with ``non_blocking=True`` and an event that says when it has arrived. No value moves
-    between devices, and nothing waits for the GPU before :meth:`values`.
-    """
-
-    def __init__(self, step: int, named: dict[str, tuple[Any, MetricSpec]], reduce: Any, gather: Any) -> None:
-        self.step = step
-        self.specs = {key: spec for key, (_, spec) in named.items()}
-        check_same_sync_keys(named, gather)
-        self.numbers = {key: float(value) for key, (value, _) in named.items() if not isinstance(value, torch.Tensor)}
-        tensor_keys = [key for key, (value, _) in named.items() if isinstance(value, torch.Tensor)]
-        self.copies: list[tuple[list[str], torch.Tensor, Any]] = []  # (keys, host tensor, ready event or None)
-        # Reduced in sorted key order, so every rank's collectives pair up with the same key's.
-        for key in sorted(self.numbers):
-            if self.specs[key].sync_dist:
-                self.numbers[key] = float(reduce(torch.tensor(self.numbers[key]), self.specs[key].reduce_fx))
-        if not tensor_keys:
-            return
-        reduced = {key: reduce(named[key][0].detach().reshape(()).float(), self.specs[key].reduce_fx)
-                   for key in sorted(tensor_keys) if self.specs[key].sync_dist}
-        by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
-        for key in tensor_keys:
-            value = reduced[key] if key in reduced else named[key][0].detach().reshape(()).float()
-            by_device.setdefault(value.device, []).append((key, value))
-        for device, pairs in by_device.items():
-            stacked = torch.stack([value for _, value in pairs])
-            ready = None
-            if device.type == "cuda":
-                host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
-                host.copy_(stacked, non_blocking=True)
-                ready = torch.cuda.Event()
-                ready.record(torch.cuda.current_stream(device))
-            else:
-                host = stacked if device.type == "cpu" else stacked.to("cpu")
-            self.copies.append(([key for key, _ in pairs], host, ready))
-
-    def values(self) -> dict[str, float]:
-        """The host values; waits for the copies if they have not finished (they have, by the next log step)."""
-        values = {}
-        for keys, host, ready in self.copies:
-            if ready is not None:
-                ready.synchronize()
-            values.update(zip(keys, host.tolist()))
-        values.update(self.numbers)
-        return values
-
-
 class _NoStage:
     """What ``self.log`` writes to between stages: nothing is recorded."""
 
@@ -487,37 +437,3 @@ class _NoStage:
 
 
 _NO_STAGE = _NoStage()
-
-
-def _gather_alone(obj: Any) -> list[Any]:
-    return [obj]
-
-
-def check_same_sync_keys(named: dict[str, tuple[Any, MetricSpec]], gather: Any) -> None:
-    """Raise on every rank if the ranks logged different ``sync_dist`` keys.
-
-    Each key is one collective; a key that only some ranks log would pair one rank's reduction
-    with another's next collective and hang. One small gather per read (log steps, epoch ends)
-    catches it first and names the key and the rank.
-    """
-    mine = tuple(sorted((key, isinstance(value, torch.Tensor)) for key, (value, spec) in named.items() if spec.sync_dist))
-    everyone = gather(mine)
-    if all(keys == mine for keys in everyone):
-        return
-    logged = [dict(keys) for keys in everyone]
-    for key in sorted(set().union(*logged)):
-        have = [rank for rank, keys in enumerate(logged) if key in keys]
-        lacking = [rank for rank, keys in enumerate(logged) if key not in keys]
-        if lacking:
-            raise RuntimeError(
-                f'self.log("{key}", ..., sync_dist=True) was called on rank(s) {have} but not on rank(s) '
-                f"{lacking}. Every rank must log the same sync_dist keys at the same steps, or the "
-                "reductions cannot pair up. Log it on every rank, or with sync_dist=False if it is rank-local."
-            )
-        kinds = {logged[rank][key] for rank in have}
-        if len(kinds) > 1:
-            tensors = [rank for rank in have if logged[rank][key]]
-            raise RuntimeError(
-                f'self.log("{key}", ..., sync_dist=True) got a tensor on rank(s) {tensors} and a Python number '
-                "on the others. Log the same type on every rank."
-            )

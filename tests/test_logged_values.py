@@ -155,6 +155,7 @@ def test_the_keys_and_defaults_are_lightnings(make_trainer):
     assert sorted(trainer.logged_metrics) == [
         "averaged_epoch", "averaged_step", "end", "loss_epoch", "loss_step", "summed",
         "v_epoch/dataloader_idx_0", "v_epoch/dataloader_idx_1", "v_step/dataloader_idx_0", "v_step/dataloader_idx_1"]
+    assert all(isinstance(value, torch.Tensor) for value in trainer.logged_metrics.values())  # as Lightning's
     assert float(trainer.callback_metrics["end"]) == 2.0
     assert float(trainer.callback_metrics["loss"]) == float(trainer.callback_metrics["loss_epoch"])
 

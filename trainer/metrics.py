@@ -247,7 +247,7 @@ class MetricStore:
         # Where published values land (Lightning's trainer.callback_metrics, .progress_bar_metrics, .logged_metrics).
         self.callback_metrics: dict[str, torch.Tensor] = {}
         self.progress_bar_metrics: dict[str, float] = {}
-        self.logged_metrics: dict[str, float] = {}
+        self.logged_metrics: dict[str, torch.Tensor] = {}
         #: The epoch values read since the epoch's batches ended: the loggers get them in one record after the hooks.
         self._epoch_end: tuple[dict[str, float], dict[str, MetricSpec]] = ({}, {})
 
@@ -292,7 +292,7 @@ class MetricStore:
                     self.callback_metrics[spec.base + spec.suffix] = tensor
         self.progress_bar_metrics.update({key: value for key, value in values.items() if specs[key].prog_bar})
         logged = {key: value for key, value in values.items() if specs[key].logger}
-        self.logged_metrics.update(logged)
+        self.logged_metrics.update({key: torch.tensor(value) for key, value in logged.items()})  # tensors, as Lightning's
         return [(step, logged)] if loggers and logged else []
 
     def publish_pending(self) -> list[tuple[int, dict]]:

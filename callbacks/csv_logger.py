@@ -71,7 +71,7 @@ class CSVLogger(AsyncLogger):
                 self.columns = header
             else:  # fit: continue up to the checkpoint's step (the resumed run logs what followed again)
                 self.columns = header if resume_step > 0 else self.columns  # or, at step 0, start over
-                self._replace([row for row in rows if resume_step > 0 and _step(row) <= resume_step])
+                self._replace([row for row in rows if resume_step > 0 and _step(row) < resume_step])  # step n - 1: step n's
         self._file = open(self.path, "a", newline="")
         self._csv = csv.writer(self._file)
         if self._file.tell() == 0:

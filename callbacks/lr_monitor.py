@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+import warnings
+
 import torch
 
 from callbacks.base import Callback
@@ -21,10 +23,14 @@ if TYPE_CHECKING:
 class LearningRateMonitor(Callback):
     """Log the learning rate of every optimizer's parameter groups while training.
 
-    Per-step values are logged like ``self.log(name, value, on_step=True)``: they reach the
-    loggers at log steps (``Trainer(log_every_n_steps)``), in the same row as the step's other
-    metrics, and ``trainer.callback_metrics``. Reading them costs no device sync (learning rates
-    are Python numbers; a tensor learning rate stays on its device until the log step).
+    Per-step values are logged like ``self.log(name, value, on_step=True)`` when each batch
+    starts, so a log step holds the rate that step used (as in Lightning): they reach the loggers
+    at log steps (``Trainer(log_every_n_steps)``), in the same row as the step's other metrics, and
+    ``trainer.callback_metrics``. Reading them costs no device sync (learning rates are Python
+    numbers; a tensor learning rate stays on its device until the log step).
+
+    Lightning's members: ``lrs`` (name -> the rates written so far), ``last_momentum_values`` and
+    ``last_weight_decay_values`` (name -> the last value written, None before one is).
 
     Args:
         logging_interval: ``"step"`` (at log steps), ``"epoch"`` (at each epoch start), or None:
@@ -46,6 +52,9 @@ class LearningRateMonitor(Callback):
         self.log_weight_decay = log_weight_decay
         self._per_step: list[tuple[torch.optim.Optimizer, list[str]]] = []
         self._per_epoch: list[tuple[torch.optim.Optimizer, list[str]]] = []
+        self.lrs: dict[str, list[float]] = {}
+        self.last_momentum_values: dict[str, float | None] = {}
+        self.last_weight_decay_values: dict[str, float | None] = {}
 
     def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
         if not trainer.loggers:
@@ -55,24 +64,45 @@ class LearningRateMonitor(Callback):
             )
         epoch_interval = {id(config.scheduler.optimizer) for config in trainer.lr_scheduler_configs
                           if config.interval == "epoch"}
+        if self.log_momentum and any("momentum" not in optimizer.defaults and "betas" not in optimizer.defaults
+                                     for optimizer in trainer.optimizers):
+            warnings.warn("You have set log_momentum=True, but some optimizers do not have momentum. This will log a "
+                          "value 0 for the momentum.", RuntimeWarning, stacklevel=2)
         self._per_step, self._per_epoch = [], []
+        all_names = [name for names in optimizer_names(trainer.optimizers) for name in names]
+        self.lrs = {name: [] for name in all_names}
+        self.last_momentum_values = {f"{name}-momentum": None for name in all_names}
+        self.last_weight_decay_values = {f"{name}-weight_decay": None for name in all_names}
         for optimizer, names in zip(trainer.optimizers, optimizer_names(trainer.optimizers)):
             by_epoch = self.logging_interval == "epoch" or (self.logging_interval is None and id(optimizer) in epoch_interval)
             (self._per_epoch if by_epoch else self._per_step).append((optimizer, names))
 
-    def on_train_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        # Every batch, without a sync: the metric store keeps the last value before a log step.
+    def on_train_batch_start(self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int) -> None:
+        # Every batch, before its step, without a sync: the metric store keeps the last value before a log step.
         for optimizer, names in self._per_step:
             for name, value in self._stats(optimizer, names).items():
                 module.log(name, value, on_step=True, on_epoch=False)
+
+    def on_log(self, trainer: Trainer, module: TrainingModule, metrics: dict[str, float], step: int) -> None:
+        self._remember(metrics)  # what reached the loggers
 
     def on_train_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None:
         stats = {name: float(value) for optimizer, names in self._per_epoch
                  for name, value in self._stats(optimizer, names).items()}
         if stats:
+            self._remember(stats)
             for logger in trainer.loggers:  # after the previous epoch's values: rows stay in step order
                 logger.log_metrics({**stats, "epoch": trainer.current_epoch}, step=trainer.global_step)
             trainer.callback_metrics.update({name: torch.tensor(value) for name, value in stats.items()})
+
+    def _remember(self, metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            if name in self.lrs:
+                self.lrs[name].append(value)
+            elif name in self.last_momentum_values:
+                self.last_momentum_values[name] = value
+            elif name in self.last_weight_decay_values:
+                self.last_weight_decay_values[name] = value
 
     def _stats(self, optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, Any]:
         stats = {}

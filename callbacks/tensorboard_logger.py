@@ -170,7 +170,7 @@ class TensorBoardLogger(AsyncLogger):
         purge = None
         earlier = list(directory.glob("events.out.tfevents.*"))
         if resume_step is not None and earlier:
-            purge = resume_step + 1 if resume_step > 0 else 0  # a new run (step 0) hides them all
+            purge = resume_step  # what was logged from it on came after the checkpoint (step n's values are at n - 1)
             # TensorBoard reads the files in name order, which starts with the second they were opened
             # in: a file opened within the same second as an earlier one could be read before it.
             opened = [path.name.split(".")[3] for path in earlier]  # events.out.tfevents.<second>.<host>...

@@ -159,10 +159,12 @@ def spawned_fit(tmp_path_factory):
         records = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
         csv_after_fit = (trainer.log_dir / "metrics.csv").read_text()
         validated = trainer.validate(model, DataLoader(data, batch_size=8))
+        validate_metrics = dict(trainer.callback_metrics)  # each stage starts without them, as in Lightning
         predicted = trainer.predict(model, datamodule=PredictionData(str(out)))
         trainer.save_checkpoint(out / "after_fit.ckpt")  # the state the workers ended fit with
     return SimpleNamespace(trainer=trainer, model=model, initial=initial, data=data, records=records, out=out,
-                           validated=validated, predicted=predicted, csv_after_fit=csv_after_fit,
+                           validated=validated, validate_metrics=validate_metrics, predicted=predicted,
+                           csv_after_fit=csv_after_fit,
                            stderr=(out / "stderr.txt").read_text())
 
 
@@ -213,8 +215,8 @@ def test_lr_scheduler_steps_once_per_optimizer_step_on_every_rank(spawned_fit):
 def test_validation_is_sharded_and_sync_dist_metrics_are_averaged_over_ranks(spawned_fit):
     validated = [set(record["validated"]) for record in spawned_fit.records]
     assert validated[0].isdisjoint(validated[1]) and validated[0] | validated[1] == set(range(SAMPLES))
-    assert spawned_fit.trainer.callback_metrics["val/rank"].item() == 0.5
-    assert spawned_fit.trainer.callback_metrics["val/rank_here"].item() == 0.0  # rank zero's own
+    assert spawned_fit.validate_metrics["val/rank"].item() == 0.5
+    assert spawned_fit.validate_metrics["val/rank_here"].item() == 0.0  # rank zero's own
 
 
 def test_a_spawned_validate_returns_the_metrics_reduced_over_ranks(spawned_fit):
@@ -260,7 +262,7 @@ def test_only_rank_zero_prints_and_writes_logs_and_checkpoints(spawned_fit):
     assert [path.name for path in versions] == ["version_0"]
     rows = list(csv.DictReader(io.StringIO(spawned_fit.csv_after_fit)))
     written = [(row["step"], name) for row in rows for name, value in row.items() if value and name not in ("epoch", "step")]
-    assert len(written) == len(set(written)) and ("8", "train/loss") in written  # each (step, metric) once: one writer
+    assert len(written) == len(set(written)) and ("7", "train/loss") in written  # once each (one writer); step 8 at 7
     checkpoint = torch.load(versions[0] / "checkpoints" / "last.ckpt", weights_only=True)
     assert set(checkpoint["state_dict"]) == {"layer.weight", "layer.bias"}  # no wrapper prefixes
     torch.testing.assert_close(checkpoint["state_dict"]["layer.weight"], spawned_fit.model.layer.weight)

@@ -71,22 +71,23 @@ def loader(batches: int) -> DataLoader:
 def expected_values(history: list[tuple[str, int, float]]) -> dict[str, dict[int, float]]:
     """What the files must hold, derived from the module's own record: training step values at
     log steps, epoch means as ``_epoch``, validation step values as ``_step`` on the validation
-    batch axis, validation epoch means at the step validation ran."""
+    batch axis, validation epoch means at the step validation ran. As Lightning writes them, the
+    values of the n-th optimizer step (and the validation and epoch end after it) are at step n - 1."""
     expected: dict[str, dict[int, float]] = {}
     train = [(name, step, value) for name, step, value in history if name.startswith("train/")]
     for name, step, value in train:
         if step % LOG_EVERY == 0:
-            expected.setdefault("train/loss" if name == "train/loss" else "train/offset_step", {})[step] = value
+            expected.setdefault("train/loss" if name == "train/loss" else "train/offset_step", {})[step - 1] = value
     for epoch in range(EPOCHS):
         offsets = [value for name, step, value in train if name == "train/offset" and (step - 1) // BATCHES == epoch]
-        expected.setdefault("train/offset_epoch", {})[(epoch + 1) * BATCHES] = sum(offsets) / len(offsets)
+        expected.setdefault("train/offset_epoch", {})[(epoch + 1) * BATCHES - 1] = sum(offsets) / len(offsets)
     validation = [(name, step, value) for name, step, value in history if name.startswith("val/")]
     for index, (name, step, value) in enumerate(v for v in validation if v[0] == "val/loss"):
         expected.setdefault("val/loss_step", {})[index] = value
     for name in ("val/loss", "val/batch"):
         for step in sorted({step for n, step, _ in validation if n == name}):
             values = [value for n, s, value in validation if n == name and s == step]
-            expected.setdefault(name if name == "val/batch" else "val/loss_epoch", {})[step] = sum(values) / len(values)
+            expected.setdefault(name if name == "val/batch" else "val/loss_epoch", {})[step - 1] = sum(values) / len(values)
     return expected
 
 
@@ -138,8 +139,9 @@ def test_metrics_csv_rows_are_in_step_order_when_validation_runs_between_log_ste
     trainer.fit(Validated(), loader(BATCHES), loader(VAL_BATCHES))
     with open(trainer.log_dir / "metrics.csv", newline="") as file:
         rows = [(int(row["step"]), bool(row["val/batch"])) for row in csv.DictReader(file) if not row["val/loss_step"]]
-    # log steps 2, 4, 6; validation after batches 3 and 6, each after the values logged before it
-    assert rows == [(2, False), (3, True), (4, False), (6, False), (6, True), (6, False)]
+    # log steps after batches 2, 4, 6; validation after batches 3 and 6, each after the values logged before
+    # it; each at Lightning's step (one less than the optimizer steps taken)
+    assert rows == [(1, False), (2, True), (3, False), (5, False), (5, True), (5, False)]
 
 
 def test_hyperparameters_reach_hparams_yaml_and_tensorboard_with_the_final_metrics(logged_run):
@@ -198,7 +200,7 @@ def test_a_run_resumed_from_its_checkpoint_replaces_what_was_logged_after_it(tmp
     assert resumed.log_dir == first.log_dir
     with open(resumed.log_dir / "metrics.csv", newline="") as file:
         steps = [int(row["step"]) for row in csv.DictReader(file) if row["train/loss"]]
-    assert steps == list(range(LOG_EVERY, EPOCHS * BATCHES + 1, LOG_EVERY))  # each once, in order
+    assert steps == list(range(LOG_EVERY - 1, EPOCHS * BATCHES, LOG_EVERY))  # each once, in order
     events = EventAccumulator(str(resumed.log_dir))
     events.Reload()
     assert [event.step for event in events.Scalars("train/loss")] == steps  # purged after the checkpoint's step
@@ -230,7 +232,7 @@ def test_a_users_own_lightning_style_logger_receives_the_metrics(make_trainer):
     trainer = make_trainer(max_epochs=1, logger=logger, log_every_n_steps=2)
     trainer.fit(Logged(), loader(4))
     assert trainer.logger is logger and logger.params == {"lr": 0.05, "hidden": 8, "note": "tiny"}
-    assert [step for step, _ in logger.rows] == [2, 4, 4] and logger.rows[0][1]["epoch"] == 0
+    assert [step for step, _ in logger.rows] == [1, 3, 3] and logger.rows[0][1]["epoch"] == 0  # Lightning's steps
 
 
 def test_the_learning_rate_monitor_logs_each_group_in_the_row_of_its_step(make_trainer, tmp_path):
@@ -246,10 +248,25 @@ def test_the_learning_rate_monitor_logs_each_group_in_the_row_of_its_step(make_t
     trainer.fit(TwoGroups(), loader(4))
     with open(trainer.log_dir / "metrics.csv", newline="") as file:
         rows = [row for row in csv.DictReader(file) if row["train/loss"]]
-    # after the step of batch k the scheduler has halved the rate k + 1 times
+    # Each log step holds the rate its step used (the scheduler halved it once per earlier step), at
+    # Lightning's step: 0.05/0.25 at step 1, 0.0125/0.0625 at step 3, as Lightning 2.6.6 writes them (same script).
     assert [(row["step"], float(row["lr-SGD/pg1"]), float(row["lr-SGD/pg2"])) for row in rows] == [
-        ("2", 0.1 / 4, 0.5 / 4), ("4", 0.1 / 16, 0.5 / 16)]
+        ("1", 0.1 / 2, 0.5 / 2), ("3", 0.1 / 8, 0.5 / 8)]
     assert all(float(row["lr-SGD/pg1-momentum"]) == 0.9 for row in rows)
+    monitor = trainer.callbacks[[type(c) for c in trainer.callbacks].index(LearningRateMonitor)]
+    assert monitor.lrs == {"lr-SGD/pg1": [0.1 / 2, 0.1 / 8], "lr-SGD/pg2": [0.5 / 2, 0.5 / 8]}  # Lightning's members
+    assert monitor.last_momentum_values == {"lr-SGD/pg1-momentum": 0.9, "lr-SGD/pg2-momentum": 0.9}
+    assert monitor.last_weight_decay_values == {"lr-SGD/pg1-weight_decay": None, "lr-SGD/pg2-weight_decay": None}
+
+
+def test_the_learning_rate_monitor_warns_when_asked_for_a_momentum_the_optimizer_lacks(make_trainer):
+    class Adagrad(Logged):
+        def configure_optimizers(self):
+            return torch.optim.Adagrad(self.parameters(), lr=0.1)
+
+    trainer = make_trainer(max_epochs=1, logger=CSVLogger(), callbacks=[LearningRateMonitor(log_momentum=True)])
+    with pytest.warns(RuntimeWarning, match="log_momentum=True, but some optimizers do not have momentum"):
+        trainer.fit(Adagrad(), loader(2))
 
 
 def test_a_logger_that_cannot_write_says_so(tmp_path):

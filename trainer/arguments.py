@@ -6,6 +6,7 @@ work (STYLE.md, "Errors teach").
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -95,6 +96,19 @@ def loss_of(outputs: Any, batch_idx: int) -> torch.Tensor:
             "loss must be a scalar. Reduce it (loss.mean()) before returning."
         )
     return loss
+
+
+def batch_end_outputs(outputs: Any, accumulate_grad_batches: int) -> dict[str, Any]:
+    """What ``on_train_batch_end`` receives, as in Lightning: a dict whose ``"loss"`` is detached (so
+    no hook keeps the step's graph alive) and divided by ``accumulate_grad_batches`` as backward saw
+    it, with the other keys ``training_step`` returned; ``{}`` for None (manual optimization)."""
+    if outputs is None:
+        return {}
+    extra = dict(outputs) if isinstance(outputs, Mapping) else {"loss": outputs}
+    loss = extra.get("loss")
+    if isinstance(loss, torch.Tensor):
+        extra["loss"] = (loss / accumulate_grad_batches if accumulate_grad_batches > 1 else loss).detach()
+    return extra
 
 
 def loss_without_grad(batch_idx: int) -> RuntimeError:

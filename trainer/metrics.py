@@ -14,6 +14,9 @@ from typing import Any
 
 import torch
 
+from trainer.host_copy import HostCopy, gather_alone
+from trainer.utilities import extract_batch_size
+
 REDUCE_FX = ("mean", "sum", "max", "min")
 #: Lightning's callables for ``reduce_fx``, by the name Cadence uses.
 REDUCE_CALLABLES = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min",
@@ -33,6 +36,8 @@ class MetricSpec:
     add_dataloader_idx: bool = True
     metric: bool = False  # an update/compute/reset object: compute() at the epoch end, then reset()
     accumulates: bool = False  # an on_epoch number or tensor, summed on the device per step
+    base: str = ""  # the name given to self.log
+    suffix: str = ""  # "/dataloader_idx_N" (several evaluation loaders), else ""
 
 
 def is_metric_object(value: Any) -> bool:
@@ -51,8 +56,12 @@ class StageMetrics:
         self.epoch_totals: dict[str, list[Any]] = {}  # name -> [device total, weight]
         self.metric_objects: dict[str, Any] = {}  # name -> the metric object logged under it
         self.objects_logged: set[str] = set()  # metric objects logged since the last read of the epoch values
+        self.computed_objects: set[str] = set()  # computed for the epoch end, reset after its hooks
         #: "/dataloader_idx_N" while evaluation runs loader N of several (Lightning's keys), else "".
         self.dataloader_suffix = ""
+        #: The running batch, set by the loop (None outside batches): its size weighs epoch means, as in Lightning.
+        self.batch: Any = None
+        self._sized: tuple[Any, int] = (None, 1)  # (batch, its size): inferred once per batch
 
     def log(self, name: str, value: Any, prog_bar: bool, logger: bool | None, on_step: bool | None,
             on_epoch: bool | None, reduce_fx: Any, sync_dist: bool, sync_dist_group: Any,
@@ -66,21 +75,33 @@ class StageMetrics:
             if add_dataloader_idx and "/dataloader_idx_" in logged_as:
                 raise ValueError(f'self.log("{logged_as}", ...): with add_dataloader_idx=True the Trainer adds '
                                  '"/dataloader_idx_N" itself; log the name without it, or pass add_dataloader_idx=False.')
-            spec = self._register(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist,
+            spec = self._register(name, logged_as, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist,
                                   sync_dist_group, add_dataloader_idx, rank_zero_only)
         if spec.on_step:
             self.step_values[name] = value
         if spec.metric:
             self.objects_logged.add(name)
         if spec.accumulates:
-            self._accumulate(name, value, spec.reduce_fx, 1 if batch_size is None else batch_size)
+            if batch_size is None:  # Lightning's rule: a mean weighs each value by its batch's size
+                batch_size = self._inferred_batch_size() if spec.reduce_fx == "mean" else 1
+            self._accumulate(name, value, spec.reduce_fx, batch_size)
 
-    def _register(self, name: str, value: Any, prog_bar: bool, logger: bool | None, on_step: bool | None,
+    def _inferred_batch_size(self) -> int:
+        """The running batch's size (host metadata, no device sync), or 1 outside a batch."""
+        if self.batch is None:
+            return 1
+        if self._sized[0] is not self.batch:
+            self._sized = (self.batch, extract_batch_size(self.batch))
+        return self._sized[1]
+
+    def _register(self, name: str, logged_as: str, value: Any, prog_bar: bool, logger: bool | None, on_step: bool | None,
                   on_epoch: bool | None, reduce_fx: Any, sync_dist: bool, sync_dist_group: Any,
                   add_dataloader_idx: bool, rank_zero_only: bool) -> MetricSpec:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"self.log(name={name!r}): the name must be a non-empty string.")
+        if not isinstance(logged_as, str) or not logged_as:
+            raise ValueError(f"self.log(name={logged_as!r}): the name must be a non-empty string.")
         reduce_fx = REDUCE_CALLABLES.get(reduce_fx, reduce_fx) if callable(reduce_fx) else reduce_fx
+        if isinstance(reduce_fx, str):  # Lightning reads the name case-insensitively, "avg" as "mean"
+            reduce_fx = "mean" if reduce_fx.lower() == "avg" else reduce_fx.lower()
         if reduce_fx not in REDUCE_FX:
             raise ValueError(f'self.log("{name}", reduce_fx={reduce_fx!r}): use one of {REDUCE_FX} '
                              "(or torch.mean, torch.sum, torch.max, torch.min).")
@@ -99,10 +120,12 @@ class StageMetrics:
                 f'self.log("{name}", ...) got {type(value).__name__}; log a number, a one-element tensor '
                 "or a metric object (update/compute/reset)."
             )
+        # Lightning's defaults: per step in training batches; per epoch elsewhere (on_train_epoch_start/_end too).
+        in_steps = self.default_on_step and self.batch is not None
         spec = MetricSpec(
             prog_bar=bool(prog_bar),
-            on_step=self.default_on_step if on_step is None else bool(on_step),
-            on_epoch=(not self.default_on_step) if on_epoch is None else bool(on_epoch),
+            on_step=in_steps if on_step is None else bool(on_step),
+            on_epoch=(not in_steps) if on_epoch is None else bool(on_epoch),
             # A metric object syncs itself in compute(); a value logged on rank zero only has no
             # partner on the other ranks for a collective.
             sync_dist=bool(sync_dist) and not metric and not rank_zero_only,
@@ -110,6 +133,8 @@ class StageMetrics:
             logger=True if logger is None else bool(logger),
             add_dataloader_idx=bool(add_dataloader_idx),
             metric=metric,
+            base=logged_as if name != logged_as else name,
+            suffix=name[len(logged_as):] if name != logged_as else "",
         )
         spec.accumulates = spec.on_epoch and not metric
         if not (spec.on_step or spec.on_epoch):
@@ -161,19 +186,24 @@ class StageMetrics:
                 taken[name] = (_scalar(name, value), taken[name][1])
         return taken
 
-    def take_epoch_values(self) -> dict[str, tuple[Any, MetricSpec]]:
-        """Each ``on_epoch`` metric reduced over the epoch, then forget them. Metric objects give
-        their ``compute()`` and are ``reset()``, as Lightning does at every epoch end."""
+    def take_epoch_values(self, final: bool = True) -> dict[str, tuple[Any, MetricSpec]]:
+        """Each ``on_epoch`` metric logged since the last read, reduced over the epoch, then forget
+        them. Metric objects give their ``compute()``; they are ``reset()`` at the ``final`` read
+        (after the epoch-end hooks, as in Lightning, so a hook may still call ``compute()``)."""
         taken = {}
         for name, (total, weight) in self.epoch_totals.items():
             spec = self.specs[name]
             taken[name] = (total / weight if spec.reduce_fx == "mean" else total, spec)
         self.epoch_totals = {}
-        for name in self.objects_logged:  # not one only read again (the epoch end reads twice), already reset
+        for name in self.objects_logged:  # not one only read again (the epoch end reads more than once)
             if self.specs[name].on_epoch:
                 taken[name] = (_scalar(name, self.metric_objects[name].compute()), self.specs[name])
-            self.metric_objects[name].reset()
+        self.computed_objects |= self.objects_logged
         self.objects_logged = set()
+        if final:
+            for name in self.computed_objects:
+                self.metric_objects[name].reset()
+            self.computed_objects = set()
         return taken
 
 
@@ -188,9 +218,10 @@ def _scalar(name: str, value: Any) -> Any:
                      "compute() is a scalar. Log each element under its own name.")
 
 
-def _key(name: str, spec: MetricSpec, suffix: str) -> str:
-    # Lightning's rule: a metric logged both per step and per epoch gets "_step"/"_epoch" keys.
-    return f"{name}_{suffix}" if spec.on_step and spec.on_epoch else name
+def _key(spec: MetricSpec, fork: str) -> str:
+    # Lightning's rule: a metric logged both per step and per epoch gets "_step"/"_epoch" keys,
+    # before the loader's suffix ("loss_epoch/dataloader_idx_1").
+    return f"{spec.base}_{fork}{spec.suffix}" if spec.on_step and spec.on_epoch else spec.base + spec.suffix
 
 
 class MetricStore:
@@ -205,7 +236,7 @@ class MetricStore:
 
     def __init__(self, reduce: Any, gather: Any = None) -> None:
         self.reduce = reduce
-        self.gather = gather if gather is not None else _gather_alone
+        self.gather = gather if gather is not None else gather_alone
         self.train = StageMetrics(default_on_step=True)
         self.evaluation = StageMetrics(default_on_step=False)
         self.current = self.train
@@ -216,7 +247,9 @@ class MetricStore:
         # Where published values land (Lightning's trainer.callback_metrics, .progress_bar_metrics, .logged_metrics).
         self.callback_metrics: dict[str, torch.Tensor] = {}
         self.progress_bar_metrics: dict[str, float] = {}
-        self.logged_metrics: dict[str, float] = {}
+        self.logged_metrics: dict[str, torch.Tensor] = {}
+        #: The epoch values read since the epoch's batches ended: the loggers get them in one record after the hooks.
+        self._epoch_end: tuple[dict[str, float], dict[str, MetricSpec]] = ({}, {})
 
     def start_evaluation(self) -> None:
         self.evaluation = StageMetrics(default_on_step=False)
@@ -227,27 +260,40 @@ class MetricStore:
 
     def start_stage(self, stage: str) -> None:
         """A stage begins: fresh training metrics, so that a second ``fit`` registers its names (and
-        metric objects) anew; validate, test and predict start with an empty progress bar."""
+        metric objects) anew, and, as in Lightning, no published value of an earlier stage (after
+        ``test``, ``callback_metrics`` holds the test's values only)."""
         self.train = StageMetrics(default_on_step=True)
         self.current = self.train
         self._pending = None
-        if stage != "fit":
-            self.progress_bar_metrics = {}
+        self.clear_published()
+
+    def clear_published(self) -> None:
+        """Forget every published value (a stage starts; the sanity check ends, as in Lightning)."""
+        self.callback_metrics, self.progress_bar_metrics, self.logged_metrics = {}, {}, {}
+        self._epoch_end = ({}, {})
 
     def stop(self) -> None:
         """No stage runs: ``self.log`` (a unit test calling ``training_step`` after fit) records nothing."""
         self.current = _NO_STAGE
 
     # --- publishing: each returns [(step, values for the loggers)], which the Trainer hands to on_log
-    def publish(self, step: int, values: dict[str, float], specs: dict[str, MetricSpec]) -> list[tuple[int, dict]]:
-        """``values`` reach ``callback_metrics``, ``progress_bar_metrics`` and (for the loggers) ``logged_metrics``."""
+    def publish(self, step: int, values: dict[str, float], specs: dict[str, MetricSpec], loggers: bool = True,
+                callback: bool = True) -> list[tuple[int, dict]]:
+        """``values`` reach ``progress_bar_metrics``, ``logged_metrics``, with ``callback`` (not an
+        evaluation's step values) ``callback_metrics`` (a ``name_step``/``name_epoch`` value also as
+        ``name``, as in Lightning), and with ``loggers`` the loggers."""
         if not values:
             return []
-        self.callback_metrics.update({key: torch.tensor(value) for key, value in values.items()})
+        if callback:
+            for key, value in values.items():
+                spec, tensor = specs[key], torch.tensor(value)
+                self.callback_metrics[key] = tensor
+                if spec.on_step and spec.on_epoch:
+                    self.callback_metrics[spec.base + spec.suffix] = tensor
         self.progress_bar_metrics.update({key: value for key, value in values.items() if specs[key].prog_bar})
         logged = {key: value for key, value in values.items() if specs[key].logger}
-        self.logged_metrics.update(logged)
-        return [(step, logged)]
+        self.logged_metrics.update({key: torch.tensor(value) for key, value in logged.items()})  # tensors, as Lightning's
+        return [(step, logged)] if loggers and logged else []
 
     def publish_pending(self) -> list[tuple[int, dict]]:
         """The copy the last log step started, if any: it has arrived, reading it does not wait.
@@ -261,30 +307,54 @@ class MetricStore:
         self.send_step_values(step)
         return self.publish(*pending) if pending is not None else []
 
-    def flush(self, step: int, epoch_end: bool = False) -> list[tuple[int, dict]]:
-        """The pending copy, then what was logged since (now: one host sync), at the ``epoch_end``
-        with the epoch's values: for the end of an epoch or a preemption stop."""
+    def flush(self, step: int) -> list[tuple[int, dict]]:
+        """The pending copy, then what was logged since (now: one host sync): a preemption stop."""
         published = self.publish_pending()
         self.send_step_values(step)
-        _, values, specs = self.receive()
-        if epoch_end:
-            epoch_values, epoch_specs = self.read_epoch_values(self.train)
-            values, specs = {**epoch_values, **values}, {**epoch_specs, **specs}
-        return published + self.publish(step, values, specs)
+        return published + self.publish(*self.receive())
+
+    def end_train_batches(self, step: int) -> list[tuple[int, dict]]:
+        """The epoch's batches are done: the last log step's values for the loggers; the values logged
+        since, and the epoch's so far, for ``callback_metrics``, the bar and ``logged_metrics`` only
+        (Lightning writes step values at log steps only, and the epoch's after the epoch-end hooks)."""
+        published = self.publish_pending()
+        self.send_step_values(step)
+        self.publish(*self.receive(), loggers=False)
+        self.read_epoch_end(self.train)
+        return published
+
+    def read_epoch_end(self, stage_metrics: StageMetrics, final: bool = False) -> tuple[dict[str, float], dict[str, MetricSpec]]:
+        """In the epoch end: the epoch values logged since the last read, reduced now (one host copy),
+        into ``callback_metrics`` for the hooks that read it there (Lightning computes them when read).
+        Returns every epoch value read since the epoch's batches ended; the ``final`` read, after the
+        hooks, resets the metric objects and starts over."""
+        stage_metrics.batch = None  # what the hooks log weighs 1, as in Lightning
+        values, specs = self.read_epoch_values(stage_metrics, final)
+        self.publish(-1, values, specs, loggers=False)
+        held_values, held_specs = self._epoch_end
+        held_values.update(values)
+        held_specs.update(specs)
+        if final:
+            self._epoch_end = ({}, {})
+        return held_values, held_specs
+
+    def end_train_epoch(self, step: int) -> list[tuple[int, dict]]:
+        """After the epoch-end hooks: the epoch's values, the hooks' included, in one record at ``step``."""
+        return self.publish(step, *self.read_epoch_end(self.train, final=True))
 
     def end_evaluation(self, stage: str, step: int, publish: bool) -> tuple[list[tuple[int, dict]], dict[str, float]]:
-        """At the end of an evaluation: publish its ``on_step`` values, then its epoch values (at
-        ``step``); returns those and the epoch values. Without ``publish`` (sanity) nothing is published."""
+        """After the evaluation's epoch-end hooks: publish its ``on_step`` values, then its epoch values
+        (at ``step``); returns those and the epoch values. Without ``publish`` (sanity) the loggers get nothing."""
         published = [chunk for received in self.read_evaluation_step_values(stage, publish)
-                     for chunk in self.publish(*received)]
-        values, specs = self.read_epoch_values(self.evaluation)
+                     for chunk in self.publish(*received, callback=False)]
+        values, specs = self.read_epoch_end(self.evaluation, final=True)
         return (published + self.publish(step, values, specs) if publish else []), values
 
     # --- the path to the host ------------------------------------------------------------
     def send_step_values(self, step: int) -> None:
         """At a log step: start a non-blocking copy of this step's values to the host."""
         values = self.train.take_step_values()
-        self._pending = _HostCopy(step, {_key(n, s, "step"): (v, s) for n, (v, s) in values.items()}, self.reduce, self.gather)
+        self._pending = HostCopy(step, {_key(s, "step"): (v, s) for n, (v, s) in values.items()}, self.reduce, self.gather)
 
     def receive(self) -> tuple[int, dict[str, float], dict[str, MetricSpec]] | None:
         """``(step, values, specs)`` of the last ``send_step_values``, or None if nothing is pending."""
@@ -307,9 +377,9 @@ class MetricStore:
         kept, self._evaluation_steps = self._evaluation_steps, []
         num_batches, self._evaluation_batches_run = self._evaluation_batches_run, 0
         first = self.evaluation_batches.get(stage, 0)
-        named = {(first + batch_idx, _key(name, spec, "step")): (value, spec)
+        named = {(first + batch_idx, _key(spec, "step")): (value, spec)
                  for batch_idx, values in kept for name, (value, spec) in values.items()}
-        copy = _HostCopy(-1, named, self.reduce, self.gather)  # every rank, even with nothing kept: the sync check pairs up
+        copy = HostCopy(-1, named, self.reduce, self.gather)  # every rank, even with nothing kept: the sync check pairs up
         if not publish:
             return []
         self.evaluation_batches[stage] = first + num_batches
@@ -319,10 +389,10 @@ class MetricStore:
             values[key], specs[key] = value, copy.specs[step, key]
         return [(step, values, specs) for step, (values, specs) in sorted(steps.items())]
 
-    def read_epoch_values(self, stage_metrics: StageMetrics) -> tuple[dict[str, float], dict[str, MetricSpec]]:
+    def read_epoch_values(self, stage_metrics: StageMetrics, final: bool = True) -> tuple[dict[str, float], dict[str, MetricSpec]]:
         """At the end of an epoch or evaluation: the reduced epoch values on the host, now."""
-        values = stage_metrics.take_epoch_values()
-        copy = _HostCopy(-1, {_key(n, s, "epoch"): (v, s) for n, (v, s) in values.items()}, self.reduce, self.gather)
+        values = stage_metrics.take_epoch_values(final)
+        copy = HostCopy(-1, {_key(s, "epoch"): (v, s) for n, (v, s) in values.items()}, self.reduce, self.gather)
         return copy.values(), copy.specs
 
 
@@ -359,57 +429,6 @@ def format_results(results: list[dict[str, float]] | Any, stage: str) -> str:
     return "\n".join(lines)
 
 
-class _HostCopy:
-    """Metric values on their way to the host: one stacked tensor per device, copied without blocking.
-
-    Values logged on different devices (a CUDA loss beside a CPU tensor such as a learning rate)
-    are stacked per device: a CPU stack is read as it is, a CUDA stack is copied into pinned
-    memory with ``non_blocking=True`` and an event that says when it has arrived. No value moves
-    between devices, and nothing waits for the GPU before :meth:`values`.
-    """
-
-    def __init__(self, step: int, named: dict[str, tuple[Any, MetricSpec]], reduce: Any, gather: Any) -> None:
-        self.step = step
-        self.specs = {key: spec for key, (_, spec) in named.items()}
-        check_same_sync_keys(named, gather)
-        self.numbers = {key: float(value) for key, (value, _) in named.items() if not isinstance(value, torch.Tensor)}
-        tensor_keys = [key for key, (value, _) in named.items() if isinstance(value, torch.Tensor)]
-        self.copies: list[tuple[list[str], torch.Tensor, Any]] = []  # (keys, host tensor, ready event or None)
-        # Reduced in sorted key order, so every rank's collectives pair up with the same key's.
-        for key in sorted(self.numbers):
-            if self.specs[key].sync_dist:
-                self.numbers[key] = float(reduce(torch.tensor(self.numbers[key]), self.specs[key].reduce_fx))
-        if not tensor_keys:
-            return
-        reduced = {key: reduce(named[key][0].detach().reshape(()).float(), self.specs[key].reduce_fx)
-                   for key in sorted(tensor_keys) if self.specs[key].sync_dist}
-        by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
-        for key in tensor_keys:
-            value = reduced[key] if key in reduced else named[key][0].detach().reshape(()).float()
-            by_device.setdefault(value.device, []).append((key, value))
-        for device, pairs in by_device.items():
-            stacked = torch.stack([value for _, value in pairs])
-            ready = None
-            if device.type == "cuda":
-                host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
-                host.copy_(stacked, non_blocking=True)
-                ready = torch.cuda.Event()
-                ready.record(torch.cuda.current_stream(device))
-            else:
-                host = stacked if device.type == "cpu" else stacked.to("cpu")
-            self.copies.append(([key for key, _ in pairs], host, ready))
-
-    def values(self) -> dict[str, float]:
-        """The host values; waits for the copies if they have not finished (they have, by the next log step)."""
-        values = {}
-        for keys, host, ready in self.copies:
-            if ready is not None:
-                ready.synchronize()
-            values.update(zip(keys, host.tolist()))
-        values.update(self.numbers)
-        return values
-
-
 class _NoStage:
     """What ``self.log`` writes to between stages: nothing is recorded."""
 
@@ -418,37 +437,3 @@ class _NoStage:
 
 
 _NO_STAGE = _NoStage()
-
-
-def _gather_alone(obj: Any) -> list[Any]:
-    return [obj]
-
-
-def check_same_sync_keys(named: dict[str, tuple[Any, MetricSpec]], gather: Any) -> None:
-    """Raise on every rank if the ranks logged different ``sync_dist`` keys.
-
-    Each key is one collective; a key that only some ranks log would pair one rank's reduction
-    with another's next collective and hang. One small gather per read (log steps, epoch ends)
-    catches it first and names the key and the rank.
-    """
-    mine = tuple(sorted((key, isinstance(value, torch.Tensor)) for key, (value, spec) in named.items() if spec.sync_dist))
-    everyone = gather(mine)
-    if all(keys == mine for keys in everyone):
-        return
-    logged = [dict(keys) for keys in everyone]
-    for key in sorted(set().union(*logged)):
-        have = [rank for rank, keys in enumerate(logged) if key in keys]
-        lacking = [rank for rank, keys in enumerate(logged) if key not in keys]
-        if lacking:
-            raise RuntimeError(
-                f'self.log("{key}", ..., sync_dist=True) was called on rank(s) {have} but not on rank(s) '
-                f"{lacking}. Every rank must log the same sync_dist keys at the same steps, or the "
-                "reductions cannot pair up. Log it on every rank, or with sync_dist=False if it is rank-local."
-            )
-        kinds = {logged[rank][key] for rank in have}
-        if len(kinds) > 1:
-            tensors = [rank for rank in have if logged[rank][key]]
-            raise RuntimeError(
-                f'self.log("{key}", ..., sync_dist=True) got a tensor on rank(s) {tensors} and a Python number '
-                "on the others. Log the same type on every rank."
-            )

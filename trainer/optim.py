@@ -7,6 +7,8 @@ schedulers)``; a dict ``{"optimizer": opt, "lr_scheduler": sched | {"scheduler":
 
 from __future__ import annotations
 
+import warnings
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,13 +29,14 @@ class SchedulerConfig:
     interval: str = "epoch"
     frequency: int = 1
     monitor: str | None = None
+    strict: bool = True  # False: a missing monitored metric skips the step with a warning (Lightning's)
 
     @property
     def needs_metric(self) -> bool:
         return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
-def _scheduler_config(item: Any, where: str) -> SchedulerConfig:
+def _scheduler_config(item: Any, where: str, monitor: str | None = None) -> SchedulerConfig:
     if isinstance(item, Mapping):
         unknown = set(item) - {"scheduler", "interval", "frequency", "monitor", "name", "strict"}
         if "scheduler" not in item or unknown:
@@ -41,11 +44,10 @@ def _scheduler_config(item: Any, where: str) -> SchedulerConfig:
                 f"configure_optimizers: the lr_scheduler dict {where} needs a 'scheduler' key and "
                 f"takes only scheduler, interval, frequency, monitor, name, strict (got {sorted(item)})."
             )
-        config = SchedulerConfig(
-            item["scheduler"], item.get("interval", "epoch"), item.get("frequency", 1), item.get("monitor")
-        )
-    else:
-        config = SchedulerConfig(item)
+        config = SchedulerConfig(item["scheduler"], item.get("interval", "epoch"), item.get("frequency", 1),
+                                 item.get("monitor"), bool(item.get("strict", True)))
+    else:  # a bare scheduler watches the dict's top-level "monitor", as in Lightning
+        config = SchedulerConfig(item, monitor=monitor)
     if not hasattr(config.scheduler, "step") or not hasattr(config.scheduler, "state_dict"):
         raise ValueError(
             f"configure_optimizers returned {type(config.scheduler).__name__} as an LR scheduler {where}; "
@@ -86,7 +88,7 @@ def parse_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[S
                 raise ValueError(f"configure_optimizers: dict {index} has no 'optimizer' key. {ACCEPTED}")
             optimizers.append(_optimizer(item["optimizer"]))
             if item.get("lr_scheduler") is not None:
-                schedulers.append(_scheduler_config(item["lr_scheduler"], f"in dict {index}"))
+                schedulers.append(_scheduler_config(item["lr_scheduler"], f"in dict {index}", item.get("monitor")))
         return optimizers, schedulers
     if len(returned) == 2 and isinstance(returned[0], (list, tuple)):
         optimizers = [_optimizer(item) for item in returned[0]]
@@ -95,13 +97,21 @@ def parse_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[S
     return [_optimizer(item) for item in returned], []
 
 
-def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, metrics: dict[str, Any]) -> None:
+def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, metrics: dict[str, Any],
+                    plateau: bool | None = None) -> None:
     """Step the schedulers of ``interval`` ("step" or "epoch") whose frequency divides ``count``
-    (the global step, or the number of epochs done); ReduceLROnPlateau reads its metric."""
+    (the global step, or the number of epochs done); ReduceLROnPlateau reads its metric.
+    ``plateau``: only the ReduceLROnPlateau ones (True) or only the others (False)."""
     for config in configs:
         if config.interval != interval or count % config.frequency != 0:
             continue
+        if plateau is not None and plateau != config.needs_metric:
+            continue
         if config.needs_metric:
+            if config.monitor not in metrics and not config.strict:
+                warnings.warn(f"ReduceLROnPlateau watches {config.monitor!r}, which was not logged, and strict is "
+                              "False: this step is skipped.", RuntimeWarning, stacklevel=2)
+                continue
             if config.monitor not in metrics:
                 raise RuntimeError(
                     f"ReduceLROnPlateau watches {config.monitor!r}, which was not logged; logged "

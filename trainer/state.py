@@ -51,6 +51,17 @@ class Progress:
     resumed: Resumed | None = None  # where a restored run continues, until its first epoch ends
 
 
+def logger_step(trainer: Trainer, progress: Progress, automatic_optimization: bool) -> int:
+    """The step fit hands the loggers, Lightning's (its ``_batches_that_stepped``): the batches that
+    ended an accumulation window before the running batch's window (every batch under manual
+    optimization). Without accumulation: ``global_step - 1`` after the step, so that the metrics of the
+    50th step are written at step 49, as Lightning writes them."""
+    if not automatic_optimization:
+        return progress.batches_seen - 1
+    stepped = ends_accumulation_window(trainer.batch_idx, trainer.accumulate_grad_batches, trainer.num_training_batches)
+    return trainer.global_step - 1 if stepped else trainer.global_step
+
+
 def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
     """What a checkpoint holds besides the module's weights and hyperparameters: optimizers,
     schedulers, loop counters, every rank's RNG states, callback states, from the running

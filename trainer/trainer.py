@@ -25,7 +25,7 @@ import torch
 import callbacks as callbacks_package
 from callbacks import Callback
 from strategies import Strategy
-from trainer.arguments import loss_of, loss_without_grad, no_training_batches
+from trainer.arguments import batch_end_outputs, loss_of, loss_without_grad, no_training_batches
 from trainer.data_source import STAGE_KIND, DataSource, collect_data, reloadable
 from trainer.datamodule import DataModule
 from trainer.guards import LossGuard
@@ -43,7 +43,8 @@ from trainer.stage_loaders import (
     limit_reached, load_fit_data, reload_due, train_batches, validation_due, validation_interval,
 )
 from trainer.state import (
-    Progress, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
+    Progress, fitted_module, handoff_state, logger_step, read_checkpoint, receive_handoff, restore, training_state,
+    write_checkpoint,
 )
 from trainer.timing import PhaseTimes, measured
 from trainer.trial import Snapshot, fresh_loop_state
@@ -413,6 +414,7 @@ class Trainer:
 
     def _run_train_epoch(self) -> None:
         module, strategy, hooks, progress = self.module, self.strategy, self._plan.hooks, self._progress
+        train_metrics = self.metrics.train  # it weighs epoch means by the running batch's size
         self.model.train()
         self.metrics.start_training()
         for callback in self.callbacks:
@@ -430,12 +432,14 @@ class Trainer:
         for batch_idx, batch in strategy.batches_on_device(batches):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
             times.data_wait += clock() - times.ready
-            self.batch_idx = batch_idx
+            self.batch_idx, train_metrics.batch = batch_idx, batch
             for hook in hooks.batch_start:
                 hook(self, module, batch, batch_idx)
             for hook in hooks.module_batch_start:
                 hook(batch, batch_idx)
             outputs = self._training_step(module, batch, batch_idx, num_batches)
+            if hooks.batch_end or hooks.module_batch_end:  # Lightning's {"loss": detached, ...}: no graph kept alive
+                outputs = batch_end_outputs(outputs, self.accumulate_grad_batches)
             progress.batches_seen += 1  # first: a checkpoint written in on_train_batch_end counts this batch
             for hook in hooks.batch_end:
                 hook(self, module, outputs, batch, batch_idx)
@@ -449,7 +453,7 @@ class Trainer:
             times.ready = clock()  # the next batch is asked for now
             if self._preemption.stop_now and ends_accumulation_window(batch_idx, self.accumulate_grad_batches, num_batches):
                 times.end_loop(progress.batches_seen)  # the performance report counts this loop's batches
-                self._log(self.metrics.flush(self.global_step))  # what was logged since the last log step
+                self._log(self.metrics.flush(self._logger_step()))  # what was logged since the last log step
                 save_for_preemption(self, self._preemption.reason)  # last.ckpt, and should_stop
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
             if (self.should_stop and self._may_stop()) or (self.max_steps != -1 and self.global_step >= self.max_steps):
@@ -491,6 +495,8 @@ class Trainer:
             optimizer.zero_grad(set_to_none=True)
         if stepped and self.lr_scheduler_configs:
             step_schedulers(self.lr_scheduler_configs, "step", self.global_step, self.callback_metrics)
+        if batch_idx + 1 == num_batches and self.lr_scheduler_configs:  # Lightning's: before the last batch's hooks
+            step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics, plateau=False)
         return outputs
 
     def _forward_backward(self, batch: Any, batch_idx: int, syncs: bool) -> tuple[Any, torch.Tensor]:
@@ -537,26 +543,34 @@ class Trainer:
     @measured("logging")
     def _log_step(self) -> None:
         """Every log_every_n_steps batches: start this step's copy to the host; publish the last."""
-        self._log(self.metrics.log_step(self.global_step))
+        self._log(self.metrics.log_step(self._logger_step()))
         self._guard.check(self.strategy, self.current_epoch)
         self._preemption.agree(self.strategy)  # with several processes: stop on every rank, or none
 
     def _end_train_epoch(self) -> None:
         self._guard.check(self.strategy, self.current_epoch)
         self._progress.in_epoch_end = True
-        self._log(self.metrics.flush(self.global_step, epoch_end=True))  # the last log step's, this step's, the epoch's
-        if self._plan.automatic_optimization:  # as in Lightning, manual optimization steps its own
-            step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics)
+        step = self._logger_step()
+        self._log(self.metrics.end_train_batches(step))  # the epoch's values so far in callback_metrics, for the hooks
+        automatic = self._plan.automatic_optimization  # as in Lightning, manual optimization steps its own
+        if automatic and math.isinf(self.num_training_batches):  # no last batch was known: the others now
+            step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics, plateau=False)
         for callback in self.callbacks:
             if not callback.monitors_metrics:
                 callback.on_train_epoch_end(self, self.module)
         self.module.on_train_epoch_end()
-        self._log(self.metrics.flush(self.global_step, epoch_end=True))  # what the hooks logged, for the monitors
+        self.metrics.read_epoch_end(self.metrics.train)  # what the hooks logged, for the monitors
         for callback in self.callbacks:
             if callback.monitors_metrics:
                 callback.on_train_epoch_end(self, self.module)
+        if automatic:  # ReduceLROnPlateau after the hooks, which may log what it watches (as in Lightning)
+            step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics, plateau=True)
+        self._log(self.metrics.end_train_epoch(step))  # the epoch's record, as Lightning writes it after the hooks
         self.current_epoch += 1
         self._progress.in_epoch_end, self.batch_idx = False, -1
+
+    def _logger_step(self) -> int:
+        return logger_step(self, self._progress, self._plan.automatic_optimization) if self.stage == "fit" else self.global_step
 
     def _log(self, published: list[tuple[int, dict[str, float]]]) -> None:
         """The loggers' on_log for the values the metric store published (trainer/metrics.py)."""
@@ -577,6 +591,7 @@ class Trainer:
                 self._evaluation_loop("validate", val_loaders, [min(steps, count) for count in self.num_val_batches])
             for callback in self.callbacks:
                 callback.on_sanity_check_end(self, self.module)
+            self.metrics.clear_published()  # the sanity check's values are not the run's (as in Lightning)
         finally:
             self.sanity_checking = False
 
@@ -612,6 +627,7 @@ class Trainer:
                 predictions.append([])
                 batches = evaluation_batches(loader, limit)  # workers start shielded from stop signals
                 for batch_idx, batch in self.strategy.batches_on_device(batches):
+                    self.metrics.evaluation.batch = batch  # its size weighs epoch means
                     for hook in hooks.batch_start:
                         hook(batch, batch_idx, *hook_index)
                     with self._plan.hooks.forward_context_manager():
@@ -622,9 +638,10 @@ class Trainer:
                         hook(outputs, batch, batch_idx, *hook_index)
                     self.metrics.keep_evaluation_step_values(batch_idx)  # the batch's on_step values, read at the end
         self.metrics.evaluation.dataloader_suffix = ""
+        self.metrics.read_epoch_end(self.metrics.evaluation)  # this epoch's values, for the hooks reading callback_metrics
         for hook in hooks.epoch_end:
             hook()
-        published, values = self.metrics.end_evaluation(stage, self.global_step, publish=not self.sanity_checking)
+        published, values = self.metrics.end_evaluation(stage, self._logger_step(), publish=not self.sanity_checking)
         self._log(published)
         for hook in hooks.end:
             hook()

@@ -10,11 +10,13 @@
 - ``grad_norm``, ``AttributeDict``, ``LightningEnum``, ``GradClipAlgorithmType``,
   ``move_data_to_device``, ``is_picklable``, ``measure_flops``, ``suggested_max_num_workers``,
   ``find_shared_parameters``, ``set_shared_parameters``, ``is_shared_filesystem``: Lightning's meaning.
+- ``extract_batch_size``: how ``self.log`` weighs epoch means (Lightning's rule).
 - ``CombinedLoader`` and ``disable_possible_user_warnings`` are refused with the Cadence way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import importlib.util
@@ -25,6 +27,7 @@ import time
 import uuid
 import warnings
 from pathlib import Path
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable, TypeVar
 
 import torch
@@ -274,3 +277,43 @@ class CombinedLoader:
             "CombinedLoader: Cadence trains on one loader (combine datasets with torch.utils.data.ConcatDataset, "
             "or zip them in one Dataset) and evaluates on several as a list or dict: "
             "trainer.validate(model, [loader_a, loader_b]).")
+
+
+def extract_batch_size(batch: Any) -> int:
+    """The size of ``batch`` as Lightning infers it: dim 0 of the first tensor found walking it
+    (sequences and mapping values in order, dataclass fields), 1 for a 0-d tensor.
+
+    It weighs values in epoch means (``self.log(..., batch_size=n)`` overrides it). A warning says
+    when later parts of the batch disagree; a batch without a tensor is an error.
+    """
+    size = None
+    for found in _batch_sizes(batch):
+        if size is None:
+            size = found
+        elif found != size:
+            warnings.warn(
+                f"self.log could not tell the batch size for certain: the batch holds parts of size {size} and "
+                f"{found}; the epoch mean weighs each value by {size}. Pass self.log(..., batch_size=n) to say "
+                "which.", stacklevel=4)
+            break
+    if size is None:
+        raise ValueError(
+            f"self.log found no tensor in the batch ({type(batch).__name__}) to tell its size, which weighs "
+            "the value in the epoch mean. Pass self.log(..., batch_size=n), or make the batch hold tensors.")
+    return size
+
+
+def _batch_sizes(batch: Any) -> Iterator[int | None]:
+    if isinstance(batch, torch.Tensor):
+        yield batch.size(0) if batch.ndim else 1
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from _batch_sizes(value)
+    elif isinstance(batch, Iterable) and not isinstance(batch, str):
+        for value in batch:
+            yield from _batch_sizes(value)
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        for field in dataclasses.fields(batch):
+            yield from _batch_sizes(getattr(batch, field.name))
+    else:
+        yield None

@@ -1,0 +1,236 @@
+"""What ``self.log`` produces, value for value as Lightning does (issue 17 §3: no silent difference).
+
+Each expected value is Lightning 2.6.6's for the same tiny script (run under /work/venv-lightning
+with the imports changed): epoch means weighted by batch size, ``callback_metrics`` in the epoch-end
+hooks, what a stage keeps of the one before, the keys, the defaults of ``self.log`` in epoch hooks,
+the outputs ``on_train_batch_end`` receives, and when epoch schedulers step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks import Callback, Logger
+from tests.linear_regression import LinearRegression, regression_samples
+
+
+def loader(count: int = 10, batch_size: int = 4) -> DataLoader:
+    """``count`` samples in batches of ``batch_size``: 10 in 4 makes batches of 4, 4 and 2."""
+    return DataLoader(TensorDataset(*regression_samples(count)), batch_size=batch_size)
+
+
+class LogsBatchSizes(LinearRegression):
+    """Logs each batch's size: its epoch mean is what the weighting gives."""
+
+    def training_step(self, batch, batch_idx):
+        self.log("train/size", float(len(batch[0])), on_step=False, on_epoch=True)
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/size", torch.tensor(float(len(batch[0]))))
+        self.log("val/given", float(len(batch[0])), batch_size=1)  # self.log(batch_size=) overrides
+
+    def test_step(self, batch, batch_idx):
+        self.log("test/size", float(len(batch[0])))
+
+
+def test_epoch_means_weigh_each_value_by_the_size_of_its_batch(make_trainer):
+    trainer = make_trainer(max_epochs=1, num_sanity_val_steps=0)
+    trainer.fit(LogsBatchSizes(), loader(), loader())
+    # Batches of 4, 4 and 2: (4*4 + 4*4 + 2*2) / 10 = 3.6 under Lightning (the plain mean of the batch
+    # means, 3.333, is what batch_size=1 gives); no host sync: the weight is the batch's shape.
+    metrics = {key: float(value) for key, value in trainer.callback_metrics.items()}
+    assert metrics == pytest.approx({"train/size": 3.6, "val/size": 3.6, "val/given": 10 / 3})
+
+
+def test_a_batch_without_a_tensor_cannot_weigh_an_epoch_mean(make_trainer):
+    class Words(LinearRegression):
+        def validation_step(self, batch, batch_idx):
+            self.log("val/count", 1.0)
+
+    trainer = make_trainer(max_epochs=1, num_sanity_val_steps=0)
+    with pytest.raises(ValueError, match=r"self.log found no tensor in the batch \(list\) .* self.log\(\.\.\., batch_size=n\)"):
+        trainer.fit(Words(), loader(), DataLoader(["a", "b"], batch_size=2, collate_fn=list))
+
+
+class Summed:
+    """A metric object (torchmetrics' update/compute/reset) summing what it is given."""
+
+    def __init__(self) -> None:
+        self.total = torch.tensor(0.0)
+
+    def update(self, value: torch.Tensor) -> None:
+        self.total = self.total + value
+
+    def compute(self) -> torch.Tensor:
+        return self.total
+
+    def reset(self) -> None:
+        self.total = torch.tensor(0.0)
+
+
+class ReadsAtEpochEnds(LinearRegression):
+    """Logs the epoch number in validation; records what callback_metrics holds at each epoch end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple] = []
+        self.summed = Summed()
+
+    def training_step(self, batch, batch_idx):
+        self.summed.update(torch.tensor(1.0))
+        self.log("train/batches", self.summed, on_step=False, on_epoch=True)
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/epoch", float(self.current_epoch))
+
+    def on_validation_epoch_end(self):
+        metrics = self.trainer.callback_metrics
+        self.seen.append(("module", self.trainer.sanity_checking, float(metrics.get("val/epoch", -1))))
+
+    def on_train_epoch_end(self):
+        self.seen.append(("compute", float(self.summed.compute())))  # not reset before the hooks ran
+
+
+class RecordsValidationEnd(Callback):
+    def __init__(self, module: ReadsAtEpochEnds) -> None:
+        self.module = module
+
+    def on_validation_epoch_end(self, trainer, module):
+        self.module.seen.append(("callback", trainer.sanity_checking, float(trainer.callback_metrics.get("val/epoch", -1))))
+
+    def on_train_start(self, trainer, module):
+        self.module.seen.append(("train start", sorted(trainer.callback_metrics)))
+
+
+def test_callback_metrics_in_the_epoch_end_hooks_hold_this_epochs_values(make_trainer):
+    module = ReadsAtEpochEnds()
+    trainer = make_trainer(max_epochs=2, num_sanity_val_steps=1, callbacks=[RecordsValidationEnd(module)])
+    trainer.fit(module, loader(), loader())
+    # As under Lightning: each validation's own value (the sanity check's too, then forgotten before
+    # training starts), and a metric object still holds the epoch's 3 batches in on_train_epoch_end.
+    assert module.seen == [
+        ("callback", True, 0.0), ("module", True, 0.0), ("train start", []),
+        ("callback", False, 0.0), ("module", False, 0.0), ("compute", 3.0),
+        ("callback", False, 1.0), ("module", False, 1.0), ("compute", 3.0),
+    ]
+    assert float(trainer.callback_metrics["train/batches"]) == 3.0
+
+
+def test_after_test_the_published_metrics_are_the_tests_only(make_trainer):
+    trainer = make_trainer(max_epochs=1, num_sanity_val_steps=0)
+    module = LogsBatchSizes()
+    trainer.fit(module, loader(), loader())
+    trainer.test(module, loader(), verbose=False)
+    # Lightning resets them as each stage starts: fit's train/ and val/ values are gone.
+    assert set(trainer.callback_metrics) == set(trainer.logged_metrics) == {"test/size"}
+
+
+class LogsBothWays(LinearRegression):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("loss", loss, on_step=True, on_epoch=True)
+        self.log("summed", 1.0, reduce_fx="SUM")  # Lightning reads the name case-insensitively
+        self.log("averaged", 1.0, on_epoch=True, reduce_fx="avg")  # and "avg" as the mean
+        return loss
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        self.log("v", 1.0, on_step=True, on_epoch=True)
+
+    def on_train_epoch_end(self):
+        self.log("end", 1.0)  # in an epoch hook self.log defaults to on_epoch=True: the mean, 2.0
+        self.log("end", 3.0)
+
+
+def test_the_keys_and_defaults_are_lightnings(make_trainer):
+    trainer = make_trainer(max_epochs=1, num_sanity_val_steps=0)
+    trainer.fit(LogsBothWays(), loader(), [loader(), loader(6, 3)])
+    # The key sets Lightning 2.6.6 gives for this module (suffixes before the loader's index).
+    assert sorted(trainer.callback_metrics) == [
+        "averaged", "averaged_epoch", "averaged_step", "end", "loss", "loss_epoch", "loss_step", "summed",
+        "v/dataloader_idx_0", "v/dataloader_idx_1", "v_epoch/dataloader_idx_0", "v_epoch/dataloader_idx_1"]
+    assert sorted(trainer.logged_metrics) == [
+        "averaged_epoch", "averaged_step", "end", "loss_epoch", "loss_step", "summed",
+        "v_epoch/dataloader_idx_0", "v_epoch/dataloader_idx_1", "v_step/dataloader_idx_0", "v_step/dataloader_idx_1"]
+    assert all(isinstance(value, torch.Tensor) for value in trainer.logged_metrics.values())  # as Lightning's
+    assert float(trainer.callback_metrics["end"]) == 2.0
+    assert float(trainer.callback_metrics["loss"]) == float(trainer.callback_metrics["loss_epoch"])
+
+
+def test_on_train_batch_end_gets_the_loss_without_its_graph(make_trainer):
+    received = []
+
+    class Keeps(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            received.append(outputs)
+
+    class Returns(LinearRegression):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            return {"loss": loss, "extra": 7}
+
+    trainer = make_trainer(max_epochs=1, accumulate_grad_batches=2, callbacks=[Keeps()])
+    trainer.fit(Returns(), loader(8))
+    # Lightning's outputs: a dict, the loss detached and divided by accumulate_grad_batches as
+    # backward saw it, the other keys as returned.
+    assert [sorted(outputs) for outputs in received] == [["extra", "loss"]] * 2
+    assert all(outputs["loss"].grad_fn is None and not outputs["loss"].requires_grad for outputs in received)
+    assert received[0]["extra"] == 7
+
+
+class Scheduled(LinearRegression):
+    def __init__(self, scheduler: str) -> None:
+        super().__init__()
+        self.scheduler, self.rates = scheduler, []
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/flat", 1.0)
+
+    def on_validation_epoch_end(self):
+        self.rates.append(self.optimizers().param_groups[0]["lr"])
+
+    def on_train_epoch_end(self):
+        self.log("train/flat", 1.0)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        if self.scheduler == "step":
+            return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.5)}
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
+        return {"optimizer": optimizer, "lr_scheduler": plateau, "monitor": self.scheduler}
+
+
+def test_an_epoch_scheduler_steps_before_the_last_batchs_validation(make_trainer):
+    module = Scheduled("step")
+    make_trainer(max_epochs=2, num_sanity_val_steps=0).fit(module, loader(), loader())
+    assert module.rates == [0.05, 0.025]  # Lightning 2.6.6: stepped at the epoch's last batch, before validating
+
+
+@pytest.mark.parametrize("monitor", ["val/flat", "train/flat"])
+def test_reduce_lr_on_plateau_watches_the_top_level_monitor_after_the_epoch_end_hooks(make_trainer, monitor):
+    module = Scheduled(monitor)  # train/flat is logged in on_train_epoch_end: the scheduler steps after it
+    trainer = make_trainer(max_epochs=3, num_sanity_val_steps=0)
+    trainer.fit(module, loader(), loader())
+    # A flat metric with patience 0: the first epoch sets the best, each later one halves the rate.
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**2)
+
+
+def test_validate_and_test_after_fit_write_to_the_loggers_at_the_fits_step(make_trainer):
+    class Remember(Logger):
+        def __init__(self):
+            self.rows = []
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append((step, dict(metrics)))
+
+    logger, module = Remember(), LogsBatchSizes()
+    trainer = make_trainer(max_epochs=1, num_sanity_val_steps=0, logger=logger)
+    trainer.fit(module, loader(), loader())
+    trainer.validate(module, loader(), verbose=False)
+    trainer.test(module, loader(), verbose=False)
+    # As Lightning writes them: at the global step (3) with the epoch count after fit (1).
+    assert logger.rows[-2:] == [(3, {"val/size": pytest.approx(3.6), "val/given": pytest.approx(10 / 3), "epoch": 1}),
+                                (3, {"test/size": pytest.approx(3.6), "epoch": 1})]

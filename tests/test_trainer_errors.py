@@ -37,12 +37,11 @@ class Evaluated(Model):
 @pytest.mark.parametrize(
     "step, match",
     [
-        (lambda loss: None, "training_step returned None at batch 0. Return the loss tensor"),
         (lambda loss: loss * torch.ones(4, 2), r"a loss of shape \(4, 2\) at batch 0; the loss must be a scalar"),
         (lambda loss: loss.item(), "training_step returned float at batch 0"),
         (lambda loss: {"log": loss}, "training_step returned a dict without a 'loss' key at batch 0"),
     ],
-    ids=["none", "non-scalar", "python-float", "dict-without-loss"],
+    ids=["non-scalar", "python-float", "dict-without-loss"],
 )
 def test_training_step_must_return_a_scalar_loss(make_trainer, regression_loader, step, match):
     with pytest.raises(RuntimeError, match=match):

@@ -24,7 +24,7 @@ import torch
 import callbacks as callbacks_package
 from callbacks import Callback
 from strategies import Strategy
-from trainer.arguments import loss_of, loss_without_grad, no_training_batches
+from trainer.arguments import loss_of, loss_without_grad, no_training_batches, skipped_batch
 from trainer.data_source import STAGE_KIND, DataSource, collect_data
 from trainer.datamodule import DataModule
 from trainer.guards import LossGuard
@@ -432,18 +432,20 @@ class Trainer:
         else:  # accumulating: under DDP the gradients are all-reduced once, at the window's last batch
             with self.strategy.no_backward_sync(self.model, enabled=True):
                 outputs, loss = self._forward_backward(plan, batch, batch_idx)
-        # Checked later (log step, epoch end, checkpoint), so no host sync here; a copy where a CUDA
-        # graph replay may overwrite the loss in place at the next step (trainer/guards.py).
-        recorded = loss.detach()
-        self._guard.losses.append((recorded.clone() if plan.copy_losses else recorded, batch_idx, self.global_step))
+        if loss is None:  # training_step returned None: no backward for this batch (as in Lightning)
+            skipped_batch(self.strategy.world_size, batch_idx)
+        else:  # checked later (log step, epoch end, checkpoint): no host sync here; a copy where a CUDA
+            recorded = loss.detach()  # graph replay may overwrite the loss in place (trainer/guards.py)
+            self._guard.losses.append((recorded.clone() if plan.copy_losses else recorded, batch_idx, self.global_step))
         if not steps_now or (self.on_nonfinite_loss == "skip" and not self._guard.window_is_finite(
                 self.strategy, self.optimizers, self.is_global_zero, self.current_epoch, self.global_step)):
             return outputs
         optimizer, hooks = self.optimizers[0], plan.hooks
+        step = self._optimizer_step if loss is not None else self._step_without_backward
         if hooks.module_optimizer_step is None:
-            stepped = self._optimizer_step(optimizer)
+            stepped = step(optimizer)
         else:  # the override calls optimizer.step(closure) (or not: no step, global_step stays)
-            stepped = hooks.call_optimizer_step(self.current_epoch, batch_idx, optimizer, self._optimizer_step, loss)
+            stepped = hooks.call_optimizer_step(self.current_epoch, batch_idx, optimizer, step, loss)
         if hooks.around_zero_grad:
             hooks.call_around_zero_grad(self, module, optimizer, self.current_epoch, batch_idx)
         else:
@@ -452,13 +454,15 @@ class Trainer:
             step_schedulers(self.lr_scheduler_configs, "step", self.global_step, self.callback_metrics)
         return outputs
 
-    def _forward_backward(self, plan: StagePlan, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor]:
+    def _forward_backward(self, plan: StagePlan, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
         """training_step inside the callbacks' forward contexts (autocast), then backward outside them."""
         if plan.hooks.forward_context:
             with plan.hooks.forward_context_manager():
                 outputs = plan.training_step(batch, batch_idx)
         else:  # hot loop: nothing wraps the forward, and a `with` costs two calls
             outputs = plan.training_step(batch, batch_idx)
+        if outputs is None:  # the batch is skipped: no backward (trainer/arguments.py skipped_batch)
+            return None, None
         loss = loss_of(outputs, batch_idx)
         accumulate = self.accumulate_grad_batches
         self.run_backward(loss / accumulate if accumulate > 1 else loss)
@@ -492,6 +496,14 @@ class Trainer:
             applied = True
         self.global_step += 1  # counts the steps taken, applied or skipped by AMP (as in Lightning)
         return applied
+
+    def _step_without_backward(self, optimizer: torch.optim.Optimizer) -> bool:
+        """The window's last training_step returned None. As in Lightning: no unscale or scaler step (AMP),
+        otherwise the step as usual (it moves no weight that got no gradient); global_step counts it."""
+        if self._plan.step_owner is None:
+            return self._optimizer_step(optimizer)
+        self.global_step += 1
+        return True
 
     @measured("logging")
     def _log_step(self) -> None:

@@ -20,7 +20,7 @@ from strategies import checkpoint as checkpoint_io
 from trainer.data_source import prepare_data
 from trainer.hooks import step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks
 from trainer.log_dir import choose_log_dir, versions_root
-from trainer.seed import seed_generators, use_deterministic_algorithms
+from trainer.seed import reset_seed, seed_generators, use_deterministic_algorithms
 from trainer.stage_loaders import end_workers
 from trainer.utilities import rank_zero_only
 
@@ -79,6 +79,8 @@ def setup_stage(trainer: Trainer, stage: str, module: TrainingModule, data: Data
     printed last."""
     if trainer.seed is not None:
         seed_generators(trainer.seed)
+    elif trainer.world_size > 1:  # as Lightning's DDP and FSDP: every rank from seed_everything's seed
+        reset_seed()
     if trainer.deterministic:
         use_deterministic_algorithms()
     if trainer.strategy.is_global_zero:  # once per Trainer and process, not again for each stage

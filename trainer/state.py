@@ -45,6 +45,7 @@ class Progress:
 
     batches_seen: int = 0  # training batches run since the first fit: the log-step clock
     in_epoch_end: bool = False  # the epoch-end hooks run: the epoch is done
+    validation_pending: bool = False  # the running batch's validation is due and has not started
     sampler: ResumableBatchSampler | None = None  # the training loader's; it records each epoch's RNG
     resumed: Resumed | None = None  # where a restored run continues, until its first epoch ends
 
@@ -73,7 +74,8 @@ def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
                              for optimizer in trainer.optimizers],
         "lr_schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
         "loops": {"epoch": epoch, "batches_done": batches_done, "global_step": trainer.global_step,
-                  "train_batches_seen": progress.batches_seen, "world_size": trainer.world_size},
+                  "train_batches_seen": progress.batches_seen, "world_size": trainer.world_size,
+                  "validation_pending": progress.validation_pending},
         "rng": rng,
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         "callback_metrics": dict(trainer.callback_metrics),
@@ -190,6 +192,14 @@ class Resumed:
     batches_seen: int  # training batches run since the first fit (the log-step clock)
     rng: dict[str, Any]  # this rank's checkpointed RNG states, for a mid-epoch replay (trainer/resume.py)
     callback_metrics: dict[str, Any]
+    # Written at a batch's end before that batch's validation (which draws random numbers, as in
+    # Lightning): the resumed run validates first, as the run that wrote it did next.
+    validation_pending: bool = False
+
+    def after_validation(self) -> Resumed:
+        """Where the loop continues once the pending validation has run: the RNG as it left it."""
+        now = {**capture_rng_state(), "generators": self.rng["now"].get("generators", [])}
+        return dataclasses.replace(self, validation_pending=False, rng={**self.rng, "now": now})
 
 
 def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: bool = False,
@@ -224,7 +234,7 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
         sampler.set_generator_states(rank_rng["now"].get("generators", []))
     loops = state["loops"]
     return Resumed(loops["epoch"], loops["global_step"], loops["batches_done"], loops["train_batches_seen"], rank_rng,
-                   state.get("callback_metrics", {}))
+                   state.get("callback_metrics", {}), loops.get("validation_pending", False))
 
 
 def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> None:

@@ -33,7 +33,7 @@ from trainer.metrics import MetricStore, format_results, split_by_dataloader
 from trainer.module import TrainingModule
 from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_window, step_schedulers
 from trainer.preemption import Preemption, save_for_preemption
-from trainer.seed import preserved_rng
+from trainer.seed import preserved_rng, restore_rng_state
 from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_model
 from trainer.shorthands import reject_unknown_arguments, translate
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
@@ -381,6 +381,10 @@ class Trainer:
         num_batches = self.num_training_batches
         val_every = None if val_loaders is None else validation_interval(
             self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch, num_batches)
+        if progress.resumed is not None and progress.resumed.validation_pending and val_loaders is not None:
+            restore_rng_state(progress.resumed.rng["now"])  # the checkpoint's, whatever the hooks since drew
+            self._run_validation(val_loaders)  # what the run that wrote it did next
+            progress.resumed = progress.resumed.after_validation()
         batch_idx = -1
         times, clock = self.phase_times, time.perf_counter  # two host clock reads a batch, no device sync
         times.start_loop(progress.batches_seen)
@@ -396,14 +400,15 @@ class Trainer:
                 hook(batch, batch_idx)
             outputs = self._training_step(module, batch, batch_idx, num_batches)
             progress.batches_seen += 1  # first: a checkpoint written in on_train_batch_end counts this batch
+            progress.validation_pending = val_every is not None and validation_due(
+                self.val_check_interval, self.check_val_every_n_epoch, batch_idx, val_every, num_batches, progress.batches_seen)
             for hook in hooks.batch_end:
                 hook(self, module, outputs, batch, batch_idx)
             for hook in hooks.module_batch_end:
                 hook(outputs, batch, batch_idx)
             if progress.batches_seen % self.log_every_n_steps == 0:
                 self._log_step()
-            if val_every is not None and validation_due(self.val_check_interval, self.check_val_every_n_epoch, batch_idx,
-                                                        val_every, num_batches, progress.batches_seen):
+            if progress.validation_pending:
                 self._run_validation(val_loaders)
             times.ready = clock()  # the next batch is asked for now
             if self._preemption.stop_now and ends_accumulation_window(batch_idx, self.accumulate_grad_batches, num_batches):
@@ -553,11 +558,11 @@ class Trainer:
 
     @measured("validation")
     def _run_validation(self, val_loaders: list[Any]) -> None:
+        self._progress.validation_pending = False  # a checkpoint from here on resumes after it
         self._log(self.metrics.publish_pending())  # the last log step's values first: the logs stay in step order
-        # Validating leaves every RNG as it found it: the weights do not depend on when (or
-        # whether) validation runs, and a checkpoint written just before it resumes exactly.
-        with preserved_rng():
-            self._evaluation_loop("validate", val_loaders, self.num_val_batches)
+        # It draws from the global RNG (the val loader's iter(), a validation_step's own draws), as in
+        # Lightning: the same seed gives Lightning's data order in the epochs after it.
+        self._evaluation_loop("validate", val_loaders, self.num_val_batches)
         self.model.train()
         self.metrics.start_training()
 

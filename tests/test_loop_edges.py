@@ -9,10 +9,10 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from callbacks import AMP
-from linear_regression import LinearRegression
+from linear_regression import LinearRegression, regression_samples
 
 
 class SkipsOddBatches(LinearRegression):
@@ -132,3 +132,53 @@ def test_trainer_model_is_the_model_inside_configure_optimizers(make_trainer, re
     trainer.fit(module, regression_loader)
     assert module.seen[0] is module
     assert trainer.global_step == 8
+
+
+# --- when validation runs (Lightning: loops/training_epoch_loop.py _should_check_val_fx) ---------------
+class ValidationSteps(LinearRegression):
+    """Records (epoch, global_step) at each validation during fit; sets should_stop at batch ``stop_at``."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        super().__init__()
+        self.stop_at, self.validated_at = stop_at, []
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == self.stop_at:
+            self.trainer.should_stop = True
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        if batch_idx == 0 and not self.trainer.sanity_checking:
+            self.validated_at.append((self.trainer.current_epoch, self.trainer.global_step))
+
+
+class Twenty(IterableDataset):
+    """20 regression samples with no length: the epoch's end shows only when the loader runs out."""
+
+    def __iter__(self):
+        x, y = regression_samples(20)
+        return iter(zip(x, y))
+
+
+def test_a_loader_without_a_length_validates_at_each_epochs_end_by_default(make_trainer, regression_loader):
+    module = ValidationSteps()
+    trainer = make_trainer(max_epochs=2, num_sanity_val_steps=0)
+    trainer.fit(module, DataLoader(Twenty(), batch_size=4), regression_loader)
+    assert module.validated_at == [(0, 5), (1, 10)]
+    assert trainer.global_step == 10
+
+
+def test_should_stop_mid_epoch_validates_then_ends_the_epoch(make_trainer, regression_loader):
+    module = ValidationSteps(stop_at=4)
+    trainer = make_trainer(max_epochs=1, num_sanity_val_steps=0)
+    trainer.fit(module, regression_loader, regression_loader)
+    assert module.validated_at == [(0, 5)]  # at the batch that set it, not at the 8th
+    assert (trainer.current_epoch, trainer.global_step) == (1, 5)
+
+
+def test_should_stop_before_min_epochs_validates_only_when_due(make_trainer, regression_loader):
+    module = ValidationSteps(stop_at=4)  # sets it in every epoch
+    trainer = make_trainer(max_epochs=3, min_epochs=2, num_sanity_val_steps=0)
+    trainer.fit(module, regression_loader, regression_loader)
+    assert module.validated_at == [(0, 8), (1, 16)]
+    assert (trainer.current_epoch, trainer.global_step) == (2, 16)

@@ -148,8 +148,11 @@ def test_evaluation_without_a_loader_is_an_error(make_trainer):
 
 
 def test_a_fractional_val_check_interval_needs_a_length(make_trainer, regression_loader):
-    with pytest.raises(ValueError, match="val_check_interval is a fraction of the epoch, but the training loader has no length"):
-        make_trainer(max_steps=2).fit(Evaluated(), DataLoader(Stream(), batch_size=4), regression_loader)
+    # 1.0, the default, means the end of each epoch, which a loader without a length also has (as in Lightning).
+    with pytest.raises(ValueError, match=r"val_check_interval=0.5\) is a fraction of the epoch, but the training "
+                                         r"loader has no length. Use 1.0 \(the end of each epoch\), an int"):
+        make_trainer(max_steps=2, val_check_interval=0.5).fit(Evaluated(), DataLoader(Stream(), batch_size=4),
+                                                              regression_loader)
 
 
 def test_an_int_val_check_interval_longer_than_the_epoch_is_an_error(make_trainer, regression_loader):

@@ -39,7 +39,7 @@ from trainer.shorthands import reject_unknown_arguments, translate
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
     NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_loaders, gather_predictions, limit_reached,
-    load_fit_data, reload_due, train_batches, validation_due, validation_interval,
+    load_fit_data, reload_due, train_batches, validation_schedule,
 )
 from trainer.state import (
     Progress, fitted_module, handoff_state, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
@@ -379,7 +379,7 @@ class Trainer:
             callback.on_train_epoch_start(self, module)
         module.on_train_epoch_start()
         num_batches = self.num_training_batches
-        val_every = None if val_loaders is None else validation_interval(
+        schedule = None if val_loaders is None else validation_schedule(
             self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch, num_batches)
         if progress.resumed is not None and progress.resumed.validation_pending and val_loaders is not None:
             restore_rng_state(progress.resumed.rng["now"])  # the checkpoint's, whatever the hooks since drew
@@ -400,15 +400,15 @@ class Trainer:
                 hook(batch, batch_idx)
             outputs = self._training_step(module, batch, batch_idx, num_batches)
             progress.batches_seen += 1  # first: a checkpoint written in on_train_batch_end counts this batch
-            progress.validation_pending = val_every is not None and validation_due(
-                self.val_check_interval, self.check_val_every_n_epoch, batch_idx, val_every, num_batches, progress.batches_seen)
+            progress.validation_pending = schedule is not None and schedule.due(batch_idx, progress.batches_seen)
             for hook in hooks.batch_end:
                 hook(self, module, outputs, batch, batch_idx)
             for hook in hooks.module_batch_end:
                 hook(outputs, batch, batch_idx)
             if progress.batches_seen % self.log_every_n_steps == 0:
                 self._log_step()
-            if progress.validation_pending:
+            # As in Lightning, stopping mid-epoch (should_stop, once min_epochs/min_steps allow) validates first.
+            if progress.validation_pending or (schedule is not None and self.should_stop and self._may_stop()):
                 self._run_validation(val_loaders)
             times.ready = clock()  # the next batch is asked for now
             if self._preemption.stop_now and ends_accumulation_window(batch_idx, self.accumulate_grad_batches, num_batches):
@@ -418,6 +418,9 @@ class Trainer:
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
             if (self.should_stop and self._may_stop()) or (self.max_steps != -1 and self.global_step >= self.max_steps):
                 break
+        else:  # the loader ran out: one without a length validates after its last batch (val_check_interval=1.0)
+            if schedule is not None and schedule.at_epoch_end and (batch_idx != -1 or progress.resumed is not None):
+                self._run_validation(val_loaders)
         times.end_loop(progress.batches_seen)
         if batch_idx == -1 and progress.resumed is None:
             raise no_training_batches()

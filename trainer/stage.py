@@ -32,10 +32,11 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_path: Any) -> tuple[list[Callback], Any, Path]:
+def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_path: Any,
+                   log_dir: Path | None) -> tuple[list[Callback], Any, Path]:
     """In the calling process, before the strategy launches: the Trainer's callbacks with the
     module's, the checkpoint path (resolved: ``"last"``, ``"best"`` or a file) and the log
-    directory, returned in that order."""
+    directory (``log_dir``, the last stage's, or a new one), returned in that order."""
     callbacks = callbacks_package.with_module_callbacks(trainer.callbacks, module.configure_callbacks(),
                                                         type(module).__name__)
     if rank_zero_only.rank == 0:
@@ -48,7 +49,6 @@ def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_pa
         versions = versions_root(loggers, trainer.default_root_dir)
         ckpt_path = checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, versions, trainer.is_global_zero,
                                                     best=best)
-    log_dir = trainer.log_dir
     if log_dir is None:  # a resumed run keeps the version directory its checkpoint is in
         log_dir = choose_log_dir(loggers, trainer.default_root_dir, ckpt_path if stage == "fit" else None)
     return callbacks, ckpt_path, log_dir

@@ -11,6 +11,7 @@ Performance notes are marked "hot loop": nothing there converts a tensor to a Py
 from __future__ import annotations
 
 import datetime
+import functools
 import itertools
 import math
 import os
@@ -21,7 +22,6 @@ from typing import Any
 
 import torch
 
-import callbacks as callbacks_package
 from callbacks import Callback
 from strategies import Strategy
 from trainer.arguments import loss_of, loss_without_grad, no_training_batches, skipped_batch
@@ -33,6 +33,7 @@ from trainer.metrics import MetricStore, format_results, split_by_dataloader
 from trainer.module import TrainingModule
 from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_window, step_schedulers
 from trainer.preemption import Preemption, save_for_preemption
+from trainer.properties import TrainerProperties
 from trainer.seed import preserved_rng, restore_rng_state
 from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_model
 from trainer.shorthands import reject_unknown_arguments, translate
@@ -49,7 +50,7 @@ from trainer.timing import PhaseTimes, measured
 CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
 
 
-class Trainer:
+class Trainer(TrainerProperties):
     """Trains a :class:`TrainingModule` with one fixed loop; where it runs is the ``strategy``.
 
     Args mean what they mean in PyTorch Lightning; the ones Cadence adds:
@@ -66,6 +67,9 @@ class Trainer:
 
     SIGTERM and SIGUSR1 during ``fit`` save ``last.ckpt`` at the end of the current step and end
     the process (see ``trainer/preemption.py``); ``fit(ckpt_path="last")`` resumes.
+
+    Lightning's read-only members (``is_global_zero``, ``loggers``, ``log_dir``, ...) are views in
+    ``trainer/properties.py``.
 
     Example::
 
@@ -131,7 +135,9 @@ class Trainer:
         self.lightning_module: TrainingModule | None = None  # the module of the running or last stage
         self.datamodule: DataModule | None = None  # the DataModule of the latest stage given one
         self._data: DataSource | None = None  # where the running stage's loaders come from
-        self.log_dir: Path | None = None
+        self._log_dir: Path | None = None  # the running or last stage's (trainer.log_dir: trainer/properties.py)
+        self.ckpt_path: Path | None = None  # the checkpoint the running or last stage loaded, if any
+        self._evaluation_stage: str | None = None  # the evaluation loop running: "validate", "test" or "predict"
         self.module: TrainingModule | None = None  # the user's module while a stage runs
         self.model: torch.nn.Module | None = None  # what the strategy wrapped (DDP), or the module
         self.optimizers: list[torch.optim.Optimizer] = []
@@ -262,7 +268,8 @@ class Trainer:
         return output
 
     def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any) -> Any:
-        self.callbacks, ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path)  # trainer/stage.py
+        self.callbacks, self.ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path, self._log_dir)
+        ckpt_path = self.ckpt_path  # resolved ("last", "best": the file; trainer/stage.py)
         module.trainer, self.lightning_module = self, module  # both answer after the stage too (test(model=None))
         self.datamodule = data.datamodule if data.datamodule is not None else self.datamodule
         output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path)
@@ -449,7 +456,7 @@ class Trainer:
                 self.strategy, self.optimizers, self.is_global_zero, self.current_epoch, self.global_step)):
             return outputs
         optimizer, hooks = self.optimizers[0], plan.hooks
-        step = self._optimizer_step if loss is not None else self._step_without_backward
+        step = self._optimizer_step if loss is not None else functools.partial(self._optimizer_step, backward_ran=False)
         if hooks.module_optimizer_step is None:
             stepped = step(optimizer)
         else:  # the override calls optimizer.step(closure) (or not: no step, global_step stays)
@@ -487,31 +494,24 @@ class Trainer:
         else:
             plan.backward(loss)
 
-    def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """unscale (AMP float16), on_before_optimizer_step, clip, step, global_step + 1; False when
-        the owner of the step skipped it (AMP found inf gradients): the schedulers then do not step."""
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer, backward_ran: bool = True) -> bool:
+        """unscale (AMP float16), on_before_optimizer_step, clip, step, global_step + 1; False when the owner
+        of the step skipped it (AMP found inf gradients): the schedulers then do not step. As in Lightning,
+        when the window's last training_step returned None (``backward_ran`` False) the owner takes no step."""
         plan = self._plan
-        if plan.step_owner is not None:  # true gradients for the hooks and clipping (AMP unscales)
+        if plan.step_owner is not None and backward_ran:  # true gradients for the hooks and clipping (AMP unscales)
             plan.step_owner.unscale_gradients(self, self.module, optimizer)
         if plan.hooks.before_step:
             plan.hooks.call_before_optimizer_step(self, self.module, optimizer)
         if self.gradient_clip_val is not None:
             clip_gradients(plan.clip_parameters, self.gradient_clip_val, self.gradient_clip_algorithm)
         if plan.step_owner is not None:
-            applied = plan.step_owner.optimizer_step(self, self.module, optimizer)
-        else:
+            applied = plan.step_owner.optimizer_step(self, self.module, optimizer) if backward_ran else True
+        else:  # after a skipped backward it moves no weight that got no gradient
             optimizer.step()
             applied = True
         self.global_step += 1  # counts the steps taken, applied or skipped by AMP (as in Lightning)
         return applied
-
-    def _step_without_backward(self, optimizer: torch.optim.Optimizer) -> bool:
-        """The window's last training_step returned None. As in Lightning: no unscale or scaler step (AMP),
-        otherwise the step as usual (it moves no weight that got no gradient); global_step counts it."""
-        if self._plan.step_owner is None:
-            return self._optimizer_step(optimizer)
-        self.global_step += 1
-        return True
 
     @measured("logging")
     def _log_step(self) -> None:
@@ -574,6 +574,7 @@ class Trainer:
         ``torch.inference_mode`` (``torch.no_grad`` with ``Trainer(inference_mode=False)``)."""
         several = len(loaders) > 1  # then steps and batch hooks get dataloader_idx, metrics a suffix
         hooks = evaluation_hooks(stage, self, self.callbacks, self.module, several)
+        self._evaluation_stage = stage
         self.model.eval()
         self.metrics.start_evaluation()
         for hook in hooks.start + hooks.epoch_start:
@@ -603,27 +604,11 @@ class Trainer:
         self._log(published)
         for hook in hooks.end:
             hook()
+        self._evaluation_stage = None
         if stage != "predict":
             return split_by_dataloader(values, len(loaders))
         predictions = gather_predictions(predictions, self.strategy)  # every rank's, in the dataset's order
         return predictions if several else predictions[0]
-
-    # --- Lightning's read-only names, looked up on every read where they live: the process's place in
-    # the strategy, the callbacks that play a named role in trainer.callbacks (in the order given).
-    is_global_zero = property(lambda self: self.strategy.is_global_zero)
-    global_rank = property(lambda self: self.strategy.global_rank)
-    world_size = property(lambda self: self.strategy.world_size)
-    progress_bar_callback = property(lambda self: next(iter(self._callbacks_of(callbacks_package.ProgressBar)), None))
-    loggers = property(lambda self: self._callbacks_of(callbacks_package.Logger))
-    logger = property(lambda self: next(iter(self.loggers), None))
-    checkpoint_callback = property(lambda self: next(iter(self._callbacks_of(callbacks_package.ModelCheckpoint)), None))
-    num_skipped_steps = property(lambda self: self._guard.skipped)  # steps on_nonfinite_loss="skip" skipped
-    callback_metrics = property(lambda self: self.metrics.callback_metrics)  # published values (trainer/metrics.py)
-    progress_bar_metrics = property(lambda self: self.metrics.progress_bar_metrics)
-    logged_metrics = property(lambda self: self.metrics.logged_metrics)
-
-    def _callbacks_of(self, kind: type) -> list[Any]:
-        return [callback for callback in self.callbacks if isinstance(callback, kind)]
 
     @property
     def estimated_stepping_batches(self) -> int | float:

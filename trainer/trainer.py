@@ -36,7 +36,7 @@ from trainer.preemption import Preemption, save_for_preemption
 from trainer.properties import TrainerProperties
 from trainer.seed import preserved_rng, restore_rng_state
 from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_model
-from trainer.shorthands import reject_unknown_arguments, translate
+from trainer.shorthands import reject_unknown_arguments, translate, with_lightning_defaults
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
     NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_loaders, gather_predictions, limit_reached,
@@ -114,17 +114,18 @@ class Trainer(TrainerProperties):
         reject_unknown_arguments(arguments.pop("unknown"), Trainer.__init__)  # a close match, or the Cadence way
         # Every argument checked, then Lightning's shorthands (accelerator, precision, fast_dev_run, profiler, ...)
         # made a strategy, callbacks and the settings below, in one place: translate takes exactly these arguments.
-        run = translate(**{name: value for name, value in arguments.items() if name != "self"})
+        # None where Lightning's default is None means what it means there (trainer/shorthands.py).
+        run = translate(**with_lightning_defaults({name: value for name, value in arguments.items() if name != "self"}))
         self.strategy, self.callbacks, self.default_root_dir = run.strategy, run.callbacks, run.default_root_dir
         self.max_epochs, self.max_steps, self.min_epochs, self.min_steps = run.max_epochs, run.max_steps, min_epochs, min_steps
         self.limits, self.fast_dev_run, self.overfit_batches = run.limits, fast_dev_run, overfit_batches
         self.val_check_interval, self.check_val_every_n_epoch = run.val_check_interval, run.check_val_every_n_epoch
-        self.num_sanity_val_steps, self.log_every_n_steps = run.num_sanity_val_steps, log_every_n_steps
+        self.num_sanity_val_steps, self.log_every_n_steps = run.num_sanity_val_steps, run.log_every_n_steps
         self.reload_dataloaders_every_n_epochs = reload_dataloaders_every_n_epochs
         self.use_distributed_sampler, self.inference_mode = use_distributed_sampler, inference_mode
         self.accumulate_grad_batches = accumulate_grad_batches
-        self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
-        self.seed, self.deterministic, self.on_nonfinite_loss = seed, deterministic, on_nonfinite_loss
+        self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, run.gradient_clip_algorithm
+        self.seed, self.deterministic, self.on_nonfinite_loss = seed, run.deterministic, on_nonfinite_loss
 
         # Public loop state (Lightning names); batch_idx: of the running training batch, -1 before the first.
         self.current_epoch, self.global_step, self.batch_idx = 0, 0, -1

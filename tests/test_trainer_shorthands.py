@@ -75,7 +75,14 @@ def test_a_lightning_argument_cadence_does_not_take_names_the_cadence_way(argume
 
 
 # --- accelerator, devices, strategy, num_nodes --------------------------------------------------------
-def test_accelerator_and_a_strategy_that_contradict_each_other_name_both():
+def test_accelerator_gpu_without_a_gpu_is_answered_in_the_users_words():
+    for accelerator, devices in (("gpu", "auto"), ("gpu", 2), ("cuda", 1)):
+        with pytest.raises(ValueError, match=rf"Trainer\(accelerator='{accelerator}'\) asks for a CUDA GPU, but PyTorch "
+                                             r'sees none .* Use accelerator="cpu" or "auto"'):
+            Trainer(accelerator=accelerator, devices=devices)
+
+
+def test_accelerator_and_a_strategy_that_contradict_each_other_name_both(two_gpus):
     with pytest.raises(ValueError, match=r'Trainer\(accelerator="cpu", strategy="cuda"\) contradict each other'):
         Trainer(accelerator="cpu", strategy="cuda")
     with pytest.raises(ValueError, match=r'Trainer\(accelerator="cuda", strategy=SingleDevice\(cpu\)\) contradict'):

@@ -119,7 +119,13 @@ def prepare_loader(loader: Any, stage: str, *, shuffle: bool, strategy: Any, see
     # Prediction shards in blocks, so that the ranks' outputs put end to end keep the dataset's order.
     if shard:
         loader = strategy.setup_dataloader(loader, shuffle=shuffle, contiguous=stage == "predict")
-    count = limited_length(loader_length(loader), limit)
+    length = loader_length(loader)
+    count = limited_length(length, limit)
     if count == 0 and stage == "train":
-        raise ValueError("limit_train_batches=0 leaves no batch to train on; use a value > 0.")
+        if isinstance(limit, float) and limit > 0:  # as Lightning, name the share given and the least that works
+            raise ValueError(
+                f"Trainer(limit_train_batches={limit}) of {length} training batches is less than one batch "
+                f"({limit} * {length} < 1). Use limit_train_batches={math.ceil(10_000 / length) / 10_000} or more, "
+                "or an int number of batches.")
+        raise ValueError(f"Trainer(limit_train_batches={limit}) leaves no batch to train on; use a value > 0.")
     return loader, math.inf if count is None else count

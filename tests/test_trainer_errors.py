@@ -207,3 +207,14 @@ def test_a_share_of_the_epoch_below_one_batch_reports_the_share_given(make_train
 def test_a_fractional_limit_on_an_endless_loader_is_an_error(make_trainer):
     with pytest.raises(ValueError, match="is a fraction, but the loader has no length"):
         make_trainer(max_steps=2, limit_train_batches=0.5).fit(Model(), DataLoader(Stream(), batch_size=4))
+
+
+@pytest.mark.parametrize("stage, argument, match", [
+    ("fit", "val_dataloader", r"Trainer.fit\(val_dataloader=.*\): no such argument; did you mean val_dataloaders\?"),
+    ("fit", "train_dataloader", r"Trainer.fit\(train_dataloader=.*\): no such argument; did you mean train_dataloaders\?"),
+    ("validate", "dataloader", r"Trainer.validate\(dataloader=.*\): no such argument; did you mean dataloaders\?"),
+    ("predict", "return_prediction", r"Trainer.predict\(return_prediction=.*\): no such argument; did you mean return_predictions\?"),
+])
+def test_a_misspelled_stage_argument_gets_a_did_you_mean(make_trainer, regression_loader, stage, argument, match):
+    with pytest.raises(TypeError, match=match):
+        getattr(make_trainer(max_epochs=1), stage)(Evaluated(), **{argument: regression_loader})

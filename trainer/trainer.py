@@ -158,7 +158,7 @@ class Trainer(TrainerProperties):
 
     # --- the public entry points -----------------------------------------------------------
     def fit(self, model: TrainingModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
-            datamodule: DataModule | None = None, ckpt_path: str | os.PathLike | None = None) -> None:
+            datamodule: DataModule | None = None, ckpt_path: str | os.PathLike | None = None, **unknown: Any) -> None:
         """Train ``model``. What happens, in order:
 
             module.configure_callbacks (they join the Trainer's callbacks)
@@ -209,30 +209,32 @@ class Trainer(TrainerProperties):
         ``optimizer_step`` override runs after the batch's forward and backward (its closure
         returns the loss instead of computing it).
         """
+        reject_unknown_arguments(unknown, Trainer.fit, "Trainer.fit")  # val_dataloader=: did you mean ...?
         data = collect_data("fit", model, train_dataloaders, val_dataloaders, datamodule,
                             validates=self.limits["validate"] != 0)
         self._launch("fit", model, data, ckpt_path)
 
     def validate(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
-                 datamodule: DataModule | None = None, verbose: bool = True) -> list[dict[str, float]]:
+                 datamodule: DataModule | None = None, verbose: bool = True, **unknown: Any) -> list[dict[str, float]]:
         """Run ``validation_step`` over ``dataloaders`` (one loader, or a list or dict of them);
         return one dict of epoch metrics per loader, ``[{metric: value}]``. Without ``model``: the
         module of the last ``fit``, with the weights of ``ckpt_path`` (``"best"``, ``"last"`` or a
         file; by default the best checkpoint of that fit, if any). ``verbose`` prints the metrics."""
-        return self._evaluate("validate", model, dataloaders, ckpt_path, datamodule, verbose)
+        return self._evaluate("validate", model, dataloaders, ckpt_path, datamodule, verbose, unknown)
 
     def test(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
-             datamodule: DataModule | None = None, verbose: bool = True) -> list[dict[str, float]]:
+             datamodule: DataModule | None = None, verbose: bool = True, **unknown: Any) -> list[dict[str, float]]:
         """Run ``test_step`` over ``dataloaders``; return one dict of epoch metrics per loader
         (see :meth:`validate` for ``model``, ``ckpt_path`` and ``verbose``)."""
-        return self._evaluate("test", model, dataloaders, ckpt_path, datamodule, verbose)
+        return self._evaluate("test", model, dataloaders, ckpt_path, datamodule, verbose, unknown)
 
     def predict(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
-                datamodule: DataModule | None = None, return_predictions: bool | None = None) -> list[Any] | None:
+                datamodule: DataModule | None = None, return_predictions: bool | None = None,
+                **unknown: Any) -> list[Any] | None:
         """Run ``predict_step`` over ``dataloaders``; return the outputs, one per batch, in order (a list of
         such lists for several loaders; None with ``return_predictions=False``). Under DDP every rank's come
         back on the CPU: the whole dataset, in order, each sample once. See :meth:`validate`."""
-        predictions = self._evaluate("predict", model, dataloaders, ckpt_path, datamodule, verbose=False)
+        predictions = self._evaluate("predict", model, dataloaders, ckpt_path, datamodule, False, unknown)
         return None if return_predictions is False else predictions
 
     @measured("checkpointing")
@@ -259,7 +261,8 @@ class Trainer(TrainerProperties):
 
     # --- launch and per-process setup ------------------------------------------------------
     def _evaluate(self, stage: str, model: TrainingModule | None, dataloaders: Any, ckpt_path: Any, datamodule: Any,
-                  verbose: bool) -> Any:
+                  verbose: bool, unknown: dict[str, Any]) -> Any:
+        reject_unknown_arguments(unknown, getattr(Trainer, stage), f"Trainer.{stage}")  # a close match named
         if model is None:  # the module of the last fit, by default with its best checkpoint
             model, ckpt_path = fitted_module(self, stage, ckpt_path)
         data = collect_data(stage, model, dataloaders, None, datamodule, previous_datamodule=self.datamodule)

@@ -182,3 +182,16 @@ def test_should_stop_before_min_epochs_validates_only_when_due(make_trainer, reg
     trainer.fit(module, regression_loader, regression_loader)
     assert module.validated_at == [(0, 8), (1, 16)]
     assert (trainer.current_epoch, trainer.global_step) == (2, 16)
+
+
+# --- warnings point at the user's line -----------------------------------------------------------------
+def test_the_loops_warnings_point_at_the_users_line_not_at_cadence(make_trainer, regression_loader):
+    class NoValidationStep(LinearRegression):
+        pass
+
+    with pytest.warns(UserWarning) as caught:
+        make_trainer(max_steps=-1, limit_train_batches=1).fit(NoValidationStep(), regression_loader, regression_loader)
+    where = {str(w.message): w.filename for w in caught}
+    assert any(text.startswith("Neither max_epochs nor max_steps is set") for text in where)
+    assert any(text.startswith("NoValidationStep defines no validation_step") for text in where)
+    assert set(where.values()) == {__file__}

@@ -12,7 +12,7 @@ import torch
 
 from trainer.data import check_limit
 from trainer.guards import check_nonfinite_mode
-from trainer.user_warnings import warn_user
+from callbacks.console import warn
 
 
 def check_positive_int(value: Any, name: str, allow_none: bool = False) -> None:
@@ -104,7 +104,7 @@ def skipped_batch(world_size: int, batch_idx: int) -> None:
             "not supported in distributed training: the other processes would wait for this one's gradients. "
             "Return the loss (multiplied by 0 to have no effect) on every process."
         )
-    warn_user("training_step returned None: the batch is skipped (no backward). If this was on purpose, ignore this "
+    warn("training_step returned None: the batch is skipped (no backward). If this was on purpose, ignore this "
               'warning; otherwise return the loss tensor, or a dict with a "loss" key.')
 
 

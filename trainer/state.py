@@ -18,7 +18,6 @@ import functools
 import itertools
 import os
 import platform
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ import torch
 from strategies import checkpoint as checkpoint_io
 from trainer.optim import ends_accumulation_window
 from trainer.seed import capture_rng_state, restore_rng_state
+from callbacks.console import warn
 
 if TYPE_CHECKING:
     from strategies import Strategy
@@ -59,10 +59,10 @@ def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
     sampler = progress.sampler
     window_ended = ends_accumulation_window(trainer.batch_idx, trainer.accumulate_grad_batches, trainer.num_training_batches)
     if trainer.stage == "fit" and batches_done and not window_ended and trainer.is_global_zero:
-        warnings.warn(
+        warn(
             f"save_checkpoint after batch {trainer.batch_idx}, inside an accumulation window of "
             f"{trainer.accumulate_grad_batches} batches: the gradients accumulated so far are not saved, so a run "
-            "resumed from it is not exact. Save after the window's last batch (ModelCheckpoint does).", stacklevel=3)
+            "resumed from it is not exact. Save after the window's last batch (ModelCheckpoint does).")
     # Each rank's RNG states: ranks may draw differently (dropout, per-rank augmentation). "now"
     # includes the training loader's own generators, whose state the next epoch's order comes from.
     rng = trainer.strategy.all_gather_object({
@@ -126,9 +126,9 @@ def fitted_module(trainer: Trainer, stage: str, ckpt_path: Any) -> tuple[Trainin
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback is not None else ""
     if ckpt_path is None and best:
         if trainer.is_global_zero:
-            warnings.warn(f"Trainer.{stage}() got no model and no ckpt_path, so it loads the best checkpoint of the "
-                          f"last fit ({best}). Pass ckpt_path=\"best\", \"last\" or a path to choose (and silence "
-                          "this warning).", stacklevel=4)
+            warn(f"Trainer.{stage}() got no model and no ckpt_path, so it loads the best checkpoint of the "
+                 f"last fit ({best}). Pass ckpt_path=\"best\", \"last\" or a path to choose (and silence "
+                 "this warning).")
         ckpt_path = "best"
     return trainer.lightning_module, ckpt_path
 
@@ -225,9 +225,9 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
     _restore_callbacks(trainer, state["callbacks"], path)
     rng = state["rng"]  # one entry per rank
     if len(rng) != trainer.world_size and trainer.is_global_zero:
-        warnings.warn(f"Checkpoint {path} was written by {len(rng)} processes and resumes on {trainer.world_size}: "
-                      "the weights and optimizer states load whole, but random draws and the rest of the epoch's "
-                      "data order will differ.", stacklevel=3)
+        warn(f"Checkpoint {path} was written by {len(rng)} processes and resumes on {trainer.world_size}: "
+             "the weights and optimizer states load whole, but random draws and the rest of the epoch's "
+             "data order will differ.")
     rank_rng = rng[trainer.global_rank] if trainer.global_rank < len(rng) else rng[0]
     restore_rng_state(rank_rng["now"])  # and again after a mid-epoch replay (trainer/resume.py)
     if sampler is not None:  # the loader's own generators: the next epoch's order
@@ -243,8 +243,8 @@ def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> 
             callback.load_state_dict(states[callback.state_key])
     unused = sorted(key for key, value in states.items() if value and key not in {c.state_key for c in trainer.callbacks})
     if unused and trainer.is_global_zero:
-        warnings.warn(f"Checkpoint {path} holds the state of callbacks this Trainer does not have: {unused}. "
-                      "It is not restored; pass the same callbacks (same monitor, mode and trigger) to continue them.", stacklevel=3)
+        warn(f"Checkpoint {path} holds the state of callbacks this Trainer does not have: {unused}. "
+             "It is not restored; pass the same callbacks (same monitor, mode and trigger) to continue them.")
 
 
 def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodule: DataModule | None,

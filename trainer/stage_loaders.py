@@ -123,7 +123,7 @@ class ValidationSchedule:
 
     def due(self, batch_idx: int, batches_seen: int) -> bool:
         """After training batch ``batch_idx`` (``batches_seen`` since the first fit); per batch, no tensor read."""
-        return not self.at_epoch_end and (batches_seen if self.counts_run else batch_idx + 1) % self.every == 0
+        return self.every != math.inf and (batches_seen if self.counts_run else batch_idx + 1) % self.every == 0
 
 
 def validation_schedule(val_check_interval: int | float, check_val_every_n_epoch: int | None, epoch: int,

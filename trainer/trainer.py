@@ -176,14 +176,14 @@ class Trainer(TrainerProperties):
                 every reload_dataloaders_every_n_epochs: the loaders again from their hooks
                 on_train_epoch_start
                 each batch: to device (CUDA: copied ahead on a side stream) -> on_train_batch_start
-                    -> forward (training_step) under the callbacks' forward contexts
+                    -> forward (training_step) under the callbacks' forward contexts (None: no backward)
                     -> on_before_backward -> backward (no all-reduce while accumulating) -> on_after_backward
                     -> every accumulate_grad_batches-th batch: unscale (AMP float16), on_before_optimizer_step,
                        clip, optimizer step or the scaler's, which may skip it (all three inside the module's
                        optimizer_step when it overrides it), then on_before_zero_grad, zero grad (the module's
                        optimizer_zero_grad), step-interval schedulers (not after a skipped step)
                     -> on_train_batch_end -> every log_every_n_steps: on_log, non-finite loss check
-                    -> at val_check_interval: on_log (the last log step's values, so logs stay in step
+                    -> at val_check_interval or should_stop: on_log (the last log step's values, logs in step
                        order), then validation (on_validation_start, on_validation_epoch_start,
                        each batch on_validation_batch_start/end, on_validation_epoch_end, on_validation_end)
                     -> after SIGTERM/SIGUSR1, once the accumulation window ends: write last.ckpt, stop

@@ -11,6 +11,7 @@ import _cadence_shadowing
 
 _cadence_shadowing.check_packages()  # first: a user's trainer.py or strategies.py is named, not misread
 
+from collections.abc import Iterable
 from typing import Any
 
 from callbacks.amp import AMP
@@ -81,10 +82,11 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
         callbacks += default_loggers()
     elif isinstance(logger, Callback):
         callbacks.append(logger)
-    elif isinstance(logger, (list, tuple)):
+    elif isinstance(logger, Iterable) and not isinstance(logger, (str, bytes)):  # any iterable, as in Lightning
         callbacks += list(default_callbacks(list(logger), enable_progress_bar=False, enable_checkpointing=False, logger=False))
     elif logger not in (False, None):
-        raise ValueError(f"Trainer(logger={logger!r}): use True, False, a logger callback or a list of them.")
+        raise ValueError(f"Trainer(logger={logger!r}) is a {type(logger).__name__}: use True, False, a logger "
+                         "callback or an iterable of them (a list, a tuple, Hydra's ListConfig).")
     bars = [c for c in callbacks if isinstance(c, ProgressBar)]
     if len(bars) > 1:
         raise ValueError(f"Trainer(callbacks=[...]) holds {len(bars)} progress bars "

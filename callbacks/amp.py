@@ -23,12 +23,12 @@ the skip happens on the device, and the LR scheduler then steps even on a skippe
 from __future__ import annotations
 
 import sys
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from callbacks.base import Callback
+from callbacks.console import warn
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -98,9 +98,8 @@ class AMP(Callback):
         if self.cpu_dtype is not None and device.type == "cpu" and self.cpu_dtype != requested:
             requested = self.cpu_dtype
             if trainer.is_global_zero:
-                warnings.warn(f"{self!r} runs {requested} on the CPU; Trainer(precision='16-mixed') asks for this, as "
-                              "Lightning switches to bf16-mixed there. Pass callbacks=[AMP('fp16')] for float16 on the CPU.",
-                              stacklevel=2)
+                warn(f"{self!r} runs {requested} on the CPU; Trainer(precision='16-mixed') asks for this, as "
+                     "Lightning switches to bf16-mixed there. Pass callbacks=[AMP('fp16')] for float16 on the CPU.")
         self.dtype = _resolve(requested, device)
         if self.requested == "auto" and trainer.is_global_zero:
             how = "no loss scaling needed" if self.dtype == torch.bfloat16 else "with loss scaling: no bfloat16 here"

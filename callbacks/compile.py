@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import sys
 import time
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,6 +35,7 @@ from callbacks.base import Callback
 from callbacks.forwards import ForwardFunction, restore_forward, wrap_forward
 from strategies.selection import describe_children, select_submodules
 from strategies.transfer import apply_to_tensors
+from callbacks.console import warn
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -180,8 +180,8 @@ class Compile(Callback):
         if self._rank_zero and not warned:
             cause = getattr(error, "inner_exception", None) or error  # a backend's own error, inside dynamo's
             first_line = (str(cause).strip().splitlines() or [""])[0]
-            warnings.warn(f"Compile: torch.compile is unavailable or failed to build ({type(cause).__name__}: "
-                          f"{first_line}); the model runs eagerly (uncompiled). Training continues.", stacklevel=2)
+            warn(f"Compile: torch.compile is unavailable or failed to build ({type(cause).__name__}: "
+                 f"{first_line}); the model runs eagerly (uncompiled). Training continues.")
 
     # --- steps, and the first one's time -----------------------------------------------------
     def on_train_batch_start(self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int) -> None:

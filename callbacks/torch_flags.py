@@ -6,12 +6,12 @@ not inherit them) when a stage sets up, and put back as they were when it ends.
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from callbacks.base import Callback
+from callbacks.console import warn
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -35,8 +35,8 @@ class TorchFlags(Callback):
         self._previous = {"benchmark": torch.backends.cudnn.benchmark, "anomaly": torch.is_anomaly_enabled()}
         if self.cudnn_benchmark is not None:
             if self.cudnn_benchmark and trainer.deterministic and trainer.is_global_zero:
-                warnings.warn("Trainer(benchmark=True, deterministic=True): cuDNN's benchmark mode picks algorithms "
-                              "by timing, so results may vary between runs.", stacklevel=2)
+                warn("Trainer(benchmark=True, deterministic=True): cuDNN's benchmark mode picks algorithms "
+                     "by timing, so results may vary between runs.")
             torch.backends.cudnn.benchmark = self.cudnn_benchmark
         if self.detect_anomaly:
             torch.autograd.set_detect_anomaly(True)

@@ -14,7 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer import TrainingModule
+from torch.utils.data import DataLoader, TensorDataset
+
+from examples.digits import load_digits
+from trainer import DataModule, TrainingModule
 
 #: Characters from light to dark, for printing 8x8 images as text.
 SHADES = " .:-=+*#%@"
@@ -89,6 +92,23 @@ class DigitsGAN(TrainingModule):
         images = self(noise.to(self.device)).view(count, 8, 8).cpu()
         self.train(was_training)
         return images
+
+
+class DigitsImages(DataModule):
+    """Every digit image, for training only: a GAN has nothing to validate or test (a DataModule that
+    defined ``val_dataloader`` would be warned about, as in Lightning, since the GAN has no validation_step).
+
+    Args:
+        batch_size: images per training batch.
+    """
+
+    def __init__(self, batch_size: int = 64) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+        self.images = TensorDataset(*load_digits())
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.images, batch_size=self.batch_size, shuffle=True)
 
 
 def draw(images: torch.Tensor, per_line: int = 4) -> str:

@@ -27,6 +27,10 @@ def parse_accelerator(accelerator: Any) -> str:
             if name in ("tpu", "hpu", "xla", "ipu") else ""
         raise ValueError(f'Trainer(accelerator={accelerator!r}) is not a device type. Use "auto", "cpu", "gpu" '
                          f'(or "cuda") or "mps".{hint}')
+    if name in ("gpu", "cuda") and not torch.cuda.is_available():  # in the user's words, before any strategy
+        raise ValueError(f"Trainer(accelerator={accelerator!r}) asks for a CUDA GPU, but PyTorch sees none (torch "
+                         f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}). Use accelerator=\"cpu\" "
+                         "or \"auto\", or install a CUDA build of PyTorch.")
     return "cuda" if name == "gpu" else name
 
 

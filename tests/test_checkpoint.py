@@ -66,8 +66,10 @@ def checkpoint(make_trainer, regression_loader, tmp_path):
 
 def test_a_checkpoint_holds_the_whole_training_state_as_plain_data(checkpoint):
     state = torch.load(checkpoint, weights_only=True)  # loads without running any code
-    cadence_loops = {key: state["loops"][key] for key in ("epoch", "batches_done", "global_step", "train_batches_seen", "world_size")}
-    assert cadence_loops == {"epoch": 1, "batches_done": 0, "global_step": 8, "train_batches_seen": 8, "world_size": 1}
+    cadence_loops = {key: state["loops"][key] for key in ("epoch", "batches_done", "global_step", "train_batches_seen", "world_size",
+                                                              "validation_pending")}
+    assert cadence_loops == {"epoch": 1, "batches_done": 0, "global_step": 8, "train_batches_seen": 8, "world_size": 1,
+                             "validation_pending": False}
     assert set(state["state_dict"]) == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
     assert state["optimizer_states"][0]["state"][0]["step"] == 8
     assert state["lr_schedulers"][0]["last_epoch"] == 1  # stepped once per epoch

@@ -26,13 +26,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from callbacks import AutoMicrobatch, CSVLogger, ModelCheckpoint, Profiler
-from linear_regression import IndexedRegression, LinearRegression
+from linear_regression import IndexedRegression, LinearRegression, regression_samples
 from strategies import DDP
 from processes import free_port, run_together, torchrun
-from trainer import DataModule, Trainer, TrainingModule
+from trainer import DataModule, Trainer, TrainingModule, seed_everything
 
 WORLD_SIZE = 2
 SAMPLES = 64
@@ -580,3 +580,29 @@ def test_parameters_the_loss_never_uses_get_the_cadence_way_to_find_unused_param
                                            r'"ddp_find_unused_parameters_true"\) or strategies.DDP\('
                                            r'find_unused_parameters=True\)'):
         trainer.fit(WithAnUnusedLayer(), DataLoader(IndexedRegression(count=32), batch_size=4))
+
+
+class DrawsAtSetup(LinearRegression):
+    """Writes the first numbers its rank draws from torch's RNG in ``setup`` to ``draws{rank}.json``."""
+
+    def __init__(self, out_dir: str) -> None:
+        super().__init__()
+        self.out_dir = out_dir
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", F.mse_loss(self.layer(batch[0]), batch[1]))
+
+    def setup(self, stage):
+        Path(self.out_dir, f"draws{self.trainer.global_rank}.json").write_text(json.dumps(torch.rand(3).tolist()))
+
+
+def test_seed_everything_before_a_spawned_stage_seeds_every_rank_as_in_lightning(tmp_path, monkeypatch):
+    # Lightning's DDP setup calls reset_seed() on every rank: seed_everything's seed, from PL_GLOBAL_SEED.
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)  # seed_everything sets it; put it back afterwards
+    monkeypatch.delenv("PL_SEED_WORKERS", raising=False)
+    seed_everything(123)
+    trainer = Trainer(strategy=DDP(devices=WORLD_SIZE), default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
+                      enable_checkpointing=False, report=False)
+    trainer.validate(DrawsAtSetup(str(tmp_path)), DataLoader(TensorDataset(*regression_samples(8)), batch_size=4), verbose=False)
+    expected = torch.rand(3, generator=torch.Generator().manual_seed(123)).tolist()
+    assert [json.loads((tmp_path / f"draws{rank}.json").read_text()) for rank in range(WORLD_SIZE)] == [expected] * 2

@@ -85,8 +85,9 @@ def test_the_same_seed_trains_bit_identical_weights_and_another_seed_does_not(ma
     assert not same(first, train(make_trainer, seed=2, deterministic=True))
 
 
-def test_validating_does_not_change_the_trained_weights(make_trainer):
-    # Validation draws a worker seed from torch's RNG; the Trainer puts the RNG back afterwards.
+def test_with_a_trainer_seed_validating_does_not_change_the_trained_weights(make_trainer):
+    # Trainer(seed=...) gives each loader its own seeded generator, so the validation loader's
+    # worker seed is not drawn from the global RNG that dropout draws from.
     assert same(train(make_trainer, seed=3), train(make_trainer, seed=3, validate=True, val_check_interval=2))
 
 
@@ -195,3 +196,29 @@ def test_seed_everything_with_workers_has_the_trainer_seed_each_dataloader_worke
     assert torch.equal(seeded, draws(workers=True))
     # The workers were seeded by the Trainer (per worker and rank), not left to PyTorch's default.
     assert not torch.equal(seeded[:, 1:], draws(workers=False)[:, 1:])
+
+
+def test_validation_during_fit_draws_from_the_global_rng_as_in_lightning(make_trainer):
+    """Lightning isolates only the sanity check's RNG: the validation loader's iter() draws its base
+    seed from torch's RNG, so after seed_everything the second epoch's order is the one of a plain
+    loop that iterates the validation loader between the epochs (the same as under Lightning 2.6)."""
+    def loaders() -> tuple[DataLoader, DataLoader]:
+        return DataLoader(Indexed(), batch_size=4, shuffle=True), DataLoader(Indexed(), batch_size=8)
+
+    class Validated(Collects):
+        def validation_step(self, batch, batch_idx):
+            self.log("val/mean", self.layer(batch).mean())
+
+    seed_everything(42)
+    module = Validated()
+    train_loader, val_loader = loaders()
+    make_trainer(max_epochs=2).fit(module, train_loader, val_loader)  # with the default sanity check
+    trained = torch.cat(module.draws)[:, 0].tolist()
+
+    seed_everything(42)
+    Collects()  # the same initial draws
+    train_loader, val_loader = loaders()
+    first_epoch = [float(index) for batch in train_loader for index in batch[:, 0]]
+    list(val_loader)
+    second_epoch = [float(index) for batch in train_loader for index in batch[:, 0]]
+    assert trained == first_epoch + second_epoch

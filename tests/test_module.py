@@ -299,3 +299,17 @@ def test_print_on_gpu_example_input_array_and_rank_zero_only(make_trainer, regre
         module.print("not on rank one")  # the trainer is still attached: it says rank 0
     finally:
         rank_zero_only.rank = 0
+
+
+def test_freeze_unfreeze_dtype_and_a_settable_trainer_as_in_lightning(make_trainer):
+    from linear_regression import LinearRegression
+
+    module = LinearRegression()
+    module.freeze()
+    assert not module.training and not any(parameter.requires_grad for parameter in module.parameters())
+    module.unfreeze()
+    assert module.training and all(parameter.requires_grad for parameter in module.parameters())
+    assert module.dtype == torch.float32 and module.double().dtype == torch.float64
+    trainer = make_trainer(max_epochs=1)
+    module.trainer = trainer  # users' inference code and Lightning's tests attach a Trainer by hand
+    assert module.trainer is trainer and module.global_step == 0

@@ -88,15 +88,20 @@ class DrawsOnTheGpu(TrainingModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def test_validation_and_a_resume_leave_the_apple_gpus_random_stream_as_an_uninterrupted_run_draws_it(
+def test_a_resume_leaves_the_apple_gpus_random_stream_as_an_uninterrupted_run_draws_it(
         apple_generator, make_trainer, regression_loader, tmp_path):
+    # Validation draws from the stream during fit, as in Lightning; the checkpoint written after it
+    # holds the state it left, so the resumed run draws what the uninterrupted one drew next.
     uninterrupted = DrawsOnTheGpu(apple_generator)
-    make_trainer(max_epochs=2).fit(uninterrupted, regression_loader)  # no validation
+    make_trainer(max_epochs=2, num_sanity_val_steps=0).fit(uninterrupted, regression_loader, regression_loader)
     apple_generator.manual_seed(0)
     first = DrawsOnTheGpu(apple_generator)
-    make_trainer(max_epochs=1, enable_checkpointing=True).fit(first, regression_loader, regression_loader)
-    assert first.draws == uninterrupted.draws[:8]  # validation's draws were given back
+    make_trainer(max_epochs=1, num_sanity_val_steps=0, enable_checkpointing=True).fit(first, regression_loader,
+                                                                                      regression_loader)
+    assert first.draws == uninterrupted.draws[:8]
     apple_generator.manual_seed(1234)  # a new process starts with another state
     resumed = DrawsOnTheGpu(apple_generator)
-    make_trainer(max_epochs=2, enable_checkpointing=True).fit(resumed, regression_loader, ckpt_path="last")
+    make_trainer(max_epochs=2, num_sanity_val_steps=0, enable_checkpointing=True).fit(
+        resumed, regression_loader, regression_loader, ckpt_path="last")
     assert resumed.draws == uninterrupted.draws[8:]
+    assert len(set(uninterrupted.draws)) == 16

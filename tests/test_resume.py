@@ -221,3 +221,38 @@ def test_a_torchrun_job_whose_rank_is_killed_is_restarted_and_resumes_by_itself_
     assert [path.name for path in (tmp_path / "killed" / "cadence_logs").iterdir()] == ["version_0"]  # logs continue
     final, reference = (torch.load(tmp_path / name / "final.pt", weights_only=True) for name in ("killed", "uninterrupted"))
     assert final.keys() == reference.keys() and all(torch.equal(final[key], reference[key]) for key in reference)
+
+
+class ValidatedDropout(Dropout):
+    """Dropout with a validation loader that draws from the global RNG (no Trainer seed): counts its validations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.validations = 0
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val/loss", F.mse_loss(self.net(x), y))
+
+    def on_validation_end(self):
+        self.validations += 1
+
+
+def test_a_checkpoint_written_before_its_batchs_validation_replays_that_validation_on_resume(make_trainer, tmp_path):
+    # Validation draws from the global RNG as in Lightning (iter() of its loader draws a base seed),
+    # so a run resumed from step 4's checkpoint, written before that batch's validation, matches
+    # the uninterrupted run only if it validates first, as that run did next.
+    def fit(callbacks=(), ckpt_path=None) -> ValidatedDropout:
+        seed_everything(0)
+        model = ValidatedDropout()
+        trainer = make_trainer(max_epochs=2, val_check_interval=4, num_sanity_val_steps=0, callbacks=list(callbacks))
+        trainer.fit(model, DataLoader(Counted(), batch_size=8, shuffle=True), DataLoader(Counted(), batch_size=16),
+                    ckpt_path=ckpt_path)
+        return model
+
+    path = tmp_path / "step4.ckpt"  # epoch 0, after batch 3; the validation at batch 3 runs after it is written
+    reference = fit([SaveAtStep(path, 4)])
+    assert torch.load(path, weights_only=True)["loops"]["validation_pending"] is True
+    resumed = fit(ckpt_path=path)
+    assert_same_weights(resumed, reference.state_dict())
+    assert (reference.validations, resumed.validations) == (4, 4)  # at batches 3 and 7 of each epoch; step 4's again

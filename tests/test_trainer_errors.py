@@ -37,12 +37,11 @@ class Evaluated(Model):
 @pytest.mark.parametrize(
     "step, match",
     [
-        (lambda loss: None, "training_step returned None at batch 0. Return the loss tensor"),
         (lambda loss: loss * torch.ones(4, 2), r"a loss of shape \(4, 2\) at batch 0; the loss must be a scalar"),
         (lambda loss: loss.item(), "training_step returned float at batch 0"),
         (lambda loss: {"log": loss}, "training_step returned a dict without a 'loss' key at batch 0"),
     ],
-    ids=["none", "non-scalar", "python-float", "dict-without-loss"],
+    ids=["non-scalar", "python-float", "dict-without-loss"],
 )
 def test_training_step_must_return_a_scalar_loss(make_trainer, regression_loader, step, match):
     with pytest.raises(RuntimeError, match=match):
@@ -149,8 +148,11 @@ def test_evaluation_without_a_loader_is_an_error(make_trainer):
 
 
 def test_a_fractional_val_check_interval_needs_a_length(make_trainer, regression_loader):
-    with pytest.raises(ValueError, match="val_check_interval is a fraction of the epoch, but the training loader has no length"):
-        make_trainer(max_steps=2).fit(Evaluated(), DataLoader(Stream(), batch_size=4), regression_loader)
+    # 1.0, the default, means the end of each epoch, which a loader without a length also has (as in Lightning).
+    with pytest.raises(ValueError, match=r"val_check_interval=0.5\) is a fraction of the epoch, but the training "
+                                         r"loader has no length. Use 1.0 \(the end of each epoch\), an int"):
+        make_trainer(max_steps=2, val_check_interval=0.5).fit(Evaluated(), DataLoader(Stream(), batch_size=4),
+                                                              regression_loader)
 
 
 def test_an_int_val_check_interval_longer_than_the_epoch_is_an_error(make_trainer, regression_loader):
@@ -183,7 +185,7 @@ def test_an_int_val_check_interval_longer_than_the_epoch_is_an_error(make_traine
         ({"num_sanity_val_steps": -2}, r"Trainer\(num_sanity_val_steps=-2\): use an int >= 0, or -1 for all"),
         ({"seed": -1}, r"seed_everything\(seed=-1\): use an int in \[0, 2\*\*32 - 1\]"),
         ({"callbacks": [object()]}, r"Trainer\(callbacks=\[...\]\) item 0 is object, not a callbacks.Callback"),
-        ({"logger": "tensorboard"}, r"Trainer\(logger='tensorboard'\): use True, False, a logger callback"),
+        ({"logger": "tensorboard"}, r"Trainer\(logger='tensorboard'\) is a str: use True, False, a logger callback or an iterable"),
     ],
 )
 def test_a_bad_trainer_argument_is_refused_with_what_would_work(arguments, match):
@@ -192,10 +194,27 @@ def test_a_bad_trainer_argument_is_refused_with_what_would_work(arguments, match
 
 
 def test_limit_train_batches_zero_leaves_nothing_to_train(make_trainer, regression_loader):
-    with pytest.raises(ValueError, match="limit_train_batches=0 leaves no batch to train on"):
+    with pytest.raises(ValueError, match=r"Trainer\(limit_train_batches=0\) leaves no batch to train on"):
         make_trainer(max_epochs=1, limit_train_batches=0).fit(Model(), regression_loader)
+
+
+def test_a_share_of_the_epoch_below_one_batch_reports_the_share_given(make_trainer, regression_loader):
+    with pytest.raises(ValueError, match=r"Trainer\(limit_train_batches=0.1\) of 8 training batches is less than one "
+                                         r"batch \(0.1 \* 8 < 1\). Use limit_train_batches=0.125 or more"):
+        make_trainer(max_epochs=1, limit_train_batches=0.1).fit(Model(), regression_loader)
 
 
 def test_a_fractional_limit_on_an_endless_loader_is_an_error(make_trainer):
     with pytest.raises(ValueError, match="is a fraction, but the loader has no length"):
         make_trainer(max_steps=2, limit_train_batches=0.5).fit(Model(), DataLoader(Stream(), batch_size=4))
+
+
+@pytest.mark.parametrize("stage, argument, match", [
+    ("fit", "val_dataloader", r"Trainer.fit\(val_dataloader=.*\): no such argument; did you mean val_dataloaders\?"),
+    ("fit", "train_dataloader", r"Trainer.fit\(train_dataloader=.*\): no such argument; did you mean train_dataloaders\?"),
+    ("validate", "dataloader", r"Trainer.validate\(dataloader=.*\): no such argument; did you mean dataloaders\?"),
+    ("predict", "return_prediction", r"Trainer.predict\(return_prediction=.*\): no such argument; did you mean return_predictions\?"),
+])
+def test_a_misspelled_stage_argument_gets_a_did_you_mean(make_trainer, regression_loader, stage, argument, match):
+    with pytest.raises(TypeError, match=match):
+        getattr(make_trainer(max_epochs=1), stage)(Evaluated(), **{argument: regression_loader})

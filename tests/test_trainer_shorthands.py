@@ -76,7 +76,14 @@ def test_a_lightning_argument_cadence_does_not_take_names_the_cadence_way(argume
 
 
 # --- accelerator, devices, strategy, num_nodes --------------------------------------------------------
-def test_accelerator_and_a_strategy_that_contradict_each_other_name_both():
+def test_accelerator_gpu_without_a_gpu_is_answered_in_the_users_words():
+    for accelerator, devices in (("gpu", "auto"), ("gpu", 2), ("cuda", 1)):
+        with pytest.raises(ValueError, match=rf"Trainer\(accelerator='{accelerator}'\) asks for a CUDA GPU, but PyTorch "
+                                             r'sees none .* Use accelerator="cpu" or "auto"'):
+            Trainer(accelerator=accelerator, devices=devices)
+
+
+def test_accelerator_and_a_strategy_that_contradict_each_other_name_both(two_gpus):
     with pytest.raises(ValueError, match=r'Trainer\(accelerator="cpu", strategy="cuda"\) contradict each other'):
         Trainer(accelerator="cpu", strategy="cuda")
     with pytest.raises(ValueError, match=r'Trainer\(accelerator="cuda", strategy=SingleDevice\(cpu\)\) contradict'):
@@ -257,3 +264,34 @@ def test_sync_batchnorm_converts_the_batch_norms_of_a_ddp_run_in_place():
     callback.setup(trainer, module, "fit")
     assert callback.configure_model(module) is module
     assert isinstance(module.norm, torch.nn.SyncBatchNorm) and list(module.state_dict()) == keys
+
+
+# --- None for the arguments whose Lightning default is None; paths; iterables of loggers ------------------
+def test_none_means_lightnings_default_for_the_arguments_lightning_defaults_to_none(tmp_path):
+    # A config written from Lightning's signature (LightningCLI, Hydra) carries these nulls; in
+    # Lightning each means the documented default (trainer/trainer.py of Lightning 2.6).
+    nulls = {name: None for name in ("logger", "enable_checkpointing", "enable_progress_bar", "enable_model_summary",
+                                     "log_every_n_steps", "num_sanity_val_steps", "val_check_interval",
+                                     "gradient_clip_algorithm", "deterministic")}
+    given, default = Trainer(default_root_dir=tmp_path, **nulls), Trainer(default_root_dir=tmp_path)
+    assert [type(c) for c in given.callbacks] == [type(c) for c in default.callbacks]
+    assert given.logger is not None and given.checkpoint_callback is not None and given.progress_bar_callback is not None
+    assert (given.log_every_n_steps, given.num_sanity_val_steps, given.val_check_interval,
+            given.gradient_clip_algorithm, given.deterministic) == (50, 2, 1.0, "norm", False)
+
+
+def test_default_root_dir_starting_with_a_tilde_is_the_home_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    trainer = Trainer(default_root_dir="~/runs", logger=False, enable_progress_bar=False)
+    assert trainer.default_root_dir == tmp_path / "runs"
+    assert trainer.log_dir.parent.parent == tmp_path / "runs"
+
+
+def test_logger_takes_any_iterable_of_loggers(tmp_path):
+    from collections import UserList  # not a list or tuple, like Hydra's ListConfig
+
+    from callbacks import CSVLogger, TensorBoardLogger
+
+    loggers = UserList([CSVLogger(save_dir=tmp_path), TensorBoardLogger(save_dir=tmp_path)])
+    trainer = Trainer(default_root_dir=tmp_path, logger=loggers)
+    assert trainer.loggers == list(loggers)

@@ -176,6 +176,7 @@ def test_a_dataclass_batch_reaches_training_step_with_its_fields(make_trainer):
     [
         (1.0, 1, [8, 16, 24]),  # once per epoch, after its last batch
         (0.5, 1, [4, 8, 12, 16, 20, 24]),  # twice per epoch
+        (0.4, 1, [3, 6, 11, 14, 19, 22]),  # every int(8 * 0.4) = 3 batches; as in Lightning, not again at the end
         (0.25, 2, [10, 12, 14, 16]),  # only in every 2nd epoch (the second), four times
         (3, 1, [3, 6, 11, 14, 19, 22]),  # every 3 batches of each epoch (as in Lightning: not at its end)
         (5, None, [5, 10, 15, 20]),  # every 5 training batches, counted across epochs

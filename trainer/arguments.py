@@ -13,6 +13,7 @@ import torch
 
 from trainer.data import check_limit
 from trainer.guards import check_nonfinite_mode
+from callbacks.console import warn
 
 
 def check_positive_int(value: Any, name: str, allow_none: bool = False) -> None:
@@ -77,14 +78,10 @@ def check_trainer_arguments(
 
 
 def loss_of(outputs: Any, batch_idx: int) -> torch.Tensor:
-    """The loss in what training_step returned, checked without reading its value."""
+    """The loss in what training_step returned (not None: see :func:`skipped_batch`), checked without
+    reading its value."""
     loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
     if not isinstance(loss, torch.Tensor):
-        if outputs is None:
-            raise RuntimeError(
-                f"training_step returned None at batch {batch_idx}. Return the loss tensor, or a dict "
-                'with a "loss" key.'
-            )
         what = "a dict without a 'loss' key" if isinstance(outputs, dict) else type(loss).__name__
         raise RuntimeError(
             f"training_step returned {what} at batch {batch_idx}. Return the loss tensor, or a dict "
@@ -109,6 +106,20 @@ def batch_end_outputs(outputs: Any, accumulate_grad_batches: int) -> dict[str, A
     if isinstance(loss, torch.Tensor):
         extra["loss"] = (loss / accumulate_grad_batches if accumulate_grad_batches > 1 else loss).detach()
     return extra
+
+
+def skipped_batch(world_size: int, batch_idx: int) -> None:
+    """training_step returned None: as in Lightning, the batch gets no backward (the optimizer step
+    at the end of its accumulation window still counts in ``global_step``). Said once; refused with
+    several processes, where the other ranks would wait for this one's gradients forever."""
+    if world_size > 1:
+        raise RuntimeError(
+            f"training_step returned None at batch {batch_idx} with {world_size} processes. Skipping a batch is "
+            "not supported in distributed training: the other processes would wait for this one's gradients. "
+            "Return the loss (multiplied by 0 to have no effect) on every process."
+        )
+    warn("training_step returned None: the batch is skipped (no backward). If this was on purpose, ignore this "
+              'warning; otherwise return the loss tensor, or a dict with a "loss" key.')
 
 
 def loss_without_grad(batch_idx: int) -> RuntimeError:

@@ -7,7 +7,6 @@ The loop never fetches a batch to learn something about a loader; these read its
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
@@ -16,6 +15,7 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sequent
 from strategies.loaders import rebuild_dataloader  # noqa: F401
 from trainer.preemption import workers_ignore_preemption
 from trainer.seed import seed_worker_of_rank, seeded_generator, workers_seeded
+from callbacks.console import warn as warn_at_users_line
 
 
 def loader_length(loader: Any) -> int | None:
@@ -79,7 +79,7 @@ def default_max_epochs(max_epochs: int | None, max_steps: int, loader: Any, warn
                 "max_steps is set, so training would never end. Pass Trainer(max_steps=N) or max_epochs=N."
             )
         if warn:
-            warnings.warn("Neither max_epochs nor max_steps is set; training stops after max_epochs=1000.", stacklevel=2)
+            warn_at_users_line("Neither max_epochs nor max_steps is set; training stops after max_epochs=1000.")
         return 1000
     return max_epochs
 
@@ -109,8 +109,8 @@ def prepare_loader(loader: Any, stage: str, *, shuffle: bool, strategy: Any, see
             changes["worker_init_fn"] = workers_ignore_preemption(init)
         if sequential and isinstance(loader.sampler, RandomSampler) and loader.batch_size is not None:
             if strategy.is_global_zero:
-                warnings.warn(f"Trainer(overfit_batches=...) overfits the same batches every epoch, so the {stage} "
-                              "loader's shuffling is turned off.", stacklevel=4)
+                warn_at_users_line(f"Trainer(overfit_batches=...) overfits the same batches every epoch, so the "
+                                   f"{stage} loader's shuffling is turned off.")
             changes["sampler"] = SequentialSampler(loader.dataset)
         if changes:
             loader = rebuild_dataloader(loader, **changes)
@@ -119,7 +119,13 @@ def prepare_loader(loader: Any, stage: str, *, shuffle: bool, strategy: Any, see
     # Prediction shards in blocks, so that the ranks' outputs put end to end keep the dataset's order.
     if shard:
         loader = strategy.setup_dataloader(loader, shuffle=shuffle, contiguous=stage == "predict")
-    count = limited_length(loader_length(loader), limit)
+    length = loader_length(loader)
+    count = limited_length(length, limit)
     if count == 0 and stage == "train":
-        raise ValueError("limit_train_batches=0 leaves no batch to train on; use a value > 0.")
+        if isinstance(limit, float) and limit > 0:  # as Lightning, name the share given and the least that works
+            raise ValueError(
+                f"Trainer(limit_train_batches={limit}) of {length} training batches is less than one batch "
+                f"({limit} * {length} < 1). Use limit_train_batches={math.ceil(10_000 / length) / 10_000} or more, "
+                "or an int number of batches.")
+        raise ValueError(f"Trainer(limit_train_batches={limit}) leaves no batch to train on; use a value > 0.")
     return loader, math.inf if count is None else count

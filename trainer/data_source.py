@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
-import warnings
 from typing import Any
 
 import torch
@@ -23,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from trainer.arguments import require_training_module
 from trainer.datamodule import DataModule, overrides
+from callbacks.console import warn
 
 #: The loader kinds, the hook that makes each, and the stages' kinds.
 HOOKS = {"train": "train_dataloader", "val": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
@@ -166,12 +166,12 @@ def _check_validation(module: Any, data: DataSource, validates: bool) -> frozens
     name = type(module).__name__
     if not overrides(module, "validation_step"):
         if data.defines("val") and validates:
-            warnings.warn(f"{name} defines no validation_step, so validation is skipped and its val loaders are not "
-                          "used. Define validation_step, or pass no val_dataloaders.", stacklevel=4)
+            warn(f"{name} defines no validation_step, so validation is skipped and its val loaders are not "
+                 "used. Define validation_step, or pass no val_dataloaders.")
         return frozenset({"val"})
     if not data.defines("val") and validates:
-        warnings.warn(f"{name} defines validation_step but fit got no val_dataloaders and no val_dataloader() hook; "
-                      "validation will not run. Pass val_dataloaders=... to fit.", stacklevel=4)
+        warn(f"{name} defines validation_step but fit got no val_dataloaders and no val_dataloader() hook; "
+             "validation will not run. Pass val_dataloaders=... to fit.")
     return frozenset()
 
 

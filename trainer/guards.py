@@ -27,10 +27,11 @@ elsewhere the loop records the detached loss itself (the copy would cost a step 
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
+
+from callbacks.console import warn as warn_at_users_line
 
 NONFINITE_LOSS_MODES = ("raise", "skip", "ignore")
 
@@ -118,6 +119,6 @@ class LossGuard:
         self.skipped += 1
         if self.skipped == 1 and warn:
             what = f"the loss is {bad[0]} at batch {bad[1]}" if bad is not None else "another rank saw a non-finite loss"
-            warnings.warn(f"Skipped an optimizer step at epoch {epoch}, global step {step}: {what}. Further skips are "
-                          "counted in trainer.num_skipped_steps.", stacklevel=3)
+            warn_at_users_line(f"Skipped an optimizer step at epoch {epoch}, global step {step}: {what}. Further "
+                               "skips are counted in trainer.num_skipped_steps.")
         return False

@@ -12,13 +12,13 @@ import dataclasses
 import functools
 import inspect
 import types
-import warnings
 import weakref
 from typing import Any
 
 from callbacks import Callback
 from trainer.module import TrainingModule
 from trainer.optim import StepOptimizer
+from callbacks.console import warn
 
 
 #: One context serves every forward without a forward context: nullcontext keeps no state.
@@ -315,5 +315,5 @@ def warn_uncalled_hooks(objects: list[Any]) -> None:
         _warned.add(cls)
         if uncalled:
             what = "; ".join(f"{name} ({known[name]})" for name in uncalled)
-            warnings.warn(f"{cls.__name__} defines Lightning hooks that Cadence never calls, so their code does not "
-                          f"run: {what}.", stacklevel=4)
+            warn(f"{cls.__name__} defines Lightning hooks that Cadence never calls, so their code does not "
+                 f"run: {what}.")

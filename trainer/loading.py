@@ -11,13 +11,13 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from strategies import checkpoint as checkpoint_io
+from callbacks.console import warn
 
 if TYPE_CHECKING:
     from trainer.module import TrainingModule
@@ -56,8 +56,8 @@ def init_arguments(cls: type, state: dict[str, Any], overrides: dict[str, Any], 
                 )
         left_out = sorted(name for name in saved if name not in parameters)
         if left_out:
-            warnings.warn(f"Checkpoint {path} saved the hyperparameters {left_out}, which {cls.__name__}.__init__ no "
-                          "longer takes; they are left out.", stacklevel=4)
+            warn(f"Checkpoint {path} saved the hyperparameters {left_out}, which {cls.__name__}.__init__ no "
+                 "longer takes; they are left out.")
             saved = {name: value for name, value in saved.items() if name in parameters}
     described = [name for name in state.get("hyper_parameters_inexact", []) if name in saved and name not in overrides]
     if described:

@@ -43,3 +43,13 @@ def version_of(checkpoint: Path | None, root: Path) -> str | None:
     if version.name.startswith("version_") and version.name[8:].isdigit() and version.parent == root.resolve():
         return version.name
     return None
+
+
+def preview_log_dir(loggers: list[Callback], default_root_dir: Path) -> Path:
+    """Before a stage: the directory :func:`choose_log_dir` will pick for a new run (a fit resumed from a
+    checkpoint in an earlier version keeps that one instead); nothing is fixed or created."""
+    first = next((logger for logger in loggers if isinstance(logger, AsyncLogger)), None)
+    if first is not None and first.save_dir is not None:  # it knows (and, as in Lightning, keeps) its version
+        return Path(first.log_dir)
+    root = versions_root(loggers, default_root_dir)
+    return root / f"version_{AsyncLogger.next_version(root)}"

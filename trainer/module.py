@@ -127,21 +127,27 @@ class TrainingModule(DataHooks, nn.Module):
             return buffer.device
         return torch.device("cpu")
 
-    @property
-    def current_epoch(self) -> int:
-        return self._trainer.current_epoch if self._trainer is not None else 0
+    # The Trainer's counters and place, 0 before a Trainer runs the module (as in Lightning).
+    current_epoch = property(lambda self: self._trainer.current_epoch if self._trainer is not None else 0)
+    global_step = property(lambda self: self._trainer.global_step if self._trainer is not None else 0)
+    global_rank = property(lambda self: self._trainer.global_rank if self._trainer is not None else 0)
+    local_rank = property(lambda self: self._trainer.strategy.local_rank if self._trainer is not None else 0)
 
     @property
-    def global_step(self) -> int:
-        return self._trainer.global_step if self._trainer is not None else 0
+    def dtype(self) -> torch.dtype:
+        """The floating dtype of the module's parameters (``model.double()`` makes it float64)."""
+        floating = (tensor.dtype for tensor in self.parameters() if tensor.is_floating_point())
+        return next(floating, torch.get_default_dtype())
 
-    @property
-    def global_rank(self) -> int:
-        return self._trainer.global_rank if self._trainer is not None else 0
+    def freeze(self) -> None:
+        """No parameter requires grad, and eval mode (Lightning's ``freeze``, for inference)."""
+        self.requires_grad_(False)
+        self.eval()
 
-    @property
-    def local_rank(self) -> int:
-        return self._trainer.strategy.local_rank if self._trainer is not None else 0
+    def unfreeze(self) -> None:
+        """Undo :meth:`freeze`: every parameter requires grad, and train mode."""
+        self.requires_grad_(True)
+        self.train()
 
     @property
     def on_gpu(self) -> bool:

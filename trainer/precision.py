@@ -9,13 +9,13 @@ gives float16 there). The loop never reads ``precision``.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 
 from callbacks import AMP, Callback
 from strategies import Strategy
+from callbacks.console import warn
 
 #: Accepted values -> the AMP dtype (None: full float32). As in Lightning, "16", 16 and "bf16" are
 #: old spellings of the mixed ones; 32 and "32" of "32-true".
@@ -55,8 +55,8 @@ def add_precision_callback(precision: Any, strategy: Strategy, callbacks: list[C
             "Keep one: drop precision=..., or drop the AMP callback."
         )
     if precision in _OLD_SPELLINGS and strategy.is_global_zero:
-        warnings.warn(f"Trainer(precision={precision!r}) is an old spelling, kept for Lightning's sake; "
-                      f"write precision={_OLD_SPELLINGS[precision]!r}.", stacklevel=3)
+        warn(f"Trainer(precision={precision!r}) is an old spelling, kept for Lightning's sake; "
+             f"write precision={_OLD_SPELLINGS[precision]!r}.")
     dtype = PRECISIONS[precision]
     if dtype is None:
         return callbacks

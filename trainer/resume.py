@@ -15,7 +15,6 @@ different samples than it would have, and its RNG stream differs.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +23,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from trainer.data import rebuild_dataloader
 from trainer.seed import capture_rng_state, restore_rng_state
+from callbacks.console import warn
 
 
 class ResumableBatchSampler:
@@ -109,12 +109,10 @@ def resume_iterator(loader: Any, sampler: ResumableBatchSampler | None, skip: in
     if sampler is not None and rng.get("epoch_start") is not None:
         sampler.replay(rng["epoch_start"], skip, rng["now"])
         return iter(loader)
-    warnings.warn(
+    warn(
         f"Resuming mid-epoch on a {type(loader).__name__} without a batch sampler (an IterableDataset, "
         f"batch_size=None, or not a DataLoader): the {skip} batches already trained are fetched and "
-        "dropped, and a loader that shuffles may not repeat the killed run's order.",
-        stacklevel=3,
-    )
+        "dropped, and a loader that shuffles may not repeat the killed run's order.")
     iterator = iter(loader)
     for _ in range(skip):
         next(iterator, None)

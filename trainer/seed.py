@@ -64,6 +64,15 @@ def seed_generators(seed: int) -> int:
     return seed
 
 
+def reset_seed() -> None:
+    """Seed again with the seed :func:`seed_everything` left in ``PL_GLOBAL_SEED`` (in this process or
+    the one that started it); nothing if it was not called. As in Lightning, every process of a
+    distributed stage calls it when the stage sets up, so each spawned rank starts from that seed."""
+    seed = os.environ.get("PL_GLOBAL_SEED", "")
+    if seed.strip().isdigit():
+        seed_generators(int(seed))
+
+
 def workers_seeded() -> bool:
     """``seed_everything(..., workers=True)`` was called in this process or the one that started it."""
     return os.environ.get("PL_SEED_WORKERS") == "1"

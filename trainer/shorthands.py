@@ -108,6 +108,24 @@ class Translated:
     val_check_interval: int | float
     check_val_every_n_epoch: int | None
     default_root_dir: Path
+    log_every_n_steps: int = 50
+    gradient_clip_algorithm: str = "norm"
+    deterministic: bool = False
+
+
+#: Trainer arguments whose default in Lightning's signature is None, meaning the value here (a config
+#: written from that signature, LightningCLI's or Hydra's, carries the nulls): None means the same here.
+LIGHTNING_NONE_DEFAULTS = {
+    "logger": True, "enable_checkpointing": True, "enable_progress_bar": True, "enable_model_summary": True,
+    "log_every_n_steps": 50, "num_sanity_val_steps": 2, "val_check_interval": 1.0, "gradient_clip_algorithm": "norm",
+    "deterministic": False,
+}
+
+
+def with_lightning_defaults(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The Trainer's ``arguments`` with each None of :data:`LIGHTNING_NONE_DEFAULTS` replaced by what it means."""
+    return {name: LIGHTNING_NONE_DEFAULTS[name] if value is None and name in LIGHTNING_NONE_DEFAULTS else value
+            for name, value in arguments.items()}
 
 
 def translate(*, max_epochs: Any, max_steps: Any, strategy: Any, devices: Any, precision: Any, callbacks: Any,
@@ -147,7 +165,9 @@ def translate(*, max_epochs: Any, max_steps: Any, strategy: Any, devices: Any, p
         callbacks=[], max_epochs=max_epochs, max_steps=max_steps, limits=dict(limits),
         num_sanity_val_steps=num_sanity_val_steps, val_check_interval=val_check_interval,
         check_val_every_n_epoch=check_val_every_n_epoch,
-        default_root_dir=Path(default_root_dir) if default_root_dir is not None else Path.cwd(),
+        # "~/runs" is the home directory's, as in Lightning (os.path.expanduser), never a directory named "~".
+        default_root_dir=Path(default_root_dir).expanduser() if default_root_dir is not None else Path.cwd(),
+        log_every_n_steps=log_every_n_steps, gradient_clip_algorithm=gradient_clip_algorithm, deterministic=deterministic,
     )
     batches = _fast_dev_run_batches(fast_dev_run)
     check_limit(overfit_batches, "overfit_batches")

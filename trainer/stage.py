@@ -22,7 +22,7 @@ from strategies import checkpoint as checkpoint_io
 from trainer.data_source import prepare_data
 from trainer.hooks import step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks
 from trainer.log_dir import choose_log_dir, versions_root
-from trainer.seed import seed_generators, use_deterministic_algorithms
+from trainer.seed import reset_seed, seed_generators, use_deterministic_algorithms
 from trainer.stage_loaders import end_workers
 from trainer.utilities import rank_zero_only, set_rank
 
@@ -34,10 +34,11 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_path: Any) -> tuple[list[Callback], Any, Path]:
+def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_path: Any,
+                   log_dir: Path | None) -> tuple[list[Callback], Any, Path]:
     """In the calling process, before the strategy launches: the Trainer's callbacks with the
     module's, the checkpoint path (resolved: ``"last"``, ``"best"`` or a file) and the log
-    directory, returned in that order."""
+    directory (``log_dir``, the last stage's, or a new one), returned in that order."""
     callbacks = callbacks_package.with_module_callbacks(trainer.callbacks, module.configure_callbacks(),
                                                         type(module).__name__)
     if rank_zero_only.rank == 0:
@@ -58,7 +59,6 @@ def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_pa
         print(f"Cadence: torchrun restarted the job (restart {restart} of at most "
               f"{os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}) and fit got no ckpt_path, so it {found}.",
               file=sys.stderr, flush=True)
-    log_dir = trainer.log_dir
     if log_dir is None:  # a resumed run keeps the version directory its checkpoint is in
         log_dir = choose_log_dir(loggers, trainer.default_root_dir, ckpt_path if stage == "fit" else None)
     return callbacks, ckpt_path, log_dir
@@ -98,6 +98,8 @@ def setup_stage(trainer: Trainer, stage: str, module: TrainingModule, data: Data
     printed last."""
     if trainer.seed is not None:
         seed_generators(trainer.seed)
+    elif trainer.world_size > 1:  # as Lightning's DDP and FSDP: every rank from seed_everything's seed
+        reset_seed()
     if trainer.deterministic:
         use_deterministic_algorithms()
     if trainer.strategy.is_global_zero:  # once per Trainer and process, not again for each stage

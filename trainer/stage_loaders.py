@@ -7,7 +7,7 @@ Where the loaders come from is ``trainer/data_source.py``; what preparing one do
 them together for the Trainer and return them with their counts (``num_training_batches``,
 ``num_val_batches``, ...), once per stage or epoch. When the training loop reloads them and when
 it validates (``val_check_interval``, ``check_val_every_n_epoch``, as in Lightning) are decided
-here too, and which limit ends fit (:func:`limit_reached`); :func:`validation_due` is the only
+here too, and which limit ends fit (:func:`limit_reached`); ``ValidationSchedule.due`` is the only
 function here that runs per batch.
 """
 
@@ -108,9 +108,30 @@ def reload_due(every: int, epoch: int, loaded_at: int, data: DataSource) -> bool
     return bool(every) and epoch % every == 0 and epoch != loaded_at and (data.from_hook("train") or data.from_hook("val"))
 
 
-def validation_interval(val_check_interval: int | float, check_val_every_n_epoch: int | None, epoch: int,
-                        num_batches: int | float) -> int | None:
-    """Validate every this many training batches in ``epoch``; None: not in this epoch."""
+@dataclasses.dataclass(frozen=True)
+class ValidationSchedule:
+    """When validation runs in one epoch, as Lightning's ``val_check_batch``: after every ``every``-th
+    training batch of the epoch (of the whole run with ``counts_run``: an int ``val_check_interval`` and
+    ``check_val_every_n_epoch=None``); ``every`` is inf for a loader without a length and
+    ``val_check_interval=1.0``: once, after the epoch's last batch (:attr:`at_epoch_end`)."""
+
+    every: int | float
+    counts_run: bool = False
+
+    @property
+    def at_epoch_end(self) -> bool:
+        return self.every == math.inf
+
+    def due(self, batch_idx: int, batches_seen: int) -> bool:
+        """After training batch ``batch_idx`` (``batches_seen`` since the first fit); per batch, no tensor read."""
+        return self.every != math.inf and (batches_seen if self.counts_run else batch_idx + 1) % self.every == 0
+
+
+def validation_schedule(val_check_interval: int | float, check_val_every_n_epoch: int | None, epoch: int,
+                        num_batches: int | float) -> ValidationSchedule | None:
+    """When validation runs in ``epoch`` (of ``num_batches`` training batches); None: not in this epoch.
+    A float interval validates every ``int(num_batches * val_check_interval)`` batches, and at the epoch's
+    end only where that divides the epoch (as in Lightning: 1/3 of 64 batches is 21, 42 and 63)."""
     if check_val_every_n_epoch is not None and (epoch + 1) % check_val_every_n_epoch != 0:
         return None
     if isinstance(val_check_interval, int):
@@ -120,23 +141,16 @@ def validation_interval(val_check_interval: int | float, check_val_every_n_epoch
                 "training batches of an epoch, so validation would never run. Use a smaller int, or "
                 "check_val_every_n_epoch=None to count batches across epochs."
             )
-        return val_check_interval
+        return ValidationSchedule(val_check_interval, counts_run=check_val_every_n_epoch is None)
     if num_batches == math.inf:
+        if val_check_interval == 1.0:
+            return ValidationSchedule(math.inf)
         raise ValueError(
-            "val_check_interval is a fraction of the epoch, but the training loader has no length. "
-            "Use an int val_check_interval (every N batches)."
+            f"Trainer(val_check_interval={val_check_interval}) is a fraction of the epoch, but the training loader "
+            "has no length. Use 1.0 (the end of each epoch), an int (every N training batches), or "
+            "limit_train_batches=N to give the epoch a length."
         )
-    return max(1, int(num_batches * val_check_interval))
-
-
-def validation_due(val_check_interval: int | float, check_val_every_n_epoch: int | None, batch_idx: int,
-                   every: int, num_batches: int | float, batches_seen: int) -> bool:
-    """As in Lightning: an int interval counts batches of the epoch, or of the whole run (``batches_seen``)
-    when check_val_every_n_epoch is None; a float interval also validates after the epoch's last batch."""
-    if isinstance(val_check_interval, float):
-        return (batch_idx + 1) % every == 0 or batch_idx + 1 == num_batches
-    count = batches_seen if check_val_every_n_epoch is None else batch_idx + 1
-    return count % every == 0
+    return ValidationSchedule(max(1, int(num_batches * val_check_interval)))
 
 
 def evaluation_loaders(trainer: Trainer, stage: str, loaders: list[Any]) -> tuple[list[Any], list[int | float]]:

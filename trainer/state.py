@@ -19,7 +19,6 @@ import itertools
 import os
 import platform
 import sys
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,7 @@ import torch
 from strategies import checkpoint as checkpoint_io
 from trainer.optim import ends_accumulation_window
 from trainer.seed import capture_rng_state, restore_rng_state
+from callbacks.console import warn
 
 if TYPE_CHECKING:
     from strategies import Strategy
@@ -47,6 +47,7 @@ class Progress:
 
     batches_seen: int = 0  # training batches run since the first fit: the log-step clock
     in_epoch_end: bool = False  # the epoch-end hooks run: the epoch is done
+    validation_pending: bool = False  # the running batch's validation is due and has not started
     sampler: ResumableBatchSampler | None = None  # the training loader's; it records each epoch's RNG
     resumed: Resumed | None = None  # where a restored run continues, until its first epoch ends
 
@@ -71,10 +72,10 @@ def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
     sampler = progress.sampler
     window_ended = ends_accumulation_window(trainer.batch_idx, trainer.accumulate_grad_batches, trainer.num_training_batches)
     if trainer.stage == "fit" and batches_done and not window_ended and trainer.is_global_zero:
-        warnings.warn(
+        warn(
             f"save_checkpoint after batch {trainer.batch_idx}, inside an accumulation window of "
             f"{trainer.accumulate_grad_batches} batches: the gradients accumulated so far are not saved, so a run "
-            "resumed from it is not exact. Save after the window's last batch (ModelCheckpoint does).", stacklevel=3)
+            "resumed from it is not exact. Save after the window's last batch (ModelCheckpoint does).")
     # Each rank's RNG states: ranks may draw differently (dropout, per-rank augmentation). "now"
     # includes the training loader's own generators, whose state the next epoch's order comes from.
     rng = trainer.strategy.all_gather_object({
@@ -88,6 +89,7 @@ def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
         # Cadence's counters, and Lightning's loop progress for Lightning's own fit(ckpt_path=...)
         "loops": {"epoch": epoch, "batches_done": batches_done, "global_step": trainer.global_step,
                   "train_batches_seen": progress.batches_seen, "world_size": trainer.world_size,
+                  "validation_pending": progress.validation_pending,
                   **checkpoint_io.lightning_loops(epoch, batches_done, trainer.global_step, progress.batches_seen)},
         "rng": rng,
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
@@ -141,9 +143,9 @@ def fitted_module(trainer: Trainer, stage: str, ckpt_path: Any) -> tuple[Trainin
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback is not None else ""
     if ckpt_path is None and best:
         if trainer.is_global_zero:
-            warnings.warn(f"Trainer.{stage}() got no model and no ckpt_path, so it loads the best checkpoint of the "
-                          f"last fit ({best}). Pass ckpt_path=\"best\", \"last\" or a path to choose (and silence "
-                          "this warning).", stacklevel=4)
+            warn(f"Trainer.{stage}() got no model and no ckpt_path, so it loads the best checkpoint of the "
+                 f"last fit ({best}). Pass ckpt_path=\"best\", \"last\" or a path to choose (and silence "
+                 "this warning).")
         ckpt_path = "best"
     return trainer.lightning_module, ckpt_path
 
@@ -213,6 +215,14 @@ class Resumed:
     batches_seen: int  # training batches run since the first fit (the log-step clock)
     rng: dict[str, Any]  # this rank's checkpointed RNG states, for a mid-epoch replay (trainer/resume.py)
     callback_metrics: dict[str, Any]
+    # Written at a batch's end before that batch's validation (which draws random numbers, as in
+    # Lightning): the resumed run validates first, as the run that wrote it did next.
+    validation_pending: bool = False
+
+    def after_validation(self) -> Resumed:
+        """Where the loop continues once the pending validation has run: the RNG as it left it."""
+        now = {**capture_rng_state(), "generators": self.rng["now"].get("generators", [])}
+        return dataclasses.replace(self, validation_pending=False, rng={**self.rng, "now": now})
 
 
 def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: bool = False,
@@ -240,13 +250,13 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
     if rng is None:
         rng = [_rng_from_here(sampler)]
         if trainer.is_global_zero:
-            warnings.warn(f"Checkpoint {path} holds no RNG states (Lightning does not save them): the weights, optimizers, "
-                          "schedulers, callbacks and the epoch and step are restored, but the data order and random draws "
-                          "will not continue exactly as in the run that wrote it.", stacklevel=3)
+            warn(f"Checkpoint {path} holds no RNG states (Lightning does not save them): the weights, optimizers, "
+                 "schedulers, callbacks and the epoch and step are restored, but the data order and random draws "
+                 "will not continue exactly as in the run that wrote it.")
     elif len(rng) != trainer.world_size and trainer.is_global_zero:
-        warnings.warn(f"Checkpoint {path} was written by {len(rng)} processes and resumes on {trainer.world_size}: "
-                      "the weights and optimizer states load whole, but random draws and the rest of the epoch's "
-                      "data order will differ.", stacklevel=3)
+        warn(f"Checkpoint {path} was written by {len(rng)} processes and resumes on {trainer.world_size}: "
+             "the weights and optimizer states load whole, but random draws and the rest of the epoch's "
+             "data order will differ.")
     rank_rng = rng[trainer.global_rank] if trainer.global_rank < len(rng) else rng[0]
     restore_rng_state(rank_rng["now"])  # and again after a mid-epoch replay (trainer/resume.py)
     if sampler is not None:  # the loader's own generators: the next epoch's order
@@ -257,7 +267,7 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
         print(f"Cadence: resuming from {path} at epoch {loops['epoch']}, global step {loops['global_step']}{within}.",
               file=sys.stderr, flush=True)
     return Resumed(loops["epoch"], loops["global_step"], loops["batches_done"], loops["train_batches_seen"], rank_rng,
-                   state.get("callback_metrics", {}))
+                   state.get("callback_metrics", {}), loops.get("validation_pending", False))
 
 
 def _rng_from_here(sampler: ResumableBatchSampler | None) -> dict[str, Any]:
@@ -273,8 +283,8 @@ def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> 
             callback.load_state_dict(states[callback.state_key])
     unused = sorted(key for key, value in states.items() if value and key not in {c.state_key for c in trainer.callbacks})
     if unused and trainer.is_global_zero:
-        warnings.warn(f"Checkpoint {path} holds the state of callbacks this Trainer does not have: {unused}. "
-                      "It is not restored; pass the same callbacks (same monitor, mode and trigger) to continue them.", stacklevel=3)
+        warn(f"Checkpoint {path} holds the state of callbacks this Trainer does not have: {unused}. "
+             "It is not restored; pass the same callbacks (same monitor, mode and trigger) to continue them.")
 
 
 def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodule: DataModule | None,

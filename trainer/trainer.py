@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import math
 import os
 import sys
@@ -22,10 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-import callbacks as callbacks_package
 from callbacks import Callback
 from strategies import Strategy
-from trainer.arguments import batch_end_outputs, loss_of, loss_without_grad, no_training_batches
+from trainer.arguments import batch_end_outputs, loss_of, loss_without_grad, no_training_batches, skipped_batch
 from trainer.data_source import STAGE_KIND, DataSource, collect_data, reloadable
 from trainer.datamodule import DataModule
 from trainer.guards import LossGuard
@@ -34,13 +34,14 @@ from trainer.metrics import MetricStore, format_results, split_by_dataloader
 from trainer.module import TrainingModule
 from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_window, step_schedulers
 from trainer.preemption import Preemption, save_for_preemption
-from trainer.seed import preserved_rng
+from trainer.properties import TrainerProperties
+from trainer.seed import preserved_rng, restore_rng_state
 from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_model
-from trainer.shorthands import reject_unknown_arguments, translate
+from trainer.shorthands import reject_unknown_arguments, translate, with_lightning_defaults
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
     NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_batches, evaluation_loaders, gather_predictions,
-    limit_reached, load_fit_data, reload_due, train_batches, validation_due, validation_interval,
+    limit_reached, load_fit_data, reload_due, train_batches, validation_schedule,
 )
 from trainer.state import (
     Progress, fitted_module, handoff_state, logger_step, read_checkpoint, receive_handoff, restore, training_state,
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
 CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
 
 
-class Trainer:
+class Trainer(TrainerProperties):
     """Trains a :class:`TrainingModule` with one fixed loop; where it runs is the ``strategy``.
 
     Args mean what they mean in PyTorch Lightning (docs/module-and-trainer.md has the table). Cadence's own:
@@ -65,6 +66,9 @@ class Trainer:
     went, with advice). ``profiler`` is Lightning's (``"simple"``, ``"advanced"``, ``"pytorch"`` or an object).
     Ctrl-C, SIGTERM and SIGUSR1 during ``fit`` save ``last.ckpt`` at the end of the current step and end
     the process (trainer/preemption.py); ``fit(ckpt_path="last")`` resumes.
+
+    Lightning's read-only members (``is_global_zero``, ``loggers``, ``log_dir``, ...) are views in
+    ``trainer/properties.py``.
 
     Example::
 
@@ -97,17 +101,18 @@ class Trainer:
         reject_unknown_arguments(arguments.pop("unknown"), Trainer.__init__)  # a close match, or the Cadence way
         # Every argument checked, then Lightning's shorthands (accelerator, precision, fast_dev_run, profiler, ...)
         # made a strategy, callbacks and the settings below, in one place: translate takes exactly these arguments.
-        run = translate(**{name: value for name, value in arguments.items() if name != "self"})
+        # None where Lightning's default is None means what it means there (trainer/shorthands.py).
+        run = translate(**with_lightning_defaults({name: value for name, value in arguments.items() if name != "self"}))
         self.strategy, self.callbacks, self.default_root_dir = run.strategy, run.callbacks, run.default_root_dir
         self.max_epochs, self.max_steps, self.min_epochs, self.min_steps = run.max_epochs, run.max_steps, min_epochs, min_steps
         self.limits, self.fast_dev_run, self.overfit_batches = run.limits, fast_dev_run, overfit_batches
         self.val_check_interval, self.check_val_every_n_epoch = run.val_check_interval, run.check_val_every_n_epoch
-        self.num_sanity_val_steps, self.log_every_n_steps = run.num_sanity_val_steps, log_every_n_steps
+        self.num_sanity_val_steps, self.log_every_n_steps = run.num_sanity_val_steps, run.log_every_n_steps
         self.reload_dataloaders_every_n_epochs = reload_dataloaders_every_n_epochs
         self.use_distributed_sampler, self.inference_mode = use_distributed_sampler, inference_mode
         self.accumulate_grad_batches = accumulate_grad_batches
-        self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
-        self.seed, self.deterministic, self.on_nonfinite_loss = seed, deterministic, on_nonfinite_loss
+        self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, run.gradient_clip_algorithm
+        self.seed, self.deterministic, self.on_nonfinite_loss = seed, run.deterministic, on_nonfinite_loss
 
         # Public loop state (Lightning names); batch_idx: of the running training batch, -1 before the first.
         self.current_epoch, self.global_step, self.batch_idx = 0, 0, -1
@@ -118,7 +123,9 @@ class Trainer:
         self.lightning_module: TrainingModule | None = None  # the module of the running or last stage
         self.datamodule: DataModule | None = None  # the DataModule of the latest stage given one
         self._data: DataSource | None = None  # where the running stage's loaders come from
-        self.log_dir: Path | None = None
+        self._log_dir: Path | None = None  # the running or last stage's (trainer.log_dir: trainer/properties.py)
+        self.ckpt_path: Path | None = None  # the checkpoint the running or last stage loaded, if any
+        self._evaluation_stage: str | None = None  # the evaluation loop running: "validate", "test" or "predict"
         self.module: TrainingModule | None = None  # the user's module while a stage runs
         self.model: torch.nn.Module | None = None  # what the strategy wrapped (DDP), or the module
         self.optimizers: list[torch.optim.Optimizer] = []
@@ -139,7 +146,7 @@ class Trainer:
 
     # --- the public entry points -----------------------------------------------------------
     def fit(self, model: TrainingModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
-            datamodule: DataModule | None = None, ckpt_path: str | os.PathLike | None = None) -> None:
+            datamodule: DataModule | None = None, ckpt_path: str | os.PathLike | None = None, **unknown: Any) -> None:
         """Train ``model``. What happens, in order:
 
             module.configure_callbacks (they join the Trainer's callbacks)
@@ -157,14 +164,14 @@ class Trainer:
                 every reload_dataloaders_every_n_epochs: the loaders again from their hooks
                 on_train_epoch_start
                 each batch: to device (CUDA: copied ahead on a side stream) -> on_train_batch_start
-                    -> forward (training_step) under the callbacks' forward contexts
+                    -> forward (training_step) under the callbacks' forward contexts (None: no backward)
                     -> on_before_backward -> backward (no all-reduce while accumulating) -> on_after_backward
                     -> every accumulate_grad_batches-th batch: unscale (AMP float16), on_before_optimizer_step,
                        clip, optimizer step or the scaler's, which may skip it (all three inside the module's
                        optimizer_step when it overrides it), then on_before_zero_grad, zero grad (the module's
                        optimizer_zero_grad), step-interval schedulers (not after a skipped step)
                     -> on_train_batch_end -> every log_every_n_steps: on_log, non-finite loss check
-                    -> at val_check_interval: on_log (the last log step's values, so logs stay in step
+                    -> at val_check_interval or should_stop: on_log (the last log step's values, logs in step
                        order), then validation (on_validation_start, on_validation_epoch_start,
                        each batch on_validation_batch_start/end, on_validation_epoch_end, on_validation_end)
                     -> after Ctrl-C/SIGTERM/SIGUSR1, once the accumulation window ends: write last.ckpt, stop
@@ -190,30 +197,32 @@ class Trainer:
         ``optimizer_step`` override runs after the batch's forward and backward (its closure
         returns the loss instead of computing it).
         """
+        reject_unknown_arguments(unknown, Trainer.fit, "Trainer.fit")  # val_dataloader=: did you mean ...?
         data = collect_data("fit", model, train_dataloaders, val_dataloaders, datamodule,
                             validates=self.limits["validate"] != 0)
         self._launch("fit", model, data, ckpt_path)
 
     def validate(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
-                 datamodule: DataModule | None = None, verbose: bool = True) -> list[dict[str, float]]:
+                 datamodule: DataModule | None = None, verbose: bool = True, **unknown: Any) -> list[dict[str, float]]:
         """Run ``validation_step`` over ``dataloaders`` (one loader, or a list or dict of them);
         return one dict of epoch metrics per loader, ``[{metric: value}]``. Without ``model``: the
         module of the last ``fit``, with the weights of ``ckpt_path`` (``"best"``, ``"last"`` or a
         file; by default the best checkpoint of that fit, if any). ``verbose`` prints the metrics."""
-        return self._evaluate("validate", model, dataloaders, ckpt_path, datamodule, verbose)
+        return self._evaluate("validate", model, dataloaders, ckpt_path, datamodule, verbose, unknown)
 
     def test(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
-             datamodule: DataModule | None = None, verbose: bool = True) -> list[dict[str, float]]:
+             datamodule: DataModule | None = None, verbose: bool = True, **unknown: Any) -> list[dict[str, float]]:
         """Run ``test_step`` over ``dataloaders``; return one dict of epoch metrics per loader
         (see :meth:`validate` for ``model``, ``ckpt_path`` and ``verbose``)."""
-        return self._evaluate("test", model, dataloaders, ckpt_path, datamodule, verbose)
+        return self._evaluate("test", model, dataloaders, ckpt_path, datamodule, verbose, unknown)
 
     def predict(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
-                datamodule: DataModule | None = None, return_predictions: bool | None = None) -> list[Any] | None:
+                datamodule: DataModule | None = None, return_predictions: bool | None = None,
+                **unknown: Any) -> list[Any] | None:
         """Run ``predict_step`` over ``dataloaders``; return the outputs, one per batch, in order (a list of
         such lists for several loaders; None with ``return_predictions=False``). Under DDP every rank's come
         back on the CPU: the whole dataset, in order, each sample once. See :meth:`validate`."""
-        predictions = self._evaluate("predict", model, dataloaders, ckpt_path, datamodule, verbose=False)
+        predictions = self._evaluate("predict", model, dataloaders, ckpt_path, datamodule, False, unknown)
         return None if return_predictions is False else predictions
 
     @measured("checkpointing")
@@ -282,7 +291,8 @@ class Trainer:
 
     # --- launch and per-process setup ------------------------------------------------------
     def _evaluate(self, stage: str, model: TrainingModule | None, dataloaders: Any, ckpt_path: Any, datamodule: Any,
-                  verbose: bool) -> Any:
+                  verbose: bool, unknown: dict[str, Any]) -> Any:
+        reject_unknown_arguments(unknown, getattr(Trainer, stage), f"Trainer.{stage}")  # a close match named
         if model is None:  # the module of the last fit, by default with its best checkpoint
             model, ckpt_path = fitted_module(self, stage, ckpt_path)
         data = collect_data(stage, model, dataloaders, None, datamodule, previous_datamodule=self.datamodule)
@@ -292,7 +302,8 @@ class Trainer:
         return output
 
     def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any, search: Any = None) -> Any:
-        self.callbacks, ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path)  # trainer/stage.py
+        self.callbacks, self.ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path, self._log_dir)
+        ckpt_path = self.ckpt_path  # resolved ("last", "best": the file; trainer/stage.py)
         module.trainer, self.lightning_module = self, module  # both answer after the stage too (test(model=None))
         self.datamodule = data.datamodule if data.datamodule is not None else self.datamodule
         with self._preemption.interruptible(stage, self.is_global_zero):  # KeyboardInterrupt: status 130, one line
@@ -422,8 +433,12 @@ class Trainer:
         module.on_train_epoch_start()
         train_loader, val_loaders = self._fit_loaders.train, self._fit_loaders.val  # after the hooks: a search there
         num_batches = self.num_training_batches  # may have made new ones
-        val_every = None if val_loaders is None else validation_interval(
+        schedule = None if val_loaders is None else validation_schedule(
             self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch, num_batches)
+        if progress.resumed is not None and progress.resumed.validation_pending and val_loaders is not None:
+            restore_rng_state(progress.resumed.rng["now"])  # the checkpoint's, whatever the hooks since drew
+            self._run_validation(val_loaders)  # what the run that wrote it did next
+            progress.resumed = progress.resumed.after_validation()
         batch_idx = -1
         times, clock = self.phase_times, time.perf_counter  # two host clock reads a batch, no device sync
         times.start_loop(progress.batches_seen)
@@ -441,14 +456,15 @@ class Trainer:
             if hooks.batch_end or hooks.module_batch_end:  # Lightning's {"loss": detached, ...}: no graph kept alive
                 outputs = batch_end_outputs(outputs, self.accumulate_grad_batches)
             progress.batches_seen += 1  # first: a checkpoint written in on_train_batch_end counts this batch
+            progress.validation_pending = schedule is not None and schedule.due(batch_idx, progress.batches_seen)
             for hook in hooks.batch_end:
                 hook(self, module, outputs, batch, batch_idx)
             for hook in hooks.module_batch_end:
                 hook(outputs, batch, batch_idx)
             if progress.batches_seen % self.log_every_n_steps == 0:
                 self._log_step()
-            if val_every is not None and validation_due(self.val_check_interval, self.check_val_every_n_epoch, batch_idx,
-                                                        val_every, num_batches, progress.batches_seen):
+            # As in Lightning, stopping mid-epoch (should_stop, once min_epochs/min_steps allow) validates first.
+            if progress.validation_pending or (schedule is not None and self.should_stop and self._may_stop()):
                 self._run_validation(val_loaders)
             times.ready = clock()  # the next batch is asked for now
             if self._preemption.stop_now and ends_accumulation_window(batch_idx, self.accumulate_grad_batches, num_batches):
@@ -458,6 +474,9 @@ class Trainer:
                 return  # mid-epoch: no epoch end (schedulers, hooks); the resumed run finishes the epoch
             if (self.should_stop and self._may_stop()) or (self.max_steps != -1 and self.global_step >= self.max_steps):
                 break
+        else:  # the loader ran out: one without a length validates after its last batch (val_check_interval=1.0)
+            if schedule is not None and schedule.at_epoch_end and (batch_idx != -1 or progress.resumed is not None):
+                self._run_validation(val_loaders)
         times.end_loop(progress.batches_seen)
         if batch_idx == -1 and progress.resumed is None:
             raise no_training_batches()
@@ -477,18 +496,20 @@ class Trainer:
         else:  # accumulating: under DDP the gradients are all-reduced once, at the window's last batch
             with self.strategy.no_backward_sync(self.model, enabled=True):
                 outputs, loss = plan.forward_backward(batch, batch_idx, False)
-        # Checked later (log step, epoch end, checkpoint), so no host sync here; a copy where a CUDA
-        # graph replay may overwrite the loss in place at the next step (trainer/guards.py).
-        recorded = loss.detach()
-        self._guard.losses.append((recorded.clone() if plan.copy_losses else recorded, batch_idx, self.global_step))
+        if loss is None:  # training_step returned None: no backward for this batch (as in Lightning)
+            skipped_batch(self.strategy.world_size, batch_idx)
+        else:  # checked later (log step, epoch end, checkpoint): no host sync here; a copy where a CUDA
+            recorded = loss.detach()  # graph replay may overwrite the loss in place (trainer/guards.py)
+            self._guard.losses.append((recorded.clone() if plan.copy_losses else recorded, batch_idx, self.global_step))
         if not steps_now or (self.on_nonfinite_loss == "skip" and not self._guard.window_is_finite(
                 self.strategy, self.optimizers, self.is_global_zero, self.current_epoch, self.global_step)):
             return outputs
         optimizer, hooks = self.optimizers[0], plan.hooks
+        step = self._optimizer_step if loss is not None else functools.partial(self._optimizer_step, backward_ran=False)
         if hooks.module_optimizer_step is None:
-            stepped = self._optimizer_step(optimizer)
+            stepped = step(optimizer)
         else:  # the override calls optimizer.step(closure) (or not: no step, global_step stays)
-            stepped = hooks.call_optimizer_step(self.current_epoch, batch_idx, optimizer, self._optimizer_step, loss)
+            stepped = hooks.call_optimizer_step(self.current_epoch, batch_idx, optimizer, step, loss)
         if hooks.around_zero_grad:
             hooks.call_around_zero_grad(self, module, optimizer, self.current_epoch, batch_idx)
         else:
@@ -499,7 +520,7 @@ class Trainer:
             step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics, plateau=False)
         return outputs
 
-    def _forward_backward(self, batch: Any, batch_idx: int, syncs: bool) -> tuple[Any, torch.Tensor]:
+    def _forward_backward(self, batch: Any, batch_idx: int, syncs: bool) -> tuple[Any, torch.Tensor | None]:
         """training_step inside the callbacks' forward contexts (autocast), then backward outside them."""
         plan = self._plan
         if plan.hooks.forward_context:
@@ -507,6 +528,8 @@ class Trainer:
                 outputs = plan.training_step(batch, batch_idx)
         else:  # hot loop: nothing wraps the forward, and a `with` costs two calls
             outputs = plan.training_step(batch, batch_idx)
+        if outputs is None:  # the batch is skipped: no backward (trainer/arguments.py skipped_batch)
+            return None, None
         loss, accumulate = loss_of(outputs, batch_idx), self.accumulate_grad_batches
         self.run_backward(loss / accumulate if accumulate > 1 else loss)
         return outputs, loss
@@ -522,19 +545,20 @@ class Trainer:
         else:
             plan.backward(loss)
 
-    def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """unscale (AMP float16), on_before_optimizer_step, clip, step, global_step + 1; False when
-        the owner of the step skipped it (AMP found inf gradients): the schedulers then do not step."""
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer, backward_ran: bool = True) -> bool:
+        """unscale (AMP float16), on_before_optimizer_step, clip, step, global_step + 1; False when the owner
+        of the step skipped it (AMP found inf gradients): the schedulers then do not step. As in Lightning,
+        when the window's last training_step returned None (``backward_ran`` False) the owner takes no step."""
         plan = self._plan
-        if plan.step_owner is not None:  # true gradients for the hooks and clipping (AMP unscales)
+        if plan.step_owner is not None and backward_ran:  # true gradients for the hooks and clipping (AMP unscales)
             plan.step_owner.unscale_gradients(self, self.module, optimizer)
         if plan.hooks.before_step:
             plan.hooks.call_before_optimizer_step(self, self.module, optimizer)
         if self.gradient_clip_val is not None:
             clip_gradients(plan.clip_parameters(), self.gradient_clip_val, self.gradient_clip_algorithm)
         if plan.step_owner is not None:
-            applied = plan.step_owner.optimizer_step(self, self.module, optimizer)
-        else:
+            applied = plan.step_owner.optimizer_step(self, self.module, optimizer) if backward_ran else True
+        else:  # after a skipped backward it moves no weight that got no gradient
             optimizer.step()
             applied = True
         self.global_step += 1  # counts the steps taken, applied or skipped by AMP (as in Lightning)
@@ -597,11 +621,11 @@ class Trainer:
 
     @measured("validation")
     def _run_validation(self, val_loaders: list[Any]) -> None:
+        self._progress.validation_pending = False  # a checkpoint from here on resumes after it
         self._log(self.metrics.publish_pending())  # the last log step's values first: the logs stay in step order
-        # Validating leaves every RNG as it found it: the weights do not depend on when (or
-        # whether) validation runs, and a checkpoint written just before it resumes exactly.
-        with preserved_rng():
-            self._evaluation_loop("validate", val_loaders, self.num_val_batches)
+        # It draws from the global RNG (the val loader's iter(), a validation_step's own draws), as in
+        # Lightning: the same seed gives Lightning's data order in the epochs after it.
+        self._evaluation_loop("validate", val_loaders, self.num_val_batches)
         self.model.train()
         self.metrics.start_training()
 
@@ -610,6 +634,7 @@ class Trainer:
         ``torch.inference_mode`` (``torch.no_grad`` with ``Trainer(inference_mode=False)``)."""
         several = len(loaders) > 1  # then steps and batch hooks get dataloader_idx, metrics a suffix
         hooks = evaluation_hooks(stage, self, self.callbacks, self.module, several)
+        self._evaluation_stage = stage
         self.model.eval()
         self.metrics.start_evaluation()
         for hook in hooks.start:
@@ -645,29 +670,11 @@ class Trainer:
         self._log(published)
         for hook in hooks.end:
             hook()
+        self._evaluation_stage = None
         if stage != "predict":
             return split_by_dataloader(values, len(loaders))
         predictions = gather_predictions(predictions, self.strategy)  # every rank's, in the dataset's order
         return predictions if several else predictions[0]
-
-    # --- Lightning's read-only names, looked up on every read where they live: the process's place in
-    # the strategy, the callbacks that play a named role in trainer.callbacks (in the order given).
-    is_global_zero = property(lambda self: self.strategy.is_global_zero)
-    global_rank = property(lambda self: self.strategy.global_rank)
-    world_size = property(lambda self: self.strategy.world_size)
-    progress_bar_callback = property(lambda self: next(iter(self._callbacks_of(callbacks_package.ProgressBar)), None))
-    loggers = property(lambda self: self._callbacks_of(callbacks_package.Logger))
-    logger = property(lambda self: next(iter(self.loggers), None))
-    checkpoint_callback = property(lambda self: next(iter(self._callbacks_of(callbacks_package.ModelCheckpoint)), None))
-    profiler = property(lambda self: callbacks_package.profiler_of(self.callbacks))  # a PassThroughProfiler if none
-    interrupted = property(lambda self: self._preemption.interrupted)  # the last stage ended by an error or a signal
-    num_skipped_steps = property(lambda self: self._guard.skipped)  # steps on_nonfinite_loss="skip" skipped
-    callback_metrics = property(lambda self: self.metrics.callback_metrics)  # published values (trainer/metrics.py)
-    progress_bar_metrics = property(lambda self: self.metrics.progress_bar_metrics)
-    logged_metrics = property(lambda self: self.metrics.logged_metrics)
-
-    def _callbacks_of(self, kind: type) -> list[Any]:
-        return [callback for callback in self.callbacks if isinstance(callback, kind)]
 
     @property
     def estimated_stepping_batches(self) -> int | float:

@@ -1,0 +1,89 @@
+"""Lightning's read-only Trainer members (trainer/properties.py): each checked against what Lightning
+2.6 answers for the same script (its values noted where Cadence's names differ)."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+
+from callbacks import CSVLogger, EarlyStopping, ModelCheckpoint
+from linear_regression import LinearRegression
+
+
+class RecordsStages(LinearRegression):
+    """Records (hook, training, validating, testing, sanity_checking) as each step and end hook sees them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple] = set()
+
+    def note(self, where: str) -> None:
+        trainer = self.trainer
+        self.seen.add((where, trainer.training, trainer.validating, trainer.testing, trainer.sanity_checking))
+
+    def training_step(self, batch, batch_idx):
+        self.note("train")
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        self.note("val")
+        self.log("val/loss", F.mse_loss(self.layer(batch[0]), batch[1]))
+
+    def on_validation_end(self):
+        self.note("val_end")
+
+    def test_step(self, batch, batch_idx):
+        self.note("test")
+
+
+def test_the_stage_flags_say_what_runs_as_in_lightning(make_trainer, regression_loader):
+    module = RecordsStages()
+    trainer = make_trainer(max_epochs=1, limit_val_batches=2)
+    trainer.fit(module, regression_loader, regression_loader)
+    trainer.test(module, regression_loader, verbose=False)
+    assert module.seen == {
+        ("train", True, False, False, False),
+        ("val", False, False, False, True), ("val_end", False, False, False, True),  # the sanity check
+        ("val", False, True, False, False), ("val_end", False, True, False, False),
+        ("test", False, False, True, False),
+    }
+    assert not (trainer.training or trainer.validating or trainer.testing or trainer.predicting)
+
+
+def test_the_arguments_and_callbacks_read_back_as_in_lightning(make_trainer, regression_loader):
+    stopping, checkpoint = EarlyStopping("val/loss"), ModelCheckpoint()
+    trainer = make_trainer(max_epochs=1, limit_val_batches=2, callbacks=[stopping, checkpoint])
+    assert (trainer.limit_train_batches, trainer.limit_val_batches, trainer.limit_test_batches) == (1.0, 2, 1.0)
+    assert (trainer.num_devices, trainer.device_ids, trainer.num_nodes, trainer.node_rank, trainer.local_rank) == (1, [0], 1, 0, 0)
+    assert trainer.early_stopping_callback is stopping and trainer.early_stopping_callbacks == [stopping]
+    assert trainer.checkpoint_callbacks == [checkpoint] and trainer.enable_validation
+    trainer.fit(RecordsStages(), regression_loader, regression_loader)
+    assert trainer.num_sanity_val_batches == [2]  # the default 2 steps, under the limit
+
+
+def test_ckpt_path_is_the_checkpoint_the_last_stage_loaded(make_trainer, regression_loader):
+    module = RecordsStages()
+    trainer = make_trainer(max_epochs=1, enable_checkpointing=True)
+    assert trainer.ckpt_path is None
+    trainer.fit(module, regression_loader, regression_loader)
+    assert trainer.ckpt_path is None
+    trainer.test(module, regression_loader, ckpt_path="best", verbose=False)
+    assert trainer.ckpt_path is not None and str(trainer.ckpt_path) == trainer.checkpoint_callback.best_model_path
+    assert str(trainer.ckpt_path).endswith("epoch=0-step=8.ckpt")
+
+
+def test_log_dir_answers_before_fit_with_the_directory_fit_then_uses(make_trainer, regression_loader, tmp_path):
+    # Lightning: trainer.log_dir is the first logger's version directory from construction on.
+    for case, logger in enumerate((True, CSVLogger(save_dir=tmp_path / "csv"), False)):
+        trainer = make_trainer(max_epochs=1, logger=logger, default_root_dir=tmp_path / str(case))
+        before = trainer.log_dir
+        trainer.fit(RecordsStages(), regression_loader)
+        assert before == trainer.log_dir and before.name == "version_0", logger
+    assert trainer.log_dir == tmp_path / "2" / "cadence_logs" / "version_0"  # without a logger: Cadence's layout
+
+
+def test_a_second_trainer_previews_the_next_free_version(make_trainer, regression_loader, tmp_path):
+    make_trainer(max_epochs=1, logger=True).fit(RecordsStages(), regression_loader)
+    trainer = make_trainer(max_epochs=1, logger=True)
+    assert trainer.log_dir.name == "version_1"
+    trainer.fit(RecordsStages(), regression_loader)
+    assert trainer.log_dir.name == "version_1"

@@ -10,7 +10,6 @@ Performance notes are marked "hot loop": nothing there converts a tensor to a Py
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import functools
 import math
@@ -26,7 +25,7 @@ import torch
 from callbacks import Callback
 from strategies import Strategy
 from trainer.arguments import batch_end_outputs, loss_of, loss_without_grad, no_training_batches, skipped_batch
-from trainer.data_source import STAGE_KIND, DataSource, collect_data, reloadable
+from trainer.data_source import STAGE_KIND, DataSource, collect_data
 from trainer.datamodule import DataModule
 from trainer.guards import LossGuard
 from trainer.hooks import evaluation_hooks, step_hooks
@@ -35,6 +34,7 @@ from trainer.module import TrainingModule
 from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_window, step_schedulers
 from trainer.preemption import Preemption, save_for_preemption
 from trainer.properties import TrainerProperties
+from trainer.searches import SearchSeams
 from trainer.seed import preserved_rng, restore_rng_state
 from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_model
 from trainer.shorthands import reject_unknown_arguments, translate, with_lightning_defaults
@@ -48,7 +48,6 @@ from trainer.state import (
     write_checkpoint,
 )
 from trainer.timing import PhaseTimes, measured
-from trainer.trial import Snapshot, fresh_loop_state
 
 if TYPE_CHECKING:
     from strategies.checkpoint.background import BackgroundWriter
@@ -56,7 +55,7 @@ if TYPE_CHECKING:
 CheckpointPath = str | os.PathLike | None  # a file, "last", "best" (validate, test, predict) or None
 
 
-class Trainer(TrainerProperties):
+class Trainer(TrainerProperties, SearchSeams):
     """Trains a :class:`TrainingModule` with one fixed loop; where it runs is the ``strategy``.
 
     Args mean what they mean in PyTorch Lightning (docs/module-and-trainer.md has the table). Cadence's own:
@@ -68,7 +67,7 @@ class Trainer(TrainerProperties):
     the process (trainer/preemption.py); ``fit(ckpt_path="last")`` resumes.
 
     Lightning's read-only members (``is_global_zero``, ``loggers``, ``log_dir``, ...) are views in
-    ``trainer/properties.py``.
+    ``trainer/properties.py``; the seams the Tuner's searches run through are in ``trainer/searches.py``.
 
     Example::
 
@@ -147,56 +146,11 @@ class Trainer(TrainerProperties):
     # --- the public entry points -----------------------------------------------------------
     def fit(self, model: TrainingModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: DataModule | None = None, ckpt_path: str | os.PathLike | None = None, **unknown: Any) -> None:
-        """Train ``model``. What happens, in order:
-
-            module.configure_callbacks (they join the Trainer's callbacks)
-            strategy.launch (DDP spawns here, or joins a torchrun group)
-            seed; prepare_data (datamodule, module: local rank zero; the others wait)
-            setup hooks (datamodule, callbacks, module); module.configure_model; move the model once;
-            callbacks' configure_model; strategy wrap (DDP, FSDP); configure_optimizers
-            train_dataloader, val_dataloader (given, or the datamodule's or module's hooks)
-            restore ckpt_path if given (on_load_checkpoint: the module's, then the callbacks')
-            on_fit_start
-            on_sanity_check_start -> sanity validation (num_sanity_val_steps batches, nothing logged)
-                -> on_sanity_check_end
-            on_train_start
-            each epoch until max_epochs, max_steps or should_stop (once min_epochs/min_steps are met):
-                every reload_dataloaders_every_n_epochs: the loaders again from their hooks
-                on_train_epoch_start
-                each batch: to device (CUDA: copied ahead on a side stream) -> on_train_batch_start
-                    -> forward (training_step) under the callbacks' forward contexts (None: no backward)
-                    -> on_before_backward -> backward (no all-reduce while accumulating) -> on_after_backward
-                    -> every accumulate_grad_batches-th batch: unscale (AMP float16), on_before_optimizer_step,
-                       clip, optimizer step or the scaler's, which may skip it (all three inside the module's
-                       optimizer_step when it overrides it), then on_before_zero_grad, zero grad (the module's
-                       optimizer_zero_grad), step-interval schedulers (not after a skipped step)
-                    -> on_train_batch_end -> every log_every_n_steps: on_log, non-finite loss check
-                    -> at val_check_interval or should_stop: on_log (the last log step's values, logs in step
-                       order), then validation (on_validation_start, on_validation_epoch_start,
-                       each batch on_validation_batch_start/end, on_validation_epoch_end, on_validation_end)
-                    -> after Ctrl-C/SIGTERM/SIGUSR1, once the accumulation window ends: write last.ckpt, stop
-                epoch metrics -> on_log; epoch-interval schedulers
-                on_train_epoch_end (the callbacks', the module's, then what they logged -> on_log, then
-                    EarlyStopping's and ModelCheckpoint's: Lightning's monitoring callbacks)
-            (the state that save_checkpoint writes after fit is taken here)
-            on_train_end
-            on_fit_end
-            teardown: datamodule, callbacks, module (also after an error, which first calls on_exception)
-            SystemExit(128 + signal number) if a signal stopped the run
-
-        The data: loaders (``val_dataloaders`` may be a list or dict of them), or a ``DataModule``
-        (``datamodule=dm``, or ``fit(model, dm)``), or neither (the module's ``*_dataloader`` hooks).
-        Callbacks run in the order given, each before the module's hook of the same name; a hook
-        that nobody implements costs nothing per step. A checkpoint gets every callback's
-        ``state_dict``, then ``on_save_checkpoint`` (the callbacks', then the module's).
-        ``ckpt_path``: a checkpoint file, or "last" (``strategies/checkpoint/``); the run continues
-        exactly where it was written, in the same log directory.
-
-        Where Cadence differs from Lightning on purpose: the gradients are cleared right after the
-        optimizer step (the same gradients; their memory is free during the next forward), and an
-        ``optimizer_step`` override runs after the batch's forward and backward (its closure
-        returns the loss instead of computing it).
-        """
+        """Train ``model`` on loaders (``val_dataloaders`` may be a list or dict of them), a ``DataModule``
+        (``datamodule=dm``, or ``fit(model, dm)``), or the module's ``*_dataloader`` hooks. ``ckpt_path``: a
+        checkpoint file, or "last" (``strategies/checkpoint/``); the run continues exactly where it was
+        written, in the same log directory. The loop below does, in order, what docs/module-and-trainer.md
+        ("The loop, in order") lists, hook by hook; a hook that nobody implements costs nothing per step."""
         reject_unknown_arguments(unknown, Trainer.fit, "Trainer.fit")  # val_dataloader=: did you mean ...?
         data = collect_data("fit", model, train_dataloaders, val_dataloaders, datamodule,
                             validates=self.limits["validate"] != 0)
@@ -243,51 +197,6 @@ class Trainer(TrainerProperties):
                                 storage_options, background)
         if not weights_only:  # the last checkpoint a run can resume from, named when a loss turns NaN
             self._guard.last_checkpoint = (str(filepath), step)
-
-    # --- the seams of the Tuner's searches (trainer/tuner.py; trainer/trial.py says what a trial keeps) ---
-    def run_search(self, search: Callable[[Trainer, TrainingModule], Any], model: TrainingModule, method: str = "fit",
-                   train_dataloaders: Any = None, val_dataloaders: Any = None, dataloaders: Any = None,
-                   datamodule: DataModule | None = None) -> Any:
-        """Set ``model`` up as ``method`` does, run ``search(trainer, module)`` in place of its loop (of the hooks, only
-        setup and teardown run), tear down; return what ``search`` returned (rank zero's, when spawned)."""
-        data = collect_data(method, model, train_dataloaders if method == "fit" else dataloaders, val_dataloaders,
-                            datamodule, previous_datamodule=self.datamodule, validates=self.limits["validate"] != 0)
-        return self._launch(method, model, data, None, search)
-
-    def run_trial(self, num_steps: int, callbacks: list[Callback] = (),
-                  schedulers: Callable[[list[torch.optim.Optimizer]], list[Any]] | None = None) -> None:
-        """From a hook of a running stage, run its loop for ``num_steps`` optimizer steps (fit: no validation, only the
-        schedulers ``schedulers(optimizers)`` makes step) or batches of the first loader (validate, test, predict),
-        with only ``callbacks`` and the seam owners (AMP); then put everything back, also after an error."""
-        sampler = self._progress.sampler
-        snapshot = Snapshot.take(self.module, self.optimizers, self.lr_scheduler_configs, self.callbacks, sampler)
-        kept = dict(vars(self))  # every attribute; what the loop changes in place is replaced for the trial
-        self.metrics, self._progress, self._guard, self._preemption, self.phase_times = fresh_loop_state(self.strategy, sampler)
-        self.callbacks = [*snapshot.seam_owners, *callbacks]
-        self._plan = dataclasses.replace(self._plan, hooks=step_hooks(self.callbacks, self.module))
-        self.should_stop, self.on_nonfinite_loss, self.min_epochs, self.min_steps = False, "ignore", None, None
-        try:
-            if self.stage == "fit":
-                made = schedulers(self.optimizers) if schedulers is not None else []
-                self.lr_scheduler_configs = [SchedulerConfig(scheduler, interval="step") for scheduler in made]
-                self.max_epochs, self.max_steps = -1, self.global_step + num_steps
-                self._fit_loaders = dataclasses.replace(self._fit_loaders, val=None)
-                while not self._finished():
-                    self._run_train_epoch()
-            else:
-                (loader, *_), (count, *_) = self._evaluation_loaders
-                self._evaluation_loaders = ([loader], [min(num_steps, count)])
-                self._evaluation_loop(self.stage, *self._evaluation_loaders)
-        finally:
-            vars(self).update(kept)
-            snapshot.restore()
-
-    def reload_dataloaders(self) -> list[Any]:
-        """Make the running stage's loaders again from their hooks (a search changed the batch size): from on_fit_start
-        or on_train_epoch_start the coming epoch runs on them, from on_<stage>_start the stage. Returns them."""
-        reloadable(self._data, self.stage)  # or an error saying why not
-        self._make_loaders(self.stage, self._data)
-        return [self._fit_loaders.train] if self.stage == "fit" else list(self._evaluation_loaders[0])
 
     # --- launch and per-process setup ------------------------------------------------------
     def _evaluate(self, stage: str, model: TrainingModule | None, dataloaders: Any, ckpt_path: Any, datamodule: Any,

@@ -288,19 +288,20 @@ class _LRRecorder(Callback):
         self.losses.append(smoothed)
 
 
-class _LinearLR(LRScheduler):
-    """Raises the learning rate linearly from each group's base to ``end_lr`` over ``num_iter`` steps."""
+class _RangeLR(LRScheduler):
+    """Raises the learning rate from each group's base to ``end_lr`` over ``num_iter`` steps, by
+    :meth:`at` (a fraction of the way)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, end_lr: float, num_iter: int, last_epoch: int = -1) -> None:
         self.end_lr, self.num_iter = end_lr, num_iter
         super().__init__(optimizer, last_epoch)
 
+    def at(self, base: float, fraction: float) -> float:
+        raise NotImplementedError
+
     def get_lr(self) -> list[float]:
         fraction = (self.last_epoch + 1) / self.num_iter
-        if self.last_epoch > 0:
-            self._lr = [base + fraction * (self.end_lr - base) for base in self.base_lrs]
-        else:
-            self._lr = list(self.base_lrs)
+        self._lr = [self.at(base, fraction) for base in self.base_lrs] if self.last_epoch > 0 else list(self.base_lrs)
         return self._lr
 
     @property
@@ -308,21 +309,15 @@ class _LinearLR(LRScheduler):
         return self._lr
 
 
-class _ExponentialLR(LRScheduler):
-    """Raises the learning rate geometrically from each group's base to ``end_lr`` over ``num_iter`` steps."""
+class _LinearLR(_RangeLR):
+    """Linearly, as Lightning's ``_LinearLR``."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, end_lr: float, num_iter: int, last_epoch: int = -1) -> None:
-        self.end_lr, self.num_iter = end_lr, num_iter
-        super().__init__(optimizer, last_epoch)
+    def at(self, base: float, fraction: float) -> float:
+        return base + fraction * (self.end_lr - base)
 
-    def get_lr(self) -> list[float]:
-        fraction = (self.last_epoch + 1) / self.num_iter
-        if self.last_epoch > 0:
-            self._lr = [base * (self.end_lr / base) ** fraction for base in self.base_lrs]
-        else:
-            self._lr = list(self.base_lrs)
-        return self._lr
 
-    @property
-    def lr(self) -> list[float]:
-        return self._lr
+class _ExponentialLR(_RangeLR):
+    """Geometrically, as Lightning's ``_ExponentialLR``."""
+
+    def at(self, base: float, fraction: float) -> float:
+        return base * (self.end_lr / base) ** fraction

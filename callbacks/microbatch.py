@@ -50,7 +50,6 @@ import dataclasses
 import gc
 import math
 import sys
-from collections import UserDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +57,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from callbacks.base import Callback
+from strategies.transfer import rebuild_mapping
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -345,15 +345,7 @@ def slice_batch(batch: Any, start: int, stop: int, size: int) -> Any:
         items = [slice_batch(item, start, stop, size) for item in batch]
         return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
     if isinstance(batch, Mapping):
-        items = {key: slice_batch(value, start, stop, size) for key, value in batch.items()}
-        if type(batch) is dict:
-            return items
-        if isinstance(batch, (dict, UserDict)):
-            rebuilt = copy.copy(batch)
-            for key, value in items.items():
-                rebuilt[key] = value
-            return rebuilt
-        return type(batch)(items)
+        return rebuild_mapping(batch, {key: slice_batch(value, start, stop, size) for key, value in batch.items()})
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         rebuilt = copy.copy(batch)
         for field in dataclasses.fields(batch):

@@ -74,7 +74,7 @@ def apply_to_tensors(batch: Any, function: Callable[[torch.Tensor], Any],
             return type(batch)(*items)
         return type(batch)(items)
     if isinstance(batch, Mapping):
-        return _rebuild_mapping(batch, {key: apply_to_tensors(value, function, other) for key, value in batch.items()})
+        return rebuild_mapping(batch, {key: apply_to_tensors(value, function, other) for key, value in batch.items()})
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         # A shallow copy keeps fields that __init__ does not take and runs no __post_init__;
         # object.__setattr__ also sets the fields of a frozen dataclass.
@@ -85,7 +85,8 @@ def apply_to_tensors(batch: Any, function: Callable[[torch.Tensor], Any],
     return batch if other is None else other(batch)
 
 
-def _rebuild_mapping(mapping: Mapping, items: dict) -> Mapping:
+def rebuild_mapping(mapping: Mapping, items: dict) -> Mapping:
+    """``mapping`` with ``items`` in place of its values, of its own type (a copy for dicts and UserDicts)."""
     if type(mapping) is dict:
         return items
     if isinstance(mapping, (dict, UserDict)):

@@ -87,12 +87,12 @@ def test_on_exception_checkpoint_saves_what_fit_reached_and_it_resumes(make_trai
     class Failing(LinearRegression):
         def training_step(self, batch, batch_idx):
             if self.current_epoch == 1 and batch_idx == 3:
-                raise KeyboardInterrupt
+                raise RuntimeError("the data went bad")
             return super().training_step(batch, batch_idx)
 
     saver = OnExceptionCheckpoint(tmp_path / "saved")
     trainer = make_trainer(max_epochs=2, callbacks=[saver])
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(RuntimeError, match="the data went bad"):
         trainer.fit(Failing(), regression_loader)
     assert saver.ckpt_path == str(tmp_path / "saved" / "on_exception.ckpt")
     resumed = make_trainer(max_epochs=2, callbacks=[OnExceptionCheckpoint(tmp_path / "saved")])

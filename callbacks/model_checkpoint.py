@@ -135,6 +135,9 @@ class ModelCheckpoint(Callback):
                              "(TODO(#18): DCP's async_save for sharded checkpoints). Use async_save=False.")
         if stage == "fit":  # before a checkpoint is restored, which may set it again
             self._validated, self._defer_save_until_validation = False, False
+            if not self._every_n_train_steps and self._train_time_interval is None and self._background is None:
+                # Epoch triggers need nothing per batch: the base no-op leaves the loop's call list (trainer/hooks.py)
+                self.on_train_batch_end = Callback.on_train_batch_end.__get__(self)  # bound, as methods are
             if self.save_on_exception and trainer.world_size > 1:
                 raise ValueError(
                     f"ModelCheckpoint(save_on_exception=True) with {trainer.world_size} processes: an error reaches "
@@ -202,6 +205,7 @@ class ModelCheckpoint(Callback):
             self._background.wait_everywhere(trainer.strategy.reduce_any)
 
     def teardown(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
+        vars(self).pop("on_train_batch_end", None)  # setup's per-stage choice
         if self._background is not None:  # any exit path (an exception, a stop) waits for the last write
             self._background.wait_and_warn(warn)
 

@@ -171,6 +171,13 @@ class ProgressBar(Callback):
         from tqdm.auto import tqdm  # loaded on first use: importing callbacks stays cheap
 
         self._tqdm = tqdm
+        if type(self).on_train_batch_end is ProgressBar.on_train_batch_end and not (self.interactive and self._refresh_rate):
+            # No bar is drawn per batch: as the base class's no-op, the hook leaves the loop's per-batch call
+            # list (trainer/hooks.py), and with it the outputs dict built for batch-end hooks.
+            self.on_train_batch_end = Callback.on_train_batch_end.__get__(self)
+
+    def teardown(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
+        vars(self).pop("on_train_batch_end", None)  # setup's per-stage choice
 
     def on_sanity_check_start(self, trainer: Trainer, module: TrainingModule) -> None:
         self.val_progress_bar = self.init_sanity_tqdm()

@@ -87,3 +87,22 @@ def test_a_second_trainer_previews_the_next_free_version(make_trainer, regressio
     assert trainer.log_dir.name == "version_1"
     trainer.fit(RecordsStages(), regression_loader)
     assert trainer.log_dir.name == "version_1"
+
+
+class ValidatesOnSeveral(LinearRegression):
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        self.log("val/loss", F.mse_loss(self.layer(batch[0]), batch[1]))
+
+    def test_step(self, batch, batch_idx):
+        self.log("test/loss", F.mse_loss(self.layer(batch[0]), batch[1]))
+
+
+def test_the_stages_loaders_are_there_as_in_lightning_one_or_a_list(make_trainer, regression_loader):
+    trainer = make_trainer(max_epochs=1)
+    assert trainer.val_dataloaders is None and trainer.test_dataloaders is None  # no stage has run
+    module = ValidatesOnSeveral()
+    trainer.fit(module, regression_loader, [regression_loader, regression_loader])
+    assert isinstance(trainer.val_dataloaders, list) and len(trainer.val_dataloaders) == 2  # after fit too
+    assert [loader.dataset for loader in trainer.val_dataloaders] == [regression_loader.dataset] * 2
+    trainer.test(module, regression_loader)
+    assert trainer.test_dataloaders.dataset is regression_loader.dataset  # one loader: the loader itself

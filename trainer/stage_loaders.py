@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 NUM_BATCHES = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}
 
 
+def one_or_list(loaders: list[Any] | None) -> Any:
+    """``trainer.val_dataloaders`` and the like, as Lightning gives them: the loader, or a list of several."""
+    return loaders if loaders is None or len(loaders) != 1 else loaders[0]
+
+
 def prepare_stage_loader(trainer: Trainer, loader: Any, stage: str, shuffle: bool,
                          seed_offset: int = 0) -> tuple[Any, int | float]:
     """``loader`` prepared under the Trainer's settings, and its number of batches under the limit."""

@@ -41,7 +41,7 @@ from trainer.shorthands import reject_unknown_arguments, translate, with_lightni
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
     NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_batches, evaluation_loaders, gather_predictions,
-    limit_reached, load_fit_data, reload_due, train_batches, validation_schedule,
+    limit_reached, load_fit_data, one_or_list, reload_due, train_batches, validation_schedule,
 )
 from trainer.state import (
     Progress, fitted_module, handoff_state, logger_step, read_checkpoint, receive_handoff, restore, training_state,
@@ -128,7 +128,8 @@ class Trainer(TrainerProperties, SearchSeams):
         self.module: TrainingModule | None = None  # the user's module while a stage runs
         self.model: torch.nn.Module | None = None  # what the strategy wrapped (DDP), or the module
         self.optimizers: list[torch.optim.Optimizer] = []
-        self.train_dataloader: Any = None  # the training loader as fit runs it (sharded, seeded)
+        self.train_dataloader: Any = None  # the training loader as fit runs it (sharded, seeded); then, as in
+        self.val_dataloaders = self.test_dataloaders = self.predict_dataloaders = None  # Lightning, one or a list
         self.lr_scheduler_configs: list[SchedulerConfig] = []
         self.metrics = MetricStore(self.strategy.all_reduce, self.strategy.all_gather_object)
         self._progress = Progress()  # where fit is, for checkpoints and resuming (trainer/state.py)
@@ -311,11 +312,13 @@ class Trainer(TrainerProperties, SearchSeams):
             loaders = self._fit_loaders = load_fit_data(self, data)
             self.max_epochs, self.train_dataloader, self._progress.sampler = loaders.max_epochs, loaders.train, loaders.sampler
             self.num_training_batches, self.num_val_batches = loaders.num_training_batches, loaders.num_val_batches
+            self.val_dataloaders = one_or_list(loaders.val)
             self._stage_loaders += loaders.made  # their persistent workers end with the stage
         else:
             loaders, counts = self._evaluation_loaders = evaluation_loaders(self, stage, data.loaders(STAGE_KIND[stage]))
             self._stage_loaders += loaders  # their persistent workers end with the stage
             setattr(self, NUM_BATCHES[stage], counts)
+            setattr(self, f"{STAGE_KIND[stage]}_dataloaders", one_or_list(loaders))
 
     def _finished(self) -> bool:
         limit = limit_reached(self.max_epochs, self.max_steps, self.current_epoch, self.global_step)

@@ -109,6 +109,7 @@ def test_lightning_utilities_rank_is_set_when_that_package_is_installed(tmp_path
     code = ("import trainer.utilities\nfrom lightning_utilities.core.rank_zero import rank_zero_only\n"
             "print(rank_zero_only.rank)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**utilities.os.environ, "PYTHONPATH": f"{tmp_path}:{utilities.os.environ['PYTHONPATH']}",
+                         env={**utilities.os.environ, "PYTHONPATH": utilities.os.pathsep.join(
+                             [str(tmp_path), *filter(None, [utilities.os.environ.get("PYTHONPATH")])]),
                               "RANK": "3"})
     assert run.stdout.strip() == "3"

@@ -64,7 +64,3 @@ def restore_forward(module: nn.Module) -> None:
         module.__dict__.pop("forward", None)
     else:
         module.__dict__["forward"] = original
-
-
-def is_wrapped(module: nn.Module) -> bool:
-    return _ORIGINAL in module.__dict__

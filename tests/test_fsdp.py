@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 
 from callbacks import AMP, ModelCheckpoint
 from strategies import FSDP
+from strategies.checkpoint.sharded import check_complete
 from trainer import Trainer
 from trainer.cli import main as cadence
 
@@ -224,9 +225,23 @@ def test_a_one_file_checkpoint_resumes_under_fsdp_each_rank_keeping_its_shard(re
     assert_weights_close(records["resume_file"]["final"], records["accumulate_clip"]["final"], atol=0)
 
 
+def test_a_run_killed_during_a_background_save_leaves_only_complete_checkpoints(launched):
+    killed = launched.out / "killed"
+    in_flight = (killed / "killed_during_write").read_text().split()  # staging directories when the kill came
+    left = sorted(path.name for path in killed.rglob(".*.tmp"))
+    assert set(left) <= set(in_flight), (left, in_flight)  # a write the kill cut short is a staging directory only
+    for checkpoint in killed.glob("*/*.ckpt"):  # every checkpoint a reader can see is whole
+        check_complete(checkpoint)
+    assert (killed / "steps" / "last.ckpt").is_dir() and (killed / "epochs" / "last.ckpt").is_dir()
+    if any(name.startswith(".epoch=1-step=6.ckpt.") for name in left):  # step 6's write was cut short
+        assert not (killed / "steps" / "epoch=1-step=6.ckpt").exists()
+        # save_top_k=1 drops step 3 only once step 6 is complete; last.ckpt still holds step 3's state
+        assert (killed / "steps" / "epoch=0-step=3.ckpt").is_dir()
+        assert torch.load(killed / "steps" / "last.ckpt" / "state.pt", weights_only=True)["loops"]["global_step"] == 3
+
+
 def test_a_run_killed_with_sigkill_resumes_exactly_on_two_spawned_processes(records, launched, tmp_path):
     killed = launched.out / "killed"
-    assert not [path for path in killed.rglob("*.tmp")]
     model = Blocks(on_meta=True)  # layers built in configure_model: the caller's copy gets them too
     trainer = Trainer(strategy=FSDP(devices=2), max_epochs=2, seed=7, accumulate_grad_batches=2, gradient_clip_val=CLIP,
                       default_root_dir=tmp_path, enable_progress_bar=False, logger=False,

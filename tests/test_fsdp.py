@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from callbacks import AMP, ModelCheckpoint
-from strategies import FSDP
+from strategies import DDP, FSDP
 from strategies.checkpoint.sharded import check_complete
 from trainer import Trainer
 from trainer.cli import main as cadence
@@ -269,6 +269,29 @@ def test_a_two_rank_checkpoint_resumes_in_one_process_and_says_so(records, launc
     momentum = {name: trainer.optimizers[0].state[p]["momentum_buffer"] for name, p in model.named_parameters()}
     assert_weights_close(momentum, saved["momentum"], atol=0)
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.05)  # StepLR stepped at step 3
+
+
+def test_a_mid_epoch_checkpoint_of_two_ranks_resumes_on_one_dealing_out_exactly_the_samples_not_yet_trained(
+        records, launched, tmp_path, monkeypatch, capsys):
+    # torchrun --nnodes=1:2 restarted with one process: DDP joins a group of one, in this process.
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=str(free_port())).items():
+        monkeypatch.setenv(name, value)
+    checkpoint = launched.out / "steps" / "epoch=1-step=6.ckpt"  # 4 of the 8 batches of epoch 1 on each rank
+    model = Blocks()
+    trainer = Trainer(strategy=DDP(), max_epochs=2, seed=7, accumulate_grad_batches=2, default_root_dir=tmp_path,
+                      enable_progress_bar=False, logger=False, enable_checkpointing=False)
+    with pytest.warns(UserWarning, match="resumes on 1: the weights and optimizer states load whole; the samples of "
+                                         "the epoch no process trained yet are dealt out"):
+        trainer.fit(model, DataLoader(IndexedRegression(), batch_size=BATCH_SIZE, shuffle=True), ckpt_path=checkpoint)
+    assert (f"resuming from {checkpoint} at epoch 1, global step 6, after batch 3 of the epoch on each of 2 processes; "
+            "its untrained samples dealt out among 1") in capsys.readouterr().err
+    trained_before = [index for rank in records["accumulate_clip"]["seen"] for _, indices in rank[8:12] for index in indices]
+    trained_after = [index for _, indices in model.seen for index in indices]
+    assert len(trained_before) == 32 and sorted(trained_before + trained_after) == list(range(64))  # each sample once
+    # The epoch's last batch keeps its index (8 batches a rank on 2 processes, 16 on one): 4 optimizer steps more.
+    assert [batch_idx for batch_idx, _ in model.seen] == list(range(8, 16)) and trainer.global_step == 10
 
 
 def test_convert_checkpoint_writes_one_plain_file_that_loads_into_the_module(records, launched, tmp_path, capsys):

@@ -173,16 +173,16 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
     set_sampler_epoch(loader, epoch)
     resumed = progress.resumed
     skip = resumed.batches_done if resumed is not None and resumed.epoch == epoch else 0
-    batches = None
+    rest = None
     if skip:  # a checkpoint of another number of processes: the samples trained carry over (trainer/resume.py)
-        skip, batches = resharded(progress.sampler, skip, resumed.processes, loader_length(loader))
-    if skip >= limit or batches == []:  # the checkpoint was written after the epoch's last batch
+        skip, rest = resharded(progress.sampler, skip, resumed.processes, loader_length(loader))
+    if skip >= limit or rest == []:  # the checkpoint was written after the epoch's last batch
         return iter(())
     # Resuming mid-epoch redraws the epoch's order from the RNG state it began with and skips
     # the batches already trained as indices; nothing is fetched twice (trainer/resume.py).
     # Workers start here with the stop signals held until they can ignore them (trainer/preemption.py).
     iterator = iterate_shielded(loader, (lambda loader: resume_iterator(loader, progress.sampler, skip, resumed.rng,
-                                                                        batches)) if skip or batches else iter)
+                                                                        rest)) if skip or rest else iter)
     batches = enumerate(iterator, start=skip)  # hot loop: C iterators only, no generator frame
     if limit < (loader_length(loader) or math.inf):
         # islice stops after the last batch without fetching another. Otherwise the loader runs

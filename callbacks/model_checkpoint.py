@@ -131,8 +131,8 @@ class ModelCheckpoint(Callback):
         if self.dirpath.exists() and not self.dirpath.is_dir():
             raise ValueError(f"ModelCheckpoint(dirpath={str(self.dirpath)!r}) is a file; use a directory.")
         if self._background is not None and not trainer.strategy.supports_background_saves:
-            raise ValueError(f"ModelCheckpoint(async_save=True) is not supported by {trainer.strategy.describe()} yet "
-                             "(TODO(#18): DCP's async_save for sharded checkpoints). Use async_save=False.")
+            raise ValueError(f"ModelCheckpoint(async_save=True) is not supported by {trainer.strategy.describe()}: its "
+                             "save_checkpoint writes in the step (supports_background_saves is False). Use async_save=False.")
         if stage == "fit":  # before a checkpoint is restored, which may set it again
             self._validated, self._defer_save_until_validation = False, False
             if not self._every_n_train_steps and self._train_time_interval is None and self._background is None:

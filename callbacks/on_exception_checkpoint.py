@@ -1,8 +1,11 @@
 """OnExceptionCheckpoint: save the training state when a stage fails (Lightning's).
 
 On an error (or Ctrl-C) inside ``fit``, it writes ``<dirpath>/<filename>.ckpt`` through
-``trainer.save_checkpoint``, so ``fit(model, ckpt_path=...)`` continues from the last finished
-batch. A stage that ends normally removes a file left by an earlier failure.
+``trainer.save_checkpoint``, so ``fit(model, ckpt_path=...)`` continues from there. As in
+Lightning, a batch that failed before it was trained (its ``on_train_batch_start`` hooks or its
+step) is trained again by the resumed run, and one that failed after (``on_train_batch_end``)
+counts as done (``trainer/resume.py``, ``failed_before_batch_end``). A stage that ends normally
+removes a file left by an earlier failure.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ differs is what happens to the model, and checkpoints:
   built on the meta device (in ``configure_model``) is materialized and initialized just before it
   is sharded, so no process ever holds more than one whole block.
 - ``save_checkpoint`` writes a directory in which each rank writes its own shards
-  (:mod:`strategies.checkpoint.sharded`), atomically; ``load_checkpoint`` reads each rank's part,
+  (:mod:`strategies.checkpoint.sharded`), atomically, in the step or (``ModelCheckpoint(async_save=True)``)
+  with DCP's ``async_save`` in the background; ``load_checkpoint`` reads each rank's part,
   from a checkpoint written by any number of processes, or from a one-file checkpoint.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import itertools
 import sys
 from collections.abc import Iterator, Sequence
@@ -33,13 +35,14 @@ from torch import nn
 
 from strategies.base import Strategy
 from strategies.checkpoint import read_checkpoint, remove_checkpoint, replace_atomic, save_atomic, staging_directory
-from strategies.checkpoint.files import plain_copy
+from strategies.checkpoint.background import BackgroundWriter
+from strategies.checkpoint.files import plain_copy, snapshot
 from strategies.ddp import DDP, DEFAULT_TIMEOUT_S
 from strategies.process_group import launched_by_torchrun
 from strategies.selection import ACCEPTED, select_submodules
 from strategies.checkpoint.sharded import (
-    SHARDED_KEYS, STATE_FILE, by_index, by_name, parameter_names, read_metadata, read_shards, saved_entries,
-    template_from_metadata, write_shards,
+    SHARDED_KEYS, STATE_FILE, by_index, by_name, finish_in_background, parameter_names, read_metadata, read_shards,
+    saved_entries, template_from_metadata, write_shards, write_shards_in_background,
 )
 
 #: The module's methods that run a forward: each gathers the root's parameters first.
@@ -93,10 +96,12 @@ class FSDP(DDP):
     def _reset_runtime(self) -> None:
         super()._reset_runtime()
         self._mesh: Any = None  # built per process in setup_environment
+        self._save_group: Any = None  # async_save's gloo group, made at its first save
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.pop("_mesh", None)
+        state.pop("_save_group", None)
         return state
 
     # --- checks ----------------------------------------------------------------------------
@@ -266,20 +271,21 @@ class FSDP(DDP):
         # Keyed by parameter name, so that any number of processes can read it back.
         return by_name(optimizer.state_dict(), parameter_names(module, optimizer))
 
-    supports_background_saves = False  # TODO(#18): torch.distributed.checkpoint.async_save
-
-    def save_checkpoint(self, state: dict[str, Any], path: Any, background: Any = None) -> None:
+    def save_checkpoint(self, state: dict[str, Any], path: Any, background: BackgroundWriter | None = None) -> None:
         """Every rank writes its shards into a temporary directory next to ``path``; rank zero writes
         the plain state and the index, and renames the directory into place once all are done.
-        ``background`` must be None (ModelCheckpoint refuses async_save under FSDP before fit)."""
-        if background is not None:
-            raise ValueError("FSDP writes its checkpoints in the training step; ModelCheckpoint(async_save=True) "
-                             "is not supported under FSDP yet.")
+        With ``background`` (``ModelCheckpoint(async_save=True)``) every rank returns once its
+        shards (and rank zero's plain state) are copied to the host: DCP's thread writes them, and
+        ``background``'s renames the directory into place once every rank's are written."""
         path, staging, error = Path(path), None, None
+        plain = {key: value for key, value in state.items() if key not in SHARDED_KEYS}
         if self.is_global_zero:
             try:
                 staging = staging_directory(path)
-                save_atomic({key: value for key, value in state.items() if key not in SHARDED_KEYS}, staging / STATE_FILE)
+                if background is None:
+                    save_atomic(plain, staging / STATE_FILE)
+                else:
+                    plain = snapshot(plain, to_host=True, buffers=background.host_buffers)
             except (OSError, TypeError) as failure:
                 error = failure
                 if staging is not None:
@@ -292,13 +298,18 @@ class FSDP(DDP):
             raise OSError(f"Could not write the checkpoint {path}: some rank cannot see {staging.parent}. Every process "
                           "writes its own shards, so the checkpoint directory must be on a file system that all "
                           "machines share.")
+        # NumPy learning rates as Python numbers, as in one-file checkpoints (the shards' plain values
+        # are read with weights_only=True too).
+        shards = plain_copy({key: state[key] for key in SHARDED_KEYS if key in state}, None)
         try:
-            # NumPy learning rates as Python numbers, as in one-file checkpoints (the shards' plain values
-            # are read with weights_only=True too).
-            write_shards(plain_copy({key: state[key] for key in SHARDED_KEYS if key in state}, None), staging,
-                         self._control_group)
-            if self.is_global_zero:
-                replace_atomic(staging, path)
+            if background is not None:
+                if self._save_group is None:  # DCP's thread has collectives of its own, beside training's
+                    self._save_group = torch.distributed.new_group(backend="gloo", timeout=self.timeout)
+                written = write_shards_in_background(shards, staging, self._save_group, background.host_buffers.stager)
+            else:
+                write_shards(shards, staging, self._control_group)
+                if self.is_global_zero:
+                    replace_atomic(staging, path)
         except OSError as failure:
             error = failure
         if self.reduce_any(error is not None):
@@ -306,6 +317,9 @@ class FSDP(DDP):
                 remove_checkpoint(staging)
             previous = f"the previous checkpoint {path} is intact" if path.exists() else f"nothing was written at {path}"
             raise OSError(f"Could not write the checkpoint {path} ({error or 'another rank failed'}); {previous}.")
+        if background is not None:  # the link to last and the pruning that ModelCheckpoint submits follow it
+            background.submit(str(path), functools.partial(finish_in_background, written, staging, path,
+                                                           plain if self.is_global_zero else None))
 
     def load_checkpoint(self, path: Path, module: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
         """A sharded checkpoint: each rank reads the parts of the shards its own shards cover (any

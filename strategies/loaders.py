@@ -9,6 +9,7 @@ ranks' outputs put end to end are the dataset in order, each sample once.
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -131,3 +132,32 @@ def _warn_unsharded(loader: Any, why: str) -> None:
         "(DistributedSampler(dataset), or trainer.global_rank / trainer.world_size in the dataset).",
         stacklevel=3,
     )
+
+
+def remaining_batches(batch_sampler: Any, offset: int) -> list[list[int]] | None:
+    """This rank's batches of what is left of the epoch once its first ``offset`` samples are
+    trained, for a run resumed on another number of processes than the one that trained them.
+
+    A ``DistributedSampler`` draws one order of the whole dataset per epoch, the same for any
+    number of processes (its seed plus the epoch), and deals it out: after ``k`` batches of ``B``
+    on each of ``W`` processes, exactly the first ``k * B * W`` samples of that order are trained.
+    The rest is dealt out among this run's processes as the sampler deals a whole epoch (padded
+    with repeats so that every rank gets as many, unless its ``drop_last``), and batched as
+    ``batch_sampler`` batches. None when ``batch_sampler`` does not batch a DistributedSampler.
+    """
+    sampler = getattr(batch_sampler, "sampler", None)
+    if not isinstance(sampler, DistributedSampler) or not hasattr(batch_sampler, "batch_size"):
+        return None
+    whole = DistributedSampler(sampler.dataset, num_replicas=1, rank=0, shuffle=sampler.shuffle, seed=sampler.seed)
+    whole.set_epoch(sampler.epoch)
+    rest, replicas = list(whole)[offset:], sampler.num_replicas
+    if sampler.drop_last:
+        rest = rest[:len(rest) - len(rest) % replicas]
+    elif rest and len(rest) % replicas:
+        padding = replicas - len(rest) % replicas
+        rest += (rest * math.ceil(padding / len(rest)))[:padding]
+    mine, size = rest[sampler.rank::replicas], batch_sampler.batch_size
+    batches = [mine[start:start + size] for start in range(0, len(mine), size)]
+    if batches and getattr(batch_sampler, "drop_last", False) and len(batches[-1]) < size:
+        batches.pop()
+    return batches

@@ -18,8 +18,9 @@ be replayed in one process (``replay`` in tests/test_fsdp.py):
 - ``hsdp``: ``plain`` on a (replicate 2, shard 1) mesh: hybrid sharding's other dimension.
 - ``meta``: a model built on the meta device in ``configure_model``.
 - ``bf16``: ``FSDP(mixed_precision=MixedPrecisionPolicy(param_dtype=torch.bfloat16))``.
-- ``killed`` (last): ``accumulate_clip`` again, SIGKILLed on both ranks during step 7, after the
-  checkpoint of step 6.
+- ``killed`` (last): ``accumulate_clip`` again, its checkpoints written in the background
+  (``async_save=True``), SIGKILLed on both ranks at the start of step 7, just after the checkpoint
+  of step 6 was handed to the background (so usually while it is being written).
 """
 
 from __future__ import annotations
@@ -151,20 +152,25 @@ def _local_bytes(tensors) -> int:
 
 
 class KillAt(Callback):
-    """SIGKILL this process at the start of optimizer step ``step``'s first batch: nothing runs after."""
+    """SIGKILL this process at the start of optimizer step ``step``'s first batch: nothing runs after.
+    Rank zero first notes in ``killed_during_write`` whether a checkpoint was still being written
+    (its staging directory there, the checkpoint not yet)."""
 
-    def __init__(self, step: int) -> None:
-        self.step = step
+    def __init__(self, step: int, out: Path) -> None:
+        self.step, self.out = step, out
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if trainer.global_step == self.step - 1 and batch_idx % 2 == 0:
+            if trainer.is_global_zero:
+                staging = sorted(path.name for path in self.out.rglob(".*.tmp"))
+                (self.out / "killed_during_write").write_text("\n".join(staging))
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def checkpoints(out: Path) -> list[Callback]:
-    return [ModelCheckpoint(dirpath=out / "epochs", save_top_k=-1, monitor=None),
+def checkpoints(out: Path, async_save: bool = False) -> list[Callback]:
+    return [ModelCheckpoint(dirpath=out / "epochs", save_top_k=-1, monitor=None, async_save=async_save),
             ModelCheckpoint(dirpath=out / "steps", every_n_train_steps=3, every_n_epochs=None, save_top_k=1, monitor=None,
-                            mode="max")]  # another state key than the first (no monitor: the mode is unused)
+                            mode="max", async_save=async_save)]  # another state key than the first (no monitor: the mode is unused)
 
 
 def fit(out: Path, name: str, strategy: FSDP, callbacks=(), ckpt_path=None, model=None, **options) -> Trainer:
@@ -207,7 +213,7 @@ def main(out: Path) -> None:
     fit(out, "bf16", FSDP(mixed_precision=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)))
 
     (out / "killed").mkdir(exist_ok=True)
-    fit(out / "killed", "killed", FSDP(), [*checkpoints(out / "killed"), KillAt(7)], **clip)
+    fit(out / "killed", "killed", FSDP(), [*checkpoints(out / "killed", async_save=True), KillAt(7, out / "killed")], **clip)
     raise AssertionError("the killed run was not killed")
 
 

@@ -98,3 +98,37 @@ def test_a_sigkill_during_a_background_write_leaves_the_last_checkpoint_complete
     resumed_from, ended_at = map(int, (tmp_path / "resumed.txt").read_text().split())
     assert (resumed_from, ended_at) == (last["global_step"], 4)
     assert list(directory.glob(".*.tmp")) == []  # the half-written file was removed by the next write
+
+
+def test_a_sharded_background_write_holds_the_state_at_the_save_and_appears_only_complete(tmp_path):
+    # FSDP's path (strategies/fsdp.py) without its process group: DCP's async_save in one process.
+    import warnings
+
+    from strategies.checkpoint import read_checkpoint, staging_directory
+    from strategies.checkpoint.background import BackgroundWriter
+    from strategies.checkpoint.sharded import finish_in_background, write_shards_in_background
+
+    writer, weights = BackgroundWriter(), {"layer.weight": torch.ones(3)}
+    target = tmp_path / "epoch=0-step=3.ckpt"
+    staging = staging_directory(target)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process: meant
+        written = write_shards_in_background({"state_dict": weights, "optimizer_states": []}, staging, None,
+                                             writer.host_buffers.stager)
+        weights["layer.weight"].add_(1)  # training goes on once the host copy is taken
+        writer.submit(str(target), lambda: finish_in_background(written, staging, target, {"format": 1, "loops": {}}))
+        writer.wait()
+    assert not staging.exists()  # renamed into place only once complete
+    assert torch.equal(read_checkpoint(target, weights=True)["state_dict"]["layer.weight"], torch.ones(3))
+
+    blocked = staging_directory(tmp_path / "next.ckpt")
+    blocked.rmdir()
+    blocked.write_text("")  # where the shards should go is a file: the write fails
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        written = write_shards_in_background({"state_dict": weights}, blocked, None, writer.host_buffers.stager)
+        writer.submit("next.ckpt", lambda: finish_in_background(written, blocked, tmp_path / "next.ckpt", {"format": 1}))
+        with pytest.raises(OSError, match=r"The background save failed: Could not write the checkpoint .*next\.ckpt "
+                                          r"\(FileExistsError.*\); nothing was written at .*next\.ckpt"):
+            writer.wait()
+    assert not (tmp_path / "next.ckpt").exists() and not blocked.exists()

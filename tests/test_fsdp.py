@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from callbacks import AMP, ModelCheckpoint
-from strategies import FSDP
+from strategies import DDP, FSDP
+from strategies.checkpoint.sharded import check_complete
 from trainer import Trainer
 from trainer.cli import main as cadence
 
@@ -224,9 +225,23 @@ def test_a_one_file_checkpoint_resumes_under_fsdp_each_rank_keeping_its_shard(re
     assert_weights_close(records["resume_file"]["final"], records["accumulate_clip"]["final"], atol=0)
 
 
+def test_a_run_killed_during_a_background_save_leaves_only_complete_checkpoints(launched):
+    killed = launched.out / "killed"
+    in_flight = (killed / "killed_during_write").read_text().split()  # staging directories when the kill came
+    left = sorted(path.name for path in killed.rglob(".*.tmp"))
+    assert set(left) <= set(in_flight), (left, in_flight)  # a write the kill cut short is a staging directory only
+    for checkpoint in killed.glob("*/*.ckpt"):  # every checkpoint a reader can see is whole
+        check_complete(checkpoint)
+    assert (killed / "steps" / "last.ckpt").is_dir() and (killed / "epochs" / "last.ckpt").is_dir()
+    if any(name.startswith(".epoch=1-step=6.ckpt.") for name in left):  # step 6's write was cut short
+        assert not (killed / "steps" / "epoch=1-step=6.ckpt").exists()
+        # save_top_k=1 drops step 3 only once step 6 is complete; last.ckpt still holds step 3's state
+        assert (killed / "steps" / "epoch=0-step=3.ckpt").is_dir()
+        assert torch.load(killed / "steps" / "last.ckpt" / "state.pt", weights_only=True)["loops"]["global_step"] == 3
+
+
 def test_a_run_killed_with_sigkill_resumes_exactly_on_two_spawned_processes(records, launched, tmp_path):
     killed = launched.out / "killed"
-    assert not [path for path in killed.rglob("*.tmp")]
     model = Blocks(on_meta=True)  # layers built in configure_model: the caller's copy gets them too
     trainer = Trainer(strategy=FSDP(devices=2), max_epochs=2, seed=7, accumulate_grad_batches=2, gradient_clip_val=CLIP,
                       default_root_dir=tmp_path, enable_progress_bar=False, logger=False,
@@ -246,7 +261,8 @@ def test_a_two_rank_checkpoint_resumes_in_one_process_and_says_so(records, launc
     trainer = Trainer(strategy="cpu", max_epochs=1, default_root_dir=tmp_path, enable_progress_bar=False, logger=False,
                       enable_checkpointing=False, accumulate_grad_batches=2)
     with pytest.warns(UserWarning, match=rf"Checkpoint {checkpoint} was written by 2 processes and resumes on 1: the "
-                                         r"weights and optimizer states load whole, but random draws"):
+                                         r"weights and optimizer states load whole; random draws and the rest of "
+                                         r"the epoch's data order will differ"):  # a strategy without DistributedSampler
         trainer.fit(model, DataLoader(IndexedRegression(), batch_size=BATCH_SIZE), ckpt_path=checkpoint)
     saved = records["accumulate_clip"]["at_step"][4]
     assert trainer.global_step == 4 and trainer.current_epoch == 1  # epoch 0 was done: nothing left to train
@@ -254,6 +270,29 @@ def test_a_two_rank_checkpoint_resumes_in_one_process_and_says_so(records, launc
     momentum = {name: trainer.optimizers[0].state[p]["momentum_buffer"] for name, p in model.named_parameters()}
     assert_weights_close(momentum, saved["momentum"], atol=0)
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.05)  # StepLR stepped at step 3
+
+
+def test_a_mid_epoch_checkpoint_of_two_ranks_resumes_on_one_dealing_out_exactly_the_samples_not_yet_trained(
+        records, launched, tmp_path, monkeypatch, capsys):
+    # torchrun --nnodes=1:2 restarted with one process: DDP joins a group of one, in this process.
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=str(free_port())).items():
+        monkeypatch.setenv(name, value)
+    checkpoint = launched.out / "steps" / "epoch=1-step=6.ckpt"  # 4 of the 8 batches of epoch 1 on each rank
+    model = Blocks()
+    trainer = Trainer(strategy=DDP(), max_epochs=2, seed=7, accumulate_grad_batches=2, default_root_dir=tmp_path,
+                      enable_progress_bar=False, logger=False, enable_checkpointing=False)
+    with pytest.warns(UserWarning, match="resumes on 1: the weights and optimizer states load whole; the samples of "
+                                         "the epoch no process trained yet are dealt out"):
+        trainer.fit(model, DataLoader(IndexedRegression(), batch_size=BATCH_SIZE, shuffle=True), ckpt_path=checkpoint)
+    assert (f"resuming from {checkpoint} at epoch 1, global step 6, after batch 3 of the epoch on each of 2 processes; "
+            "its untrained samples dealt out among 1") in capsys.readouterr().err
+    trained_before = [index for rank in records["accumulate_clip"]["seen"] for _, indices in rank[8:12] for index in indices]
+    trained_after = [index for _, indices in model.seen for index in indices]
+    assert len(trained_before) == 32 and sorted(trained_before + trained_after) == list(range(64))  # each sample once
+    # The epoch's last batch keeps its index (8 batches a rank on 2 processes, 16 on one): 4 optimizer steps more.
+    assert [batch_idx for batch_idx, _ in model.seen] == list(range(8, 16)) and trainer.global_step == 10
 
 
 def test_convert_checkpoint_writes_one_plain_file_that_loads_into_the_module(records, launched, tmp_path, capsys):

@@ -83,23 +83,37 @@ def test_gradient_accumulation_scheduler_changes_the_window_by_epoch(make_traine
         GradientAccumulationScheduler({})
 
 
-def test_on_exception_checkpoint_saves_what_fit_reached_and_it_resumes(make_trainer, regression_loader, tmp_path):
-    class Failing(LinearRegression):
-        def training_step(self, batch, batch_idx):
-            if self.current_epoch == 1 and batch_idx == 3:
-                raise RuntimeError("the data went bad")
-            return super().training_step(batch, batch_idx)
+class Failing(LinearRegression):
+    """Fails at batch 3 of epoch 1, in ``training_step`` or after it (``on_train_batch_end``)."""
 
+    def __init__(self, where: str | None = None):
+        super().__init__()
+        self.where, self.trained = where, []
+
+    def training_step(self, batch, batch_idx):
+        if self.where == "step" and self.current_epoch == 1 and batch_idx == 3:
+            raise RuntimeError("the data went bad")
+        self.trained.append((self.current_epoch, batch_idx))
+        return super().training_step(batch, batch_idx)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.where == "batch_end" and self.current_epoch == 1 and batch_idx == 3:
+            raise RuntimeError("the data went bad")
+
+
+@pytest.mark.parametrize("where, failed_at, replayed", [("step", 11, [3, 4, 5, 6, 7]), ("batch_end", 12, [4, 5, 6, 7])])
+def test_on_exception_checkpoint_saves_what_fit_reached_and_it_resumes(make_trainer, regression_loader, tmp_path, where,
+                                                                       failed_at, replayed):
     saver = OnExceptionCheckpoint(tmp_path / "saved")
     trainer = make_trainer(max_epochs=2, callbacks=[saver])
     with pytest.raises(RuntimeError, match="the data went bad"):
-        trainer.fit(Failing(), regression_loader)
-    assert saver.ckpt_path == str(tmp_path / "saved" / "on_exception.ckpt")
-    resumed = make_trainer(max_epochs=2, callbacks=[OnExceptionCheckpoint(tmp_path / "saved")])
-    resumed.fit(LinearRegression(), regression_loader, ckpt_path=saver.ckpt_path)
-    # 8 + 3 steps before the failure; the checkpoint counts the running batch (3) as done, as one written at a batch's
-    # end does, so the resumed run takes the last 4 (Lightning replays the failed batch: see the docs)
-    assert resumed.global_step == 15
+        trainer.fit(Failing(where), regression_loader)
+    assert saver.ckpt_path == str(tmp_path / "saved" / "on_exception.ckpt") and trainer.global_step == failed_at
+    resumed, model = make_trainer(max_epochs=2, callbacks=[OnExceptionCheckpoint(tmp_path / "saved")]), Failing()
+    resumed.fit(model, regression_loader, ckpt_path=saver.ckpt_path)
+    # As Lightning: a batch that failed before it was trained (in training_step) is trained again; one that failed
+    # after (in on_train_batch_end, its optimizer step taken) is done. Lightning 2.6 gives the same indices and steps.
+    assert model.trained == [(1, index) for index in replayed] and resumed.global_step == 16
     assert not (tmp_path / "saved" / "on_exception.ckpt").exists()  # a run that ended well removes it
     with pytest.raises(ValueError, match=r"OnExceptionCheckpoint\(filename=''\): use a file name without the extension"):
         OnExceptionCheckpoint(tmp_path, filename="")

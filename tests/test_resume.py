@@ -256,3 +256,32 @@ def test_a_checkpoint_written_before_its_batchs_validation_replays_that_validati
     resumed = fit(ckpt_path=path)
     assert_same_weights(resumed, reference.state_dict())
     assert (reference.validations, resumed.validations) == (4, 4)  # at batches 3 and 7 of each epoch; step 4's again
+
+
+@pytest.mark.parametrize("samples, batch_size, drop_last", [(64, 4, False), (10, 4, False), (10, 3, True)])
+def test_the_rest_of_an_epoch_one_process_began_is_dealt_out_to_two_each_sample_once(samples, batch_size, drop_last):
+    # What torchrun --nnodes=1:2 resuming a one-process checkpoint on two gets: DistributedSampler's
+    # order of the epoch is the same for any number of processes, so the first k batches of one
+    # process are its first k * batch_size samples, and the two ranks share the rest.
+    from torch.utils.data import BatchSampler
+    from torch.utils.data.distributed import DistributedSampler
+
+    from strategies.loaders import remaining_batches
+
+    def batch_sampler(rank: int, world_size: int) -> BatchSampler:
+        sampler = DistributedSampler(range(samples), num_replicas=world_size, rank=rank, shuffle=True, seed=3)
+        sampler.set_epoch(5)
+        return BatchSampler(sampler, batch_size, drop_last)
+
+    one = list(batch_sampler(0, 1))
+    done = 1
+    trained = [index for batch in one[:done] for index in batch]
+    rest = [remaining_batches(batch_sampler(rank, 2), done * batch_size) for rank in (0, 1)]
+    assert len(rest[0]) == len(rest[1])  # every rank takes as many steps
+    dealt = [index for batches in rest for batch in batches for index in batch]
+    if drop_last:  # whole batches only: what does not fill one is left, as drop_last leaves it
+        assert not set(dealt) & set(trained) and len(set(dealt)) == len(dealt)
+        assert all(len(batch) == batch_size for batches in rest for batch in batches)
+    else:  # every sample once; a rank short of one takes a repeat, as DistributedSampler pads
+        assert set(trained) | set(dealt) == set(range(samples)) and not set(dealt) & set(trained)
+        assert len(dealt) - len(set(dealt)) == (samples - len(trained)) % 2

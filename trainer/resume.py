@@ -20,6 +20,9 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from strategies.loaders import remaining_batches
 
 from trainer.data import rebuild_dataloader
 from trainer.seed import capture_rng_state, restore_rng_state
@@ -52,10 +55,11 @@ class ResumableBatchSampler:
         """Undo :meth:`generator_states` (a checkpoint without them, or with other generators, changes nothing)."""
         _set_generators(self.batch_sampler, states)
 
-    def replay(self, epoch_start_rng: dict, skip: int, rng_after: dict) -> None:
+    def replay(self, epoch_start_rng: dict, skip: int, rng_after: dict, batches: list | None = None) -> None:
         """Make the next epoch redraw its order from ``epoch_start_rng``, drop its first ``skip``
-        batches, then set the global RNG to ``rng_after`` (the checkpoint's)."""
-        self._replay = (epoch_start_rng, skip, rng_after)
+        batches (or, given ``batches``, yield those instead: :func:`resharded`), then set the
+        global RNG to ``rng_after`` (the checkpoint's)."""
+        self._replay = (epoch_start_rng, skip, rng_after, batches)
 
     def __iter__(self) -> Iterator[Any]:
         # A generator on purpose: the RNG is recorded (or replayed) when the first batch is asked
@@ -65,12 +69,12 @@ class ResumableBatchSampler:
             self.epoch_start_rng = _capture(self.batch_sampler)
             yield from self.batch_sampler
             return
-        epoch_start_rng, skip, rng_after = self._replay
+        epoch_start_rng, skip, rng_after, batches = self._replay
         self._replay = None
         _restore(self.batch_sampler, epoch_start_rng)
         self.epoch_start_rng = epoch_start_rng
-        iterator = iter(self.batch_sampler)
-        for _ in range(skip):  # indices only: no sample is read
+        iterator = iter(self.batch_sampler) if batches is None else iter(batches)
+        for _ in range(skip if batches is None else 0):  # indices only: no sample is read
             if next(iterator, None) is None:
                 break
         # Runs when the loader asks for its first batch of indices, so the loader's own draws at
@@ -97,7 +101,29 @@ def resumable(loader: Any) -> tuple[Any, ResumableBatchSampler | None]:
     return rebuild_dataloader(loader, batch_sampler=sampler), sampler
 
 
-def resume_iterator(loader: Any, sampler: ResumableBatchSampler | None, skip: int, rng: dict) -> Iterator[Any]:
+def resharded(sampler: ResumableBatchSampler | None, skip: int, written_by: int, length: int | None,
+              ) -> tuple[int, list | None]:
+    """Where an epoch resumes when the checkpoint was written by ``written_by`` processes, each
+    ``skip`` batches into it, and this run has another number (``torchrun --nnodes=MIN:MAX``):
+    the samples trained so far carry over, not the batch count. Under DDP's ``DistributedSampler``
+    they are exactly the first ``skip * batch_size * written_by`` of the epoch's order, and the rest
+    is dealt out among this run's processes (:func:`strategies.loaders.remaining_batches`).
+
+    Returns ``(first, batches)``: this rank's batches still to train, and the index of the first
+    (so that the epoch's last batch keeps its index ``length - 1``). ``(skip, None)`` when the
+    numbers of processes agree, or the loader is not dealt out by a DistributedSampler.
+    """
+    inner = sampler.sampler if sampler is not None else None
+    if not isinstance(inner, DistributedSampler) or inner.num_replicas == written_by:
+        return skip, None
+    batches = remaining_batches(sampler.batch_sampler, skip * sampler.batch_sampler.batch_size * written_by)
+    if batches is None:
+        return skip, None
+    return max(0, (length if length is not None else len(batches)) - len(batches)), batches
+
+
+def resume_iterator(loader: Any, sampler: ResumableBatchSampler | None, skip: int, rng: dict,
+                    batches: list | None = None) -> Iterator[Any]:
     """An iterator over ``loader`` that starts after its first ``skip`` batches of the epoch.
 
     Args:
@@ -105,9 +131,10 @@ def resume_iterator(loader: Any, sampler: ResumableBatchSampler | None, skip: in
         sampler: its wrapper, or None when it has none.
         skip: the batches of this epoch already trained.
         rng: this rank's ``{"now": ..., "epoch_start": ...}`` RNG states from the checkpoint.
+        batches: the batches of indices still to train, from :func:`resharded` (``skip`` unused).
     """
     if sampler is not None and rng.get("epoch_start") is not None:
-        sampler.replay(rng["epoch_start"], skip, rng["now"])
+        sampler.replay(rng["epoch_start"], skip, rng["now"], batches)
         return iter(loader)
     warn(
         f"Resuming mid-epoch on a {type(loader).__name__} without a batch sampler (an IterableDataset, "
@@ -145,3 +172,18 @@ def _set_generators(batch_sampler: Any, states: list[torch.Tensor]) -> None:
     if len(generators) == len(states):
         for generator, state in zip(generators, states):
             generator.set_state(state)
+
+
+def failed_before_batch_end(error: BaseException | None) -> bool:
+    """Whether ``error``, being handled, came out of a training batch before the batch was trained:
+    out of its ``on_train_batch_start`` hooks or its step (forward, backward, optimizer step), as
+    the epoch loop called them. A checkpoint written while handling it (``OnExceptionCheckpoint``,
+    ``ModelCheckpoint(save_on_exception=True)``) then records the batch as not done, and the
+    resumed run trains it again, as Lightning's batch progress does (``ready`` and ``started``
+    go back to ``completed``). Read from the traceback, so that the loop pays nothing per batch."""
+    frame = error.__traceback__ if error is not None else None
+    while frame is not None:
+        if frame.tb_frame.f_code.co_name == "_run_train_epoch" and frame.tb_next is not None:
+            return frame.tb_next.tb_frame.f_code.co_name in ("_training_step", "on_train_batch_start")
+        frame = frame.tb_next
+    return False

@@ -24,7 +24,7 @@ import torch
 from strategies.transfer import move_to_device
 from trainer.data import default_max_epochs, loader_length, prepare_loader, set_sampler_epoch
 from trainer.preemption import iterate_shielded
-from trainer.resume import resumable, resume_iterator
+from trainer.resume import resharded, resumable, resume_iterator
 
 if TYPE_CHECKING:
     from trainer.data_source import DataSource
@@ -173,13 +173,16 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
     set_sampler_epoch(loader, epoch)
     resumed = progress.resumed
     skip = resumed.batches_done if resumed is not None and resumed.epoch == epoch else 0
-    if skip >= limit:  # the checkpoint was written after the epoch's last batch
+    rest = None
+    if skip:  # a checkpoint of another number of processes: the samples trained carry over (trainer/resume.py)
+        skip, rest = resharded(progress.sampler, skip, resumed.processes, loader_length(loader))
+    if skip >= limit or rest == []:  # the checkpoint was written after the epoch's last batch
         return iter(())
     # Resuming mid-epoch redraws the epoch's order from the RNG state it began with and skips
     # the batches already trained as indices; nothing is fetched twice (trainer/resume.py).
     # Workers start here with the stop signals held until they can ignore them (trainer/preemption.py).
-    iterator = iterate_shielded(loader, (lambda loader: resume_iterator(loader, progress.sampler, skip, resumed.rng))
-                                if skip else iter)
+    iterator = iterate_shielded(loader, (lambda loader: resume_iterator(loader, progress.sampler, skip, resumed.rng,
+                                                                        rest)) if skip or rest else iter)
     batches = enumerate(iterator, start=skip)  # hot loop: C iterators only, no generator frame
     if limit < (loader_length(loader) or math.inf):
         # islice stops after the last batch without fetching another. Otherwise the loader runs

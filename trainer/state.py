@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.data.distributed import DistributedSampler
 
 from strategies import checkpoint as checkpoint_io
 from trainer.optim import ends_accumulation_window
+from trainer.resume import failed_before_batch_end
 from trainer.seed import capture_rng_state, restore_rng_state
 from callbacks.console import warn
 
@@ -68,12 +70,14 @@ def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
     schedulers, loop counters, every rank's RNG states, callback states, from the running
     ``trainer``'s public state and its ``progress``. Gathers the RNG states of every rank: call it
     on every rank."""
-    epoch, batches_done = loop_position(trainer.current_epoch, trainer.batch_idx, progress.in_epoch_end)
+    # Written while a batch's failure is handled (on_exception): the batch is trained again on resume, as in Lightning.
+    batch_idx = trainer.batch_idx - failed_before_batch_end(sys.exc_info()[1])
+    epoch, batches_done = loop_position(trainer.current_epoch, batch_idx, progress.in_epoch_end)
     sampler = progress.sampler
-    window_ended = ends_accumulation_window(trainer.batch_idx, trainer.accumulate_grad_batches, trainer.num_training_batches)
+    window_ended = ends_accumulation_window(batch_idx, trainer.accumulate_grad_batches, trainer.num_training_batches)
     if trainer.stage == "fit" and batches_done and not window_ended and trainer.is_global_zero:
         warn(
-            f"save_checkpoint after batch {trainer.batch_idx}, inside an accumulation window of "
+            f"save_checkpoint after batch {batch_idx}, inside an accumulation window of "
             f"{trainer.accumulate_grad_batches} batches: the gradients accumulated so far are not saved, so a run "
             "resumed from it is not exact. Save after the window's last batch (ModelCheckpoint does).")
     # Each rank's RNG states: ranks may draw differently (dropout, per-rank augmentation). "now"
@@ -218,6 +222,7 @@ class Resumed:
     # Written at a batch's end before that batch's validation (which draws random numbers, as in
     # Lightning): the resumed run validates first, as the run that wrote it did next.
     validation_pending: bool = False
+    processes: int = 1  # that wrote it: another number than this run's re-deals the epoch's rest (trainer/resume.py)
 
     def after_validation(self) -> Resumed:
         """Where the loop continues once the pending validation has run: the RNG as it left it."""
@@ -247,16 +252,19 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
                                   functools.partial(strategy.load_optimizer_state_dict, module))
     _restore_callbacks(trainer, state["callbacks"], path)
     rng = state["rng"]  # one entry per rank; None from a checkpoint Lightning wrote
+    processes = trainer.world_size if rng is None else len(rng)
+    dealt = sampler is not None and isinstance(sampler.sampler, DistributedSampler)  # the epoch's rest re-dealt
     if rng is None:
         rng = [_rng_from_here(sampler)]
         if trainer.is_global_zero:
             warn(f"Checkpoint {path} holds no RNG states (Lightning does not save them): the weights, optimizers, "
                  "schedulers, callbacks and the epoch and step are restored, but the data order and random draws "
                  "will not continue exactly as in the run that wrote it.")
-    elif len(rng) != trainer.world_size and trainer.is_global_zero:
+    elif processes != trainer.world_size and trainer.is_global_zero:
+        rest = ("the samples of the epoch no process trained yet are dealt out among this run's processes, but random "
+                "draws will differ" if dealt else "random draws and the rest of the epoch's data order will differ")
         warn(f"Checkpoint {path} was written by {len(rng)} processes and resumes on {trainer.world_size}: "
-             "the weights and optimizer states load whole, but random draws and the rest of the epoch's "
-             "data order will differ.")
+             f"the weights and optimizer states load whole; {rest}.")
     rank_rng = rng[trainer.global_rank] if trainer.global_rank < len(rng) else rng[0]
     restore_rng_state(rank_rng["now"])  # and again after a mid-epoch replay (trainer/resume.py)
     if sampler is not None:  # the loader's own generators: the next epoch's order
@@ -264,10 +272,13 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
     loops = state["loops"]
     if trainer.is_global_zero:  # one line: which checkpoint, and where the loop continues
         within = f", after batch {loops['batches_done'] - 1} of the epoch" if loops["batches_done"] else ""
+        if loops["batches_done"] and processes != trainer.world_size:  # say what changed (trainer/resume.py)
+            within += (f" on each of {processes} processes; its untrained samples dealt out among {trainer.world_size}"
+                       if dealt else f" on each of {processes} processes; the rest of the epoch in a new order")
         print(f"Cadence: resuming from {path} at epoch {loops['epoch']}, global step {loops['global_step']}{within}.",
               file=sys.stderr, flush=True)
     return Resumed(loops["epoch"], loops["global_step"], loops["batches_done"], loops["train_batches_seen"], rank_rng,
-                   state.get("callback_metrics", {}), loops.get("validation_pending", False))
+                   state.get("callback_metrics", {}), loops.get("validation_pending", False), processes)
 
 
 def _rng_from_here(sampler: ResumableBatchSampler | None) -> dict[str, Any]:

@@ -118,6 +118,19 @@ class HostBuffers:
     def __init__(self) -> None:
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._on_cuda = False
+        self._stager: Any = None
+
+    @property
+    def stager(self) -> Any:
+        """The same for shards (FSDP): ``torch.distributed.checkpoint``'s stager, which keeps its
+        host copy of each tensor across saves (pinned when CUDA is at hand)."""
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            self._stager = DefaultStager(StagingOptions(
+                use_pinned_memory=torch.cuda.is_available(), use_shared_memory=False, use_async_staging=False,
+                use_non_blocking_copy=False))
+        return self._stager
 
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
         """A host copy of ``tensor`` in its buffer; from CUDA into pinned memory without blocking

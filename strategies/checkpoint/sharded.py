@@ -24,12 +24,13 @@ import io
 import pickle
 import warnings
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from strategies.checkpoint.files import corrupted
+from strategies.checkpoint.files import corrupted, remove_checkpoint, replace_atomic, write_file
 
 #: The file of a sharded checkpoint that holds its plain data.
 STATE_FILE = "state.pt"
@@ -263,5 +264,51 @@ def write_shards(state: dict[str, Any], directory: Path, process_group: Any = No
     try:
         dcp.save(state, storage_writer=dcp.FileSystemWriter(directory), process_group=process_group)
     except dcp.api.CheckpointException as error:  # a BaseException naming no path
-        failure = _first_failure(error)
-        raise OSError(getattr(failure, "errno", None), f"{type(failure).__name__}: {failure}") from None
+        raise _write_error(error) from None
+
+
+def _write_error(error: Any) -> OSError:
+    failure = _first_failure(error)
+    return OSError(getattr(failure, "errno", None), f"{type(failure).__name__}: {failure}")
+
+
+# =============================================================================================
+# Writing in the background (ModelCheckpoint(async_save=True) under FSDP)
+# =============================================================================================
+def write_shards_in_background(state: dict[str, Any], directory: Path, process_group: Any, stager: Any) -> Future:
+    """:func:`write_shards` with ``torch.distributed.checkpoint.async_save``: returns once this
+    rank's tensors of ``state`` are copied to the host by ``stager`` (training may change them
+    then); DCP's thread writes them, and rank zero the index once every rank wrote. A collective
+    in that thread, on ``process_group``: give it a group of its own, so that its collectives
+    never interleave with those of training. Wait with :func:`finish_in_background`."""
+    import torch.distributed.checkpoint as dcp
+
+    return dcp.async_save(state, storage_writer=dcp.FileSystemWriter(directory), process_group=process_group,
+                          async_stager=stager)
+
+
+def finish_in_background(written: Future, staging: Path, path: Path, plain: dict[str, Any] | None) -> None:
+    """What follows :func:`write_shards_in_background` (in a thread: ``BackgroundWriter``'s): wait
+    until every rank's shards and the index are written; then rank zero (the one given ``plain``,
+    already a host snapshot) writes the state file and swaps ``staging`` into place at ``path``.
+    A checkpoint directory is thus seen only complete: a kill before the swap leaves the previous
+    one, and the next write removes the staging directory.
+
+    Raises:
+        OSError: naming ``path``, when some rank could not write (the staging directory is removed).
+    """
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        try:
+            written.result()
+        except dcp.api.CheckpointException as error:
+            raise _write_error(error) from None
+        if plain is not None:
+            write_file(plain, staging / STATE_FILE)
+            replace_atomic(staging, path)
+    except OSError as error:
+        if plain is not None:
+            remove_checkpoint(staging)
+        previous = f"the previous checkpoint {path} is intact" if path.exists() else f"nothing was written at {path}"
+        raise OSError(error.errno, f"Could not write the checkpoint {path} ({error.strerror or error}); {previous}.") from error

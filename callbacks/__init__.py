@@ -40,14 +40,15 @@ from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from callbacks.prediction_writer import BasePredictionWriter
 # Lightning's names Cadence refuses (making one says what to use instead): importable, not offered in __all__.
 from callbacks.refused import (  # noqa: F401
-    CometLogger, DeviceStatsMonitor, EMAWeightAveraging, LitLogger, MLFlowLogger, ModelPruning, NeptuneLogger,  # noqa: F401
+    CometLogger, DeviceStatsMonitor, LitLogger, MLFlowLogger, ModelPruning, NeptuneLogger,  # noqa: F401
     RichModelSummary, RichProgressBar, SpikeDetection, StochasticWeightAveraging, ThroughputMonitor, WandbLogger,  # noqa: F401
-    WeightAveraging, XLAProfiler,  # noqa: F401
+    XLAProfiler,  # noqa: F401
 )
 from callbacks.progress import ProgressBar, TQDMProgressBar
 from callbacks.sync_batchnorm import SyncBatchNorm
 from callbacks.tensorboard_logger import TensorBoardLogger, tensorboard_available
 from callbacks.timer import Timer
+from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 from callbacks.torch_flags import TorchFlags
 
 __all__ = [
@@ -56,7 +57,7 @@ __all__ = [
     "GradientCheckpointing", "LRFinder", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "Logger",
     "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint", "PassThroughProfiler", "PerformanceReport",
     "ProfiledHooks", "Profiler", "ProgressBar", "PyTorchProfiler", "SimpleProfiler", "TQDMProgressBar", "profiler_of",
-    "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags", "default_callbacks", "observability_callbacks",
+    "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags", "WeightAveraging", "EMAWeightAveraging", "default_callbacks", "observability_callbacks",
     "with_module_callbacks",
 ]
 

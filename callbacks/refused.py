@@ -57,14 +57,6 @@ class StochasticWeightAveraging(Refused):
     way = _SWA + " (torch.optim.swa_utils.SWALR for the learning rate, update_bn for batch norms)"
 
 
-class WeightAveraging(Refused):
-    way = _SWA
-
-
-class EMAWeightAveraging(Refused):
-    way = _SWA + ", made with multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(decay)"
-
-
 class WandbLogger(Refused):
     way = _SERVICES
 

@@ -38,9 +38,10 @@ from callbacks.gradient_accumulation import GradientAccumulationScheduler
 from callbacks.lambda_callback import LambdaCallback
 from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from callbacks.prediction_writer import BasePredictionWriter
+from callbacks.pruning import ModelPruning
 # Lightning's names Cadence refuses (making one says what to use instead): importable, not offered in __all__.
 from callbacks.refused import (  # noqa: F401
-    CometLogger, DeviceStatsMonitor, LitLogger, MLFlowLogger, ModelPruning, NeptuneLogger,  # noqa: F401
+    CometLogger, DeviceStatsMonitor, LitLogger, MLFlowLogger, NeptuneLogger,  # noqa: F401
     RichModelSummary, RichProgressBar, SpikeDetection, StochasticWeightAveraging, ThroughputMonitor, WandbLogger,  # noqa: F401
     XLAProfiler,  # noqa: F401
 )
@@ -55,7 +56,7 @@ __all__ = [
     "AMP", "AdvancedProfiler", "AsyncLogger", "AutoMicrobatch", "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter",
     "BatchSizeFinder", "CSVLogger", "Callback", "Compile", "EarlyStopping", "GradientAccumulationScheduler",
     "GradientCheckpointing", "LRFinder", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "Logger",
-    "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint", "PassThroughProfiler", "PerformanceReport",
+    "ModelCheckpoint", "ModelPruning", "ModelSummary", "OnExceptionCheckpoint", "PassThroughProfiler", "PerformanceReport",
     "ProfiledHooks", "Profiler", "ProgressBar", "PyTorchProfiler", "SimpleProfiler", "TQDMProgressBar", "profiler_of",
     "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags", "WeightAveraging", "EMAWeightAveraging", "default_callbacks", "observability_callbacks",
     "with_module_callbacks",

@@ -48,11 +48,6 @@ class RichModelSummary(Refused):
     way = "callbacks.ModelSummary(max_depth=...); rich is not a dependency"
 
 
-class ModelPruning(Refused):
-    way = ("call torch.nn.utils.prune (l1_unstructured, global_unstructured, ...) on your module's layers in "
-           "on_train_epoch_end of your own callback, and prune.remove before saving the final weights")
-
-
 class StochasticWeightAveraging(Refused):
     way = _SWA + " (torch.optim.swa_utils.SWALR for the learning rate, update_bn for batch norms)"
 

@@ -38,7 +38,8 @@ def test_the_lottery_ticket_reset_keeps_the_mask_and_restores_the_starting_weigh
     module = LinearRegression()
     start = module.layer.weight.detach().clone()
     pruning = ModelPruning("random_unstructured", amount=3, parameter_names=["weight"], make_pruning_permanent=False)
-    make_trainer(max_epochs=1, callbacks=[pruning]).fit(module, regression_loader)
+    idle = ModelPruning("l1_unstructured", apply_pruning=False, make_pruning_permanent=False)  # two: allowed
+    make_trainer(max_epochs=1, callbacks=[pruning, idle]).fit(module, regression_loader)
     mask = module.layer.weight_mask
     assert int((mask == 0).sum()) == 3  # an int amount is a count
     torch.testing.assert_close(module.layer.weight_orig.detach(), start)

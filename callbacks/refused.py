@@ -12,8 +12,6 @@ from callbacks.base import Callback
 
 _SERVICES = ("Cadence depends on no tracking service: write a callbacks.Logger that sends on_log's values to it "
              "(TensorBoardLogger and CSVLogger are built in)")
-_SWA = ("keep a torch.optim.swa_utils.AveragedModel of your module: update it in on_train_batch_end of your own "
-        "callback and evaluate it at the end")
 
 
 class Refused(Callback):
@@ -46,10 +44,6 @@ class RichProgressBar(Refused):
 
 class RichModelSummary(Refused):
     way = "callbacks.ModelSummary(max_depth=...); rich is not a dependency"
-
-
-class StochasticWeightAveraging(Refused):
-    way = _SWA + " (torch.optim.swa_utils.SWALR for the learning rate, update_bn for batch norms)"
 
 
 class WandbLogger(Refused):

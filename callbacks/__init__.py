@@ -20,6 +20,7 @@ from callbacks.batch_size_finder import BatchSizeFinder
 from callbacks.checkpointing import GradientCheckpointing
 from callbacks.compile import Compile
 from callbacks.csv_logger import CSVLogger
+from callbacks.device_stats_monitor import DeviceStatsMonitor
 from callbacks.early_stopping import EarlyStopping
 from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from callbacks.async_logger import AsyncLogger
@@ -41,7 +42,7 @@ from callbacks.prediction_writer import BasePredictionWriter
 from callbacks.pruning import ModelPruning
 # Lightning's names Cadence refuses (making one says what to use instead): importable, not offered in __all__.
 from callbacks.refused import (  # noqa: F401
-    CometLogger, DeviceStatsMonitor, LitLogger, MLFlowLogger, NeptuneLogger,  # noqa: F401
+    CometLogger, LitLogger, MLFlowLogger, NeptuneLogger,  # noqa: F401
     RichModelSummary, RichProgressBar, SpikeDetection, ThroughputMonitor, WandbLogger,  # noqa: F401
     XLAProfiler,  # noqa: F401
 )
@@ -55,7 +56,7 @@ from callbacks.torch_flags import TorchFlags
 
 __all__ = [
     "AMP", "AdvancedProfiler", "AsyncLogger", "AutoMicrobatch", "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter",
-    "BatchSizeFinder", "CSVLogger", "Callback", "Compile", "EarlyStopping", "GradientAccumulationScheduler",
+    "BatchSizeFinder", "CSVLogger", "Callback", "Compile", "DeviceStatsMonitor", "EarlyStopping", "GradientAccumulationScheduler",
     "GradientCheckpointing", "LRFinder", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "Logger",
     "ModelCheckpoint", "ModelPruning", "ModelSummary", "OnExceptionCheckpoint", "PassThroughProfiler", "PerformanceReport",
     "ProfiledHooks", "Profiler", "ProgressBar", "PyTorchProfiler", "SimpleProfiler", "TQDMProgressBar", "profiler_of",

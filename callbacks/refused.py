@@ -23,11 +23,6 @@ class Refused(Callback):
         raise NotImplementedError(f"{type(self).__name__} is Lightning's; Cadence does not have it. Instead: {self.way}.")
 
 
-class DeviceStatsMonitor(Refused):
-    way = ("the performance report after fit (Trainer(report=True)) says how busy the device was and "
-           "callbacks.Profiler traces it; log torch.cuda.memory_allocated() with self.log for a curve")
-
-
 class ThroughputMonitor(Refused):
     way = ("the performance report after fit (callbacks.PerformanceReport) gives batches per second and where the "
            "time went; log your own samples per second with self.log for a curve")

@@ -43,13 +43,14 @@ from callbacks.pruning import ModelPruning
 # Lightning's names Cadence refuses (making one says what to use instead): importable, not offered in __all__.
 from callbacks.refused import (  # noqa: F401
     CometLogger, LitLogger, MLFlowLogger, NeptuneLogger,  # noqa: F401
-    RichModelSummary, RichProgressBar, SpikeDetection, ThroughputMonitor, WandbLogger,  # noqa: F401
+    RichModelSummary, RichProgressBar, SpikeDetection, WandbLogger,  # noqa: F401
     XLAProfiler,  # noqa: F401
 )
 from callbacks.progress import ProgressBar, TQDMProgressBar
 from callbacks.stochastic_weight_avg import StochasticWeightAveraging
 from callbacks.sync_batchnorm import SyncBatchNorm
 from callbacks.tensorboard_logger import TensorBoardLogger, tensorboard_available
+from callbacks.throughput_monitor import Throughput, ThroughputMonitor
 from callbacks.timer import Timer
 from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 from callbacks.torch_flags import TorchFlags
@@ -60,7 +61,7 @@ __all__ = [
     "GradientCheckpointing", "LRFinder", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "Logger",
     "ModelCheckpoint", "ModelPruning", "ModelSummary", "OnExceptionCheckpoint", "PassThroughProfiler", "PerformanceReport",
     "ProfiledHooks", "Profiler", "ProgressBar", "PyTorchProfiler", "SimpleProfiler", "TQDMProgressBar", "profiler_of",
-    "StochasticWeightAveraging", "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags", "WeightAveraging", "EMAWeightAveraging", "default_callbacks", "observability_callbacks",
+    "StochasticWeightAveraging", "SyncBatchNorm", "TensorBoardLogger", "Throughput", "ThroughputMonitor", "Timer", "TorchFlags", "WeightAveraging", "EMAWeightAveraging", "default_callbacks", "observability_callbacks",
     "with_module_callbacks",
 ]
 

@@ -23,11 +23,6 @@ class Refused(Callback):
         raise NotImplementedError(f"{type(self).__name__} is Lightning's; Cadence does not have it. Instead: {self.way}.")
 
 
-class ThroughputMonitor(Refused):
-    way = ("the performance report after fit (callbacks.PerformanceReport) gives batches per second and where the "
-           "time went; log your own samples per second with self.log for a curve")
-
-
 class SpikeDetection(Refused):
     way = ("Trainer(on_nonfinite_loss=\"raise\" | \"skip\") for NaN/inf losses, and "
            "EarlyStopping(monitor, divergence_threshold=...) to stop a run whose loss diverges")

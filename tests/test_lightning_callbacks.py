@@ -106,7 +106,6 @@ def test_on_exception_checkpoint_saves_what_fit_reached_and_it_resumes(make_trai
 
 
 @pytest.mark.parametrize("name, way", [
-    ("ThroughputMonitor", "batches per second"),
     ("SpikeDetection", "divergence_threshold"), ("RichProgressBar", "callbacks.ProgressBar"),
     ("RichModelSummary", r"callbacks.ModelSummary\(max_depth=...\)"), ("WandbLogger", "write a callbacks.Logger"),
     ("XLAProfiler", "not XLA"),

@@ -142,6 +142,7 @@ class ThroughputMonitor(Callback):
                             f"arguments {sorted(_THROUGHPUT_ARGUMENTS)}.")
         Throughput(**kwargs)  # a wrong value fails here, not when fit starts
         self.kwargs, self.batch_size_fn, self.length_fn = kwargs, batch_size_fn, length_fn
+        self.available_flops: float | None = kwargs.get("available_flops")  # Lightning's member (its own from a GPU table)
         self._counts: dict[str, _Count] = {}
         self._module_has_flops: bool | None = None
         self._last_train_update: float | None = None

@@ -32,7 +32,7 @@ class Recorder(Logger):
         self.rows.append((step, dict(metrics)))
 
 
-class Tested(LinearRegression):
+class WithTestStep(LinearRegression):
     def test_step(self, batch, batch_idx):
         pass
 
@@ -49,7 +49,7 @@ def test_the_monitor_writes_each_stage_at_log_steps_and_warns_once_without_flops
         (3, 4, 32), (7, 8, 64), (11, 12, 96), (15, 16, 128)]  # every 4th of 16 batches of 8 samples
     assert all(row["train/device/samples_per_sec"] == 8 * row["train/device/batches_per_sec"] > 0 for _, row in train)
     recorder.rows.clear()
-    trainer.test(Tested(), regression_loader)
+    trainer.test(WithTestStep(), regression_loader)
     assert [row["test/batches"] for _, row in recorder.rows if "test/batches" in row] == [4, 8]
     with pytest.raises(TypeError, match=r"ThroughputMonitor got \['windows'\]: besides batch_size_fn and length_fn"):
         ThroughputMonitor(batch_size_fn=len, windows=3)

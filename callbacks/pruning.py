@@ -179,6 +179,11 @@ class ModelPruning(Callback):
         if stage == "fit" and not trainer.strategy.whole_state_on_rank_zero:
             raise ValueError("ModelPruning needs the whole model on each process; under strategy=\"fsdp\" each holds a "
                              "shard. Use strategy=\"ddp\" (or one device) to prune.")
+        if stage == "fit" and trainer.strategy.launches_subprocesses and not self._make_pruning_permanent:
+            raise ValueError("ModelPruning(make_pruning_permanent=False) under a DDP that starts its own processes: the "
+                             "trained weights come back to this process's module, which has no pruning masks, so they "
+                             "could not be loaded after training. Keep make_pruning_permanent=True, or launch with "
+                             "torchrun (`torchrun --nproc-per-node=2 your_script.py`).")
         self._logs_here = trainer.is_global_zero
         self._parameters_to_prune = self.filter_parameters_to_prune(
             self.sanitize_parameters_to_prune(module, self._parameters_to_prune, self._parameter_names))

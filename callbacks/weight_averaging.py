@@ -21,15 +21,15 @@ first one (torch's ``AveragedModel`` compares a device tensor with 0, a sync per
 from __future__ import annotations
 
 import itertools
-import warnings
 from copy import deepcopy
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn
+from torch.optim.swa_utils import AveragedModel
 
 from callbacks.base import Callback
+from callbacks.console import warn
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -108,10 +108,9 @@ class WeightAveraging(Callback):
             raise ValueError(f"{type(self).__name__} needs the whole model on each process; under strategy=\"fsdp\" "
                              "each holds a shard. Use strategy=\"ddp\" (or one device) to average weights.")
         if type(module).configure_model is not _base_configure_model(module):
-            warnings.warn(f"{type(self).__name__} with a module that overrides configure_model: the layers it makes "
-                          "are built now, to be averaged, and averaging does not shard them, so memory may run out "
-                          "(You're using the WeightAveraging callback with a model that overrides the "
-                          "configure_model callback).", UserWarning, stacklevel=2)
+            warn(f"{type(self).__name__} with a module that overrides configure_model: the layers it makes are built "
+                 "now, to be averaged, and averaging does not shard them, so memory may run out (You're using the "
+                 "WeightAveraging callback with a model that overrides the configure_model callback).")
             module.configure_model()
         # Made before the module moves to its device (and before a checkpoint is restored into it);
         # it follows the module at fit start when no device was given.
@@ -136,6 +135,10 @@ class WeightAveraging(Callback):
 
     def on_train_end(self, trainer: Trainer, module: TrainingModule) -> None:
         """After fit the module holds the averaged weights."""
+        if int(self._average_model.host_count) == 0:  # Lightning would copy the weights fit started with
+            warn(f"{type(self).__name__}: should_update never allowed an update during this fit, so there is no "
+                 "average; the module keeps its trained weights.")
+            return
         for average, current in _pairs(self._average_model.module, module):
             current.data.copy_(average.data)
 
@@ -184,9 +187,8 @@ class WeightAveraging(Callback):
             self._average_model.load_state_dict({**average_state, **checkpoint["averaging_state"]})
             checkpoint["state_dict"] = checkpoint["current_model_state"]
         else:
-            warnings.warn(f"{type(self).__name__}: the checkpoint was not written with weight averaging, so the "
-                          "average starts from its weights (The checkpoint was not created with WeightAveraging).",
-                          UserWarning, stacklevel=2)
+            warn(f"{type(self).__name__}: the checkpoint was not written with weight averaging, so the average "
+                 "starts from its weights (The checkpoint was not created with WeightAveraging).")
             self._average_model.module.load_state_dict(deepcopy(checkpoint["state_dict"]), strict=False)
 
 
@@ -196,6 +198,18 @@ def _base_configure_model(module: nn.Module) -> Any:
         if klass.__name__ == "TrainingModule" and "configure_model" in vars(klass):
             return klass.configure_model
     return None
+
+
+class EMAUpdate:
+    """torch's ``get_ema_avg_fn(decay)`` as an object that pickles, so that DDP's spawned processes
+    get it: ``decay * average + (1 - decay) * current``."""
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+
+    @torch.no_grad()
+    def __call__(self, ema_param: torch.Tensor, current_param: torch.Tensor, num_averaged: Any) -> torch.Tensor:
+        return self.decay * ema_param + (1 - self.decay) * current_param
 
 
 class EMAWeightAveraging(WeightAveraging):
@@ -213,7 +227,7 @@ class EMAWeightAveraging(WeightAveraging):
                  update_starting_at_epoch: int | None = None, **kwargs: Any) -> None:
         if not 0.0 <= decay <= 1.0:
             raise ValueError(f"EMAWeightAveraging(decay={decay}): use a value in [0, 1] (0.999 is usual).")
-        super().__init__(device=device, use_buffers=use_buffers, **kwargs, avg_fn=get_ema_avg_fn(decay=decay))
+        super().__init__(device=device, use_buffers=use_buffers, **kwargs, avg_fn=EMAUpdate(decay))
         self.decay = decay
         self.update_every_n_steps = update_every_n_steps
         self.update_starting_at_step = update_starting_at_step

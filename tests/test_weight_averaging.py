@@ -3,6 +3,8 @@ updated after optimizer steps, validated on, in the module after fit, in checkpo
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 from linear_regression import LinearRegression
@@ -52,6 +54,11 @@ def test_default_averages_once_per_optimizer_step_and_ema_step_options(make_trai
     ema = EMAWeightAveraging(update_every_n_steps=5, update_starting_at_step=10, update_starting_at_epoch=2)
     assert [ema.should_update(step_idx=i) for i in (5, 10, 11, 15)] == [False, True, False, True]
     assert [ema.should_update(epoch_idx=i) for i in (1, 2, 3)] == [False, True, True]
+    pickle.dumps(ema)  # DDP's spawned processes get it
+    module, late = Recording(), EMAWeightAveraging(update_starting_at_step=100)
+    with pytest.warns(UserWarning, match=r"should_update never allowed an update during this fit, so there is no average"):
+        make_trainer(max_epochs=1, callbacks=[late]).fit(module, regression_loader)
+    torch.testing.assert_close(module.layer.weight.detach(), module.trained[-1])  # not the weights fit started with
     with pytest.raises(ValueError, match=r"pass avg_fn or multi_avg_fn, not both"):
         WeightAveraging(avg_fn=lambda a, b, n: a, multi_avg_fn=lambda a, b, n: None)
     with pytest.raises(TypeError, match=r"WeightAveraging got \['decay'\]: besides device and use_buffers"):

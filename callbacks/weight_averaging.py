@@ -15,7 +15,8 @@ average (SWA); ``EMAWeightAveraging`` an exponential moving average (``decay``).
 
 The only per-step cost is the update itself, and only on steps that update: the count of averaged
 models is kept on the host as well, so that the update does not ask the device whether it is the
-first one (torch's ``AveragedModel`` compares a device tensor with 0, a sync per update on a GPU).
+first one (torch's ``AveragedModel`` compares a device tensor with 0, a sync per update on a GPU);
+with the average on the module's device (the default) an update does not wait for the device.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.optim.swa_utils import AveragedModel
+from torch.optim.swa_utils import AveragedModel, get_swa_avg_fn, get_swa_multi_avg_fn
 
 from callbacks.base import Callback
 from callbacks.console import warn
@@ -36,26 +37,54 @@ if TYPE_CHECKING:
 
 
 class HostCountedAveragedModel(AveragedModel):
-    """torch's ``AveragedModel`` whose ``n_averaged`` is also counted on the host, so that an update
-    reads the count without waiting for the device; the buffer (what checkpoints keep) follows by an
-    asynchronous copy."""
+    """torch's ``AveragedModel`` whose number of averaged models is also counted on the host.
+
+    torch's ``update_parameters`` asks ``n_averaged == 0`` (a device-to-host copy: on a GPU, a wait
+    for the device at every update); this one asks the host's count, and passes ``avg_fn`` /
+    ``multi_avg_fn`` the ``n_averaged`` buffer where it lives (what checkpoints keep), so an update
+    queues its work and returns. The averaging is torch's (the same functions, the same defaults).
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.host_count = torch.zeros((), dtype=torch.long)  # a plain attribute: .to(device) leaves it here
+        self.host_count = 0
 
+    @torch.no_grad()
     def update_parameters(self, model: nn.Module) -> None:
-        on_device = self._buffers["n_averaged"]
-        self._buffers["n_averaged"] = self.host_count  # torch's update reads and increments this one
-        try:
-            super().update_parameters(model)
-        finally:
-            self._buffers["n_averaged"] = on_device
-        on_device.copy_(self.host_count, non_blocking=True)
+        if self.use_buffers:
+            averaged = itertools.chain(self.module.parameters(), self.module.buffers())
+            current = itertools.chain(model.parameters(), model.buffers())
+        else:
+            averaged, current = self.module.parameters(), model.parameters()
+        pairs = [(mine.detach(), theirs.detach().to(mine.device)) for mine, theirs in zip(averaged, current)]
+        if self.host_count == 0:
+            for mine, theirs in pairs:
+                mine.copy_(theirs)
+        elif self.avg_fn is not None and self.multi_avg_fn is None:
+            for mine, theirs in pairs:
+                mine.copy_(self.avg_fn(mine, theirs, self.n_averaged.to(mine.device)))
+        else:  # torch's default is the equal-weight average: as torch, grouped by device and dtype, with
+            groups: dict[tuple[torch.device, torch.dtype], tuple[list, list]] = {}  # foreach kernels on CUDA
+            for mine, theirs in pairs:
+                group = groups.setdefault((mine.device, mine.dtype), ([], []))
+                group[0].append(mine)
+                group[1].append(theirs)
+            for (device, _), (mine_list, theirs_list) in groups.items():
+                count = self.n_averaged.to(device)
+                if self.multi_avg_fn is not None or device.type == "cuda":
+                    (self.multi_avg_fn or get_swa_multi_avg_fn())(mine_list, theirs_list, count)
+                else:
+                    for mine, theirs in zip(mine_list, theirs_list):
+                        mine.copy_(get_swa_avg_fn()(mine, theirs, count))
+        if not self.use_buffers:  # buffers follow the module (BatchNorm statistics are the user's to update)
+            for mine, theirs in zip(self.module.buffers(), model.buffers()):
+                mine.detach().copy_(theirs.detach().to(mine.device))
+        self.n_averaged += 1
+        self.host_count += 1
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         result = super().load_state_dict(state_dict, strict=strict, assign=assign)
-        self.host_count.fill_(int(self.n_averaged))  # once per load: the checkpoint's count
+        self.host_count = int(self.n_averaged)  # once per load: the checkpoint's count
         return result
 
 
@@ -135,7 +164,7 @@ class WeightAveraging(Callback):
 
     def on_train_end(self, trainer: Trainer, module: TrainingModule) -> None:
         """After fit the module holds the averaged weights."""
-        if int(self._average_model.host_count) == 0:  # Lightning would copy the weights fit started with
+        if self._average_model.host_count == 0:  # Lightning would copy the weights fit started with
             warn(f"{type(self).__name__}: should_update never allowed an update during this fit, so there is no "
                  "average; the module keeps its trained weights.")
             return

@@ -20,6 +20,7 @@ from callbacks.batch_size_finder import BatchSizeFinder
 from callbacks.checkpointing import GradientCheckpointing
 from callbacks.compile import Compile
 from callbacks.csv_logger import CSVLogger
+from callbacks.device_stats_monitor import DeviceStatsMonitor
 from callbacks.early_stopping import EarlyStopping
 from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from callbacks.async_logger import AsyncLogger
@@ -38,25 +39,29 @@ from callbacks.gradient_accumulation import GradientAccumulationScheduler
 from callbacks.lambda_callback import LambdaCallback
 from callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from callbacks.prediction_writer import BasePredictionWriter
+from callbacks.pruning import ModelPruning
 # Lightning's names Cadence refuses (making one says what to use instead): importable, not offered in __all__.
 from callbacks.refused import (  # noqa: F401
-    CometLogger, DeviceStatsMonitor, EMAWeightAveraging, LitLogger, MLFlowLogger, ModelPruning, NeptuneLogger,  # noqa: F401
-    RichModelSummary, RichProgressBar, SpikeDetection, StochasticWeightAveraging, ThroughputMonitor, WandbLogger,  # noqa: F401
-    WeightAveraging, XLAProfiler,  # noqa: F401
+    CometLogger, LitLogger, MLFlowLogger, NeptuneLogger,  # noqa: F401
+    RichModelSummary, RichProgressBar, SpikeDetection, WandbLogger,  # noqa: F401
+    XLAProfiler,  # noqa: F401
 )
 from callbacks.progress import ProgressBar, TQDMProgressBar
+from callbacks.stochastic_weight_avg import StochasticWeightAveraging
 from callbacks.sync_batchnorm import SyncBatchNorm
 from callbacks.tensorboard_logger import TensorBoardLogger, tensorboard_available
+from callbacks.throughput_monitor import Throughput, ThroughputMonitor
 from callbacks.timer import Timer
+from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 from callbacks.torch_flags import TorchFlags
 
 __all__ = [
     "AMP", "AdvancedProfiler", "AsyncLogger", "AutoMicrobatch", "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter",
-    "BatchSizeFinder", "CSVLogger", "Callback", "Compile", "EarlyStopping", "GradientAccumulationScheduler",
+    "BatchSizeFinder", "CSVLogger", "Callback", "Compile", "DeviceStatsMonitor", "EarlyStopping", "GradientAccumulationScheduler",
     "GradientCheckpointing", "LRFinder", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "Logger",
-    "ModelCheckpoint", "ModelSummary", "OnExceptionCheckpoint", "PassThroughProfiler", "PerformanceReport",
+    "ModelCheckpoint", "ModelPruning", "ModelSummary", "OnExceptionCheckpoint", "PassThroughProfiler", "PerformanceReport",
     "ProfiledHooks", "Profiler", "ProgressBar", "PyTorchProfiler", "SimpleProfiler", "TQDMProgressBar", "profiler_of",
-    "SyncBatchNorm", "TensorBoardLogger", "Timer", "TorchFlags", "default_callbacks", "observability_callbacks",
+    "StochasticWeightAveraging", "SyncBatchNorm", "TensorBoardLogger", "Throughput", "ThroughputMonitor", "Timer", "TorchFlags", "WeightAveraging", "EMAWeightAveraging", "default_callbacks", "observability_callbacks",
     "with_module_callbacks",
 ]
 
@@ -123,7 +128,9 @@ def with_module_callbacks(callbacks: list[Callback], module_callbacks: Any, modu
 
 
 def _check_state_keys(callbacks: list[Callback]) -> None:
-    keys = [callback.state_key for callback in callbacks]
+    # As in Lightning, only callbacks that keep state (override state_dict) need a key of their own:
+    # two ModelPrunings, which keep none, may run together.
+    keys = [callback.state_key for callback in callbacks if type(callback).state_dict is not Callback.state_dict]
     duplicates = sorted({key for key in keys if keys.count(key) > 1})
     if duplicates:
         raise ValueError(

@@ -10,6 +10,7 @@ their module's code), not at Cadence's internals, however deep the hook was call
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import sysconfig
@@ -33,6 +34,16 @@ def write_line(trainer: Trainer, text: str) -> None:
         bar.print(text, file=sys.stderr)
     else:
         print(text, file=sys.stderr, flush=True)
+
+
+def cadence_logger() -> logging.Logger:
+    """The ``"cadence"`` logger: INFO to stderr unless the program configured logging (as Lightning's)."""
+    logger = logging.getLogger("cadence")
+    if not logger.handlers and not logging.getLogger().handlers:
+        logger.addHandler(logging.StreamHandler())
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger
 
 
 def rank_prefixed(trainer: Trainer, text: str) -> str:

@@ -12,8 +12,6 @@ from callbacks.base import Callback
 
 _SERVICES = ("Cadence depends on no tracking service: write a callbacks.Logger that sends on_log's values to it "
              "(TensorBoardLogger and CSVLogger are built in)")
-_SWA = ("keep a torch.optim.swa_utils.AveragedModel of your module: update it in on_train_batch_end of your own "
-        "callback and evaluate it at the end")
 
 
 class Refused(Callback):
@@ -23,16 +21,6 @@ class Refused(Callback):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError(f"{type(self).__name__} is Lightning's; Cadence does not have it. Instead: {self.way}.")
-
-
-class DeviceStatsMonitor(Refused):
-    way = ("the performance report after fit (Trainer(report=True)) says how busy the device was and "
-           "callbacks.Profiler traces it; log torch.cuda.memory_allocated() with self.log for a curve")
-
-
-class ThroughputMonitor(Refused):
-    way = ("the performance report after fit (callbacks.PerformanceReport) gives batches per second and where the "
-           "time went; log your own samples per second with self.log for a curve")
 
 
 class SpikeDetection(Refused):
@@ -46,23 +34,6 @@ class RichProgressBar(Refused):
 
 class RichModelSummary(Refused):
     way = "callbacks.ModelSummary(max_depth=...); rich is not a dependency"
-
-
-class ModelPruning(Refused):
-    way = ("call torch.nn.utils.prune (l1_unstructured, global_unstructured, ...) on your module's layers in "
-           "on_train_epoch_end of your own callback, and prune.remove before saving the final weights")
-
-
-class StochasticWeightAveraging(Refused):
-    way = _SWA + " (torch.optim.swa_utils.SWALR for the learning rate, update_bn for batch norms)"
-
-
-class WeightAveraging(Refused):
-    way = _SWA
-
-
-class EMAWeightAveraging(Refused):
-    way = _SWA + ", made with multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(decay)"
 
 
 class WandbLogger(Refused):

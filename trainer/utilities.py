@@ -33,6 +33,7 @@ from typing import Any, Callable, TypeVar
 import torch
 from torch import nn
 
+from callbacks.console import cadence_logger
 from strategies.transfer import move_to_device
 
 Result = TypeVar("Result")
@@ -79,12 +80,7 @@ set_rank(_rank_of_this_process())
 
 def _logger() -> logging.Logger:
     """The ``"cadence"`` logger: INFO to stderr unless the program configured logging (as Lightning's)."""
-    logger = logging.getLogger("cadence")
-    if not logger.handlers and not logging.getLogger().handlers:
-        logger.addHandler(logging.StreamHandler())
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-    return logger
+    return cadence_logger()
 
 
 @rank_zero_only

@@ -1,0 +1,74 @@
+"""Lightning's StochasticWeightAveraging: SWALR from swa_epoch_start, the epoch-start average in the
+module after fit, BatchNorm statistics recomputed with it, and a resume that continues with SWALR."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from linear_regression import LinearRegression
+from torch import nn
+
+from callbacks import ModelCheckpoint, StochasticWeightAveraging
+
+
+class Normalized(LinearRegression):
+    """BatchNorm on the inputs, then the linear layer; records the LR and the weights of each epoch."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.BatchNorm1d(4)
+        self.lrs, self.weights = [], []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.layer(self.norm(x)), y)
+
+    def on_train_epoch_start(self):
+        self.lrs.append(self.trainer.optimizers[0].param_groups[0]["lr"])
+        self.weights.append(self.layer.weight.detach().clone())
+
+
+def fit(make_trainer, loader, tmp_path=None, ckpt_path=None, max_epochs=4):
+    torch.manual_seed(0)
+    module = Normalized()
+    swa = StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=3, annealing_epochs=1, annealing_strategy="linear")
+    saving = [ModelCheckpoint(tmp_path, filename="{epoch}", save_top_k=-1, save_last=False)] if tmp_path else []
+    make_trainer(max_epochs=max_epochs, callbacks=[swa, *saving], enable_checkpointing=bool(saving)).fit(
+        module, loader, ckpt_path=ckpt_path)
+    return module
+
+
+def test_swa_averages_from_its_start_epoch_with_swalr_and_updates_batch_norm(make_trainer, regression_loader, tmp_path):
+    module = fit(make_trainer, regression_loader, tmp_path)
+    # SWA starts in epoch 2 (0-based): SWALR anneals linearly to 0.05 over one epoch, from epoch 3 on.
+    assert module.lrs == [0.1, 0.1, 0.1, 0.05]
+    # Averaged at the start of epochs 2 and 3: the weights after epochs 1 and 2.
+    torch.testing.assert_close(module.layer.weight.detach(), (module.weights[2] + module.weights[3]) / 2)
+    # One pass with momentum None: the running mean is the mean of the batch means.
+    batch_means = torch.stack([x.mean(0) for x, _ in regression_loader])
+    torch.testing.assert_close(module.norm.running_mean, batch_means.mean(0))
+    assert module.norm.momentum == 0.1  # given back
+    # Resumed after SWA started (the checkpoint of epoch 2): SWALR, the average and its count continue.
+    resumed = fit(make_trainer, regression_loader, ckpt_path=tmp_path / "epoch=2.ckpt")
+    assert resumed.lrs == [0.05]
+    torch.testing.assert_close(resumed.layer.weight, module.layer.weight)
+    torch.testing.assert_close(resumed.norm.running_var, module.norm.running_var)
+
+
+def test_bad_swa_arguments_say_what_to_pass(make_trainer, regression_loader):
+    with pytest.raises(ValueError, match=r"swa_epoch_start should be a >0 integer or a float between 0 and 1"):
+        StochasticWeightAveraging(swa_lrs=0.1, swa_epoch_start=0)
+    with pytest.raises(ValueError, match=r"The `swa_lrs` should a positive float, or a list of positive floats"):
+        StochasticWeightAveraging(swa_lrs=[0.2, 1])
+
+    class TwoOptimizers(LinearRegression):
+        def configure_optimizers(self):
+            return [torch.optim.SGD(self.parameters(), lr=0.1), torch.optim.SGD(self.parameters(), lr=0.1)]
+
+        def training_step(self, batch, batch_idx):
+            super().training_step(batch, batch_idx)
+
+    module = TwoOptimizers()
+    module.automatic_optimization = False
+    with pytest.raises(ValueError, match=r"SWA currently works with 1 `optimizer`; configure_optimizers returned 2"):
+        make_trainer(max_epochs=1, callbacks=[StochasticWeightAveraging(swa_lrs=0.1)]).fit(module, regression_loader)

@@ -1,0 +1,55 @@
+"""Lightning's ThroughputMonitor and Throughput: rolling rates of running totals, written at log steps."""
+
+from __future__ import annotations
+
+import pytest
+from linear_regression import LinearRegression
+
+from callbacks import Logger, Throughput, ThroughputMonitor
+
+
+def test_throughput_rates_over_the_window_and_across_processes():
+    throughput = Throughput(window_size=3, world_size=2, available_flops=100.0, using_sparse_model=False)
+    for second in (1, 2, 3):  # each second one batch of 4 samples, 10 items, 50 FLOPs per device
+        throughput.update(time=second, batches=second, samples=4 * second, lengths=10 * second, flops=50)
+    metrics = throughput.compute()
+    assert metrics == {  # over 2 seconds: 2 batches, 8 samples, 20 items, 2 x 50 FLOPs on each of 2 devices
+        "time": 3, "batches": 3, "samples": 12, "lengths": 30,
+        "device/batches_per_sec": 1.0, "batches_per_sec": 2.0, "device/samples_per_sec": 4.0, "samples_per_sec": 8.0,
+        "device/items_per_sec": 10.0, "items_per_sec": 20.0, "flops_per_sec": 100.0, "device/flops_per_sec": 50.0,
+        "device/mfu": 0.5}
+    with pytest.raises(ValueError, match=r"Expected samples \(1\) to be greater or equal than batches \(4\)"):
+        throughput.update(time=4, batches=4, samples=1)
+    with pytest.raises(ValueError, match=r"Expected the value to increase, last: 3, current: 3"):
+        throughput.update(time=3, batches=5, samples=20)
+
+
+class Recorder(Logger):
+    def __init__(self):
+        self.rows = []
+
+    def log_metrics(self, metrics, step=None):
+        self.rows.append((step, dict(metrics)))
+
+
+class WithTestStep(LinearRegression):
+    def test_step(self, batch, batch_idx):
+        pass
+
+
+def test_the_monitor_writes_each_stage_at_log_steps_and_warns_once_without_flops(make_trainer, regression_loader):
+    recorder = Recorder()
+    monitor = ThroughputMonitor(batch_size_fn=lambda batch: batch[0].size(0), window_size=2)
+    trainer = make_trainer(max_epochs=2, log_every_n_steps=4, logger=recorder, callbacks=[monitor])
+    with pytest.warns(UserWarning, match=r"define a `flops_per_batch` attribute or property in LinearRegression") as caught:
+        trainer.fit(LinearRegression(), regression_loader)
+    assert len([w for w in caught if "flops_per_batch" in str(w.message)]) == 1
+    train = [(step, row) for step, row in recorder.rows if "train/samples" in row]
+    assert [(step, row["train/batches"], row["train/samples"]) for step, row in train] == [
+        (3, 4, 32), (7, 8, 64), (11, 12, 96), (15, 16, 128)]  # every 4th of 16 batches of 8 samples
+    assert all(row["train/device/samples_per_sec"] == 8 * row["train/device/batches_per_sec"] > 0 for _, row in train)
+    recorder.rows.clear()
+    trainer.test(WithTestStep(), regression_loader)
+    assert [row["test/batches"] for _, row in recorder.rows if "test/batches" in row] == [4, 8]
+    with pytest.raises(TypeError, match=r"ThroughputMonitor got \['windows'\]: besides batch_size_fn and length_fn"):
+        ThroughputMonitor(batch_size_fn=len, windows=3)

@@ -94,10 +94,10 @@ MAP: dict[str, str | Refused] = {
     # lightning.pytorch.cli
     "lightning.pytorch.cli.LightningCLI": Refused("the cadence command: cadence fit --config run.yaml"),
     # lightning.pytorch.strategies: what users construct for strategy=
-    "lightning.pytorch.strategies.DDPStrategy": "strategies.DDP",
+    "lightning.pytorch.strategies.DDPStrategy": "strategies.DDPStrategy",
     "lightning.pytorch.strategies.FSDPStrategy": "strategies.FSDP",
     "lightning.pytorch.strategies.SingleDeviceStrategy": "strategies.SingleDevice",
-    "lightning.pytorch.strategies.ModelParallelStrategy": "strategies.ModelParallel",
+    "lightning.pytorch.strategies.ModelParallelStrategy": Refused('strategy="fsdp" (no tensor-parallel strategy)'),
     "lightning.pytorch.strategies.DeepSpeedStrategy": Refused('strategy="fsdp" (DeepSpeed is not a dependency)'),
 }
 

@@ -1,15 +1,15 @@
 """CSVLogger: ``metrics.csv`` in Lightning's wide layout, written by a background thread.
 
 One row per log step, epoch end or validation (each ``on_log``), columns ``epoch``, ``step``
-and one per metric name in the order they first appear, rows in the order they were logged::
+and one per metric name, all sorted by name as Lightning's are, rows in the order they were logged::
 
-    epoch,step,train/loss,val/loss,train/loss_epoch
+    epoch,step,train/loss,train/loss_epoch,val/loss
     0,50,0.693,,
     0,100,0.412,,
-    0,125,,0.398,0.455
+    0,125,,0.455,0.398
 
 Read it with ``pandas.read_csv(path)`` (``.set_index("step")``, ``.groupby("epoch")``...). When a
-new metric appears the header grows: the file is rewritten with the new column, into a temporary
+new metric appears the header grows: the file is rewritten with the new column in its place, into a temporary
 file that then replaces it, so a process killed at any moment leaves valid CSV holding every row
 the writer had received (rows reach it at most a second after they are logged).
 """
@@ -24,7 +24,8 @@ from typing import Any
 from callbacks.async_logger import AsyncLogger
 from callbacks.logging import do_nothing
 
-FIXED_COLUMNS = ["epoch", "step"]
+FIXED_COLUMNS = ["step"]  # every row has one; the rest (epoch included) as the metrics come
+INTEGERS = ("epoch", "step")
 
 
 class CSVLogger(AsyncLogger):
@@ -65,13 +66,15 @@ class CSVLogger(AsyncLogger):
         if self.path.exists():
             with open(self.path, newline="") as file:
                 header, *rows = list(csv.reader(file)) or [[]]
-            if header[:2] != FIXED_COLUMNS:  # not a file of this layout: keep it, start a new one
+            if not set(FIXED_COLUMNS) <= set(header):  # not a file of this layout: keep it, start a new one
                 os.replace(self.path, self.path.with_name("metrics.previous.csv"))
             elif resume_step is None:  # validate/test after fit: append
                 self.columns = header
             else:  # fit: continue up to the checkpoint's step (the resumed run logs what followed again)
+                step = header.index("step")
+                kept = [row for row in rows if resume_step > 0 and _number(row[step]) < resume_step]  # step n - 1: step n's
                 self.columns = header if resume_step > 0 else self.columns  # or, at step 0, start over
-                self._replace([row for row in rows if resume_step > 0 and _step(row) < resume_step])  # step n - 1: step n's
+                self._replace(kept, self.columns)
         self._file = open(self.path, "a", newline="")
         self._csv = csv.writer(self._file)
         if self._file.tell() == 0:
@@ -80,25 +83,26 @@ class CSVLogger(AsyncLogger):
     def write(self, metrics: dict[str, float], step: int) -> None:
         new = [name for name in metrics if name not in self.columns]
         if new:
-            self.columns += new
+            previous, self.columns = self.columns, sorted(self.columns + new)
             self._file.close()
             with open(self.path, newline="") as file:
                 rows = list(csv.reader(file))[1:]
-            self._replace(rows)
+            self._replace(rows, previous)
             self._file = open(self.path, "a", newline="")
             self._csv = csv.writer(self._file)
-        row = [metrics.get("epoch", ""), step]
-        row += [_text(metrics[name]) if name in metrics else "" for name in self.columns[2:]]
-        self._csv.writerow(row)
+        values = {**metrics, "step": step}
+        self._csv.writerow([_text(name, values[name]) if name in values else "" for name in self.columns])
 
-    def _replace(self, rows: list[list[str]]) -> None:
-        """Write the header and ``rows`` (padded to the header) to a temporary file that replaces
-        ``metrics.csv``: the file on disk is the old one or the new one, never half of either."""
+    def _replace(self, rows: list[list[str]], columns: list[str]) -> None:
+        """Write the header and ``rows`` (whose columns are ``columns``) to a temporary file that
+        replaces ``metrics.csv``: the file on disk is the old one or the new one, never half of either."""
         temporary = self.path.with_name(".metrics.csv.tmp")
         with open(temporary, "w", newline="") as file:
             writer = csv.writer(file)
             writer.writerow(self.columns)
-            writer.writerows(row + [""] * (len(self.columns) - len(row)) for row in rows)
+            for row in rows:
+                by_name = dict(zip(columns, row))
+                writer.writerow([by_name.get(name, "") for name in self.columns])
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, self.path)
@@ -137,12 +141,12 @@ class _CSVExperiment:
                              "hyperparameters (log_hparams); images and histograms go to a TensorBoardLogger.")
 
 
-def _step(row: list[str]) -> float:
+def _number(text: str) -> float:
     try:
-        return float(row[1])
-    except (IndexError, ValueError):
+        return float(text)
+    except ValueError:
         return float("inf")
 
 
-def _text(value: float) -> str:
-    return repr(float(value))
+def _text(name: str, value: Any) -> str:
+    return str(value) if name in INTEGERS else repr(float(value))  # epoch and step as the ints they are

@@ -24,7 +24,10 @@ if TYPE_CHECKING:
     from strategies.ddp import DDP
     from strategies.fsdp import FSDP
 
-__all__ = ["DDP", "FSDP", "MPS", "SingleDevice", "Strategy", "resolve_strategy"]
+__all__ = ["DDP", "DDPStrategy", "DeepSpeedStrategy", "FSDP", "MPS", "ModelParallelStrategy", "SingleDevice",
+           "Strategy", "resolve_strategy"]
+#: Lightning's strategy classes (strategies/lightning_strategies.py), loaded when first named.
+LIGHTNING_NAMES = ("DDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy")
 
 STRATEGY_NAMES = ('"auto", "cpu", "cuda", "cuda:N", "mps", "ddp" (also "ddp_spawn", "ddp_fork"), "fsdp" '
                   'or a strategies.Strategy')
@@ -44,6 +47,10 @@ def __getattr__(name: str) -> Any:
         from strategies.fsdp import FSDP
 
         return FSDP
+    if name in LIGHTNING_NAMES:
+        from strategies import lightning_strategies
+
+        return getattr(lightning_strategies, name)
     raise AttributeError(f"module 'strategies' has no attribute {name!r}")
 
 

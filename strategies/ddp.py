@@ -108,6 +108,8 @@ class DDP(Strategy):
             raise ValueError(f"DDP(timeout={timeout!r}): use a number of seconds > 0 (or a datetime.timedelta).")
         self.timeout = datetime.timedelta(seconds=seconds)
         self.prefetch = prefetch
+        self.ddp_arguments: dict[str, Any] = {}  # more DistributedDataParallel arguments (DDPStrategy's **kwargs)
+        self.comm_hook: tuple[Any, Callable, Callable | None] | None = None  # (state, hook, wrapper)
         self.device = torch.device("cpu")
         self._mode: str | None = None  # "spawn" or "join", fixed by launch
         self._rank: int | None = None
@@ -327,13 +329,18 @@ class DDP(Strategy):
         if stage != "fit":  # evaluation runs each rank's own forward: nothing to all-reduce
             return module
         self._manual = not module.automatic_optimization  # read per step: one attribute, not three
-        return DistributedDataParallel(
+        wrapped = DistributedDataParallel(
             TrainingStepRunner(module, self._end_manual_step if self._manual else None),
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
             find_unused_parameters=self._manual if self.find_unused_parameters is None else self.find_unused_parameters,
             gradient_as_bucket_view=self.gradient_as_bucket_view,
             static_graph=self.static_graph,
+            **self.ddp_arguments,
         )
+        if self.comm_hook is not None:
+            state, hook, wrapper = self.comm_hook
+            wrapped.register_comm_hook(state, wrapper(hook) if wrapper is not None else hook)
+        return wrapped
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         if isinstance(model, DistributedDataParallel):

@@ -15,6 +15,7 @@ import yaml
 from trainer.cli import main
 from trainer.cli.config import load_run
 from trainer.cli.config_files import read_config
+from trainer import DataModule, TrainingModule
 
 PARTS = '''
 import torch
@@ -404,3 +405,10 @@ def test_a_bad_override_names_itself(parts, tmp_path, argv, match):
     path = write(tmp_path, "run.yaml", RUN)
     with pytest.raises(SystemExit, match=match):
         main(["fit", "--config", str(path), *argv])
+
+
+def test_lightning_cli_is_refused_with_the_cadence_command():
+    from trainer import LightningCLI
+
+    with pytest.raises(NotImplementedError, match=r"LightningCLI is Lightning's.*cadence fit --config run.yaml"):
+        LightningCLI(TrainingModule, DataModule)

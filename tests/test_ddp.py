@@ -26,11 +26,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from callbacks import AutoMicrobatch, CSVLogger, ModelCheckpoint, Profiler
 from linear_regression import IndexedRegression, LinearRegression, regression_samples
-from strategies import DDP
+from strategies import DDP, DDPStrategy
 from processes import free_port, run_together, torchrun
 from trainer import DataModule, Trainer, TrainingModule, seed_everything
 
@@ -121,6 +122,20 @@ class PredictionData(DataModule):
         return DataLoader(self.dataset, batch_size=4)
 
 
+class HookCalls:
+    """The state of a DDP communication hook: where each rank notes the hook's calls."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+
+
+def counting_allreduce(state: HookCalls, bucket):
+    """DDP's own averaging all-reduce, noting each call: Lightning's ddp_comm_hook= takes such a function."""
+    with open(Path(state.out_dir, f"comm_hook{torch.distributed.get_rank()}.txt"), "a") as file:
+        file.write(f"{bucket.buffer().numel()}\n")
+    return default_hooks.allreduce_hook(None, bucket)
+
+
 @contextlib.contextmanager
 def stderr_into(path: Path):
     """Send file descriptor 2 (inherited by the workers) to ``path``."""
@@ -143,8 +158,10 @@ def spawned_fit(tmp_path_factory):
     model = Recorder(str(out))
     initial = copy.deepcopy(model.state_dict())
     data = IndexedRegression()
-    trainer = Trainer(
-        strategy=DDP(devices=WORLD_SIZE), max_epochs=EPOCHS, accumulate_grad_batches=ACCUMULATE,
+    trainer = Trainer(  # Lightning's DDPStrategy and its arguments: a hook and DistributedDataParallel's own
+        strategy=DDPStrategy(process_group_backend="gloo", ddp_comm_state=HookCalls(str(out)),
+                             ddp_comm_hook=counting_allreduce, broadcast_buffers=False),
+        accelerator="cpu", devices=WORLD_SIZE, max_epochs=EPOCHS, accumulate_grad_batches=ACCUMULATE,
         default_root_dir=out, logger=CSVLogger(), log_every_n_steps=2, seed=0,
         max_time={"hours": 1},  # never reached: the ranks' Timer checks pair up at log steps, no hang
         callbacks=[Profiler(wait=0, warmup=1, active=1, record_shapes=False, profile_memory=False), AutoMicrobatch(),
@@ -185,6 +202,14 @@ def test_ddp_weights_equal_single_process_training_on_the_same_global_batches(sp
     trained = spawned_fit.model.layer
     torch.testing.assert_close(trained.weight, layer.weight, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(trained.bias, layer.bias, atol=1e-6, rtol=1e-5)
+
+
+def test_lightning_ddp_strategy_registers_its_comm_hook_which_averages_every_step_on_every_rank(spawned_fit):
+    # The weights equal single-process training (above) with the hook in place: it did the averaging.
+    calls = [(spawned_fit.out / f"comm_hook{rank}.txt").read_text().split() for rank in range(WORLD_SIZE)]
+    assert calls[0] == calls[1]  # every rank all-reduced the same buckets, as many times
+    assert len(calls[0]) >= STEPS  # at least once per optimizer step
+    assert set(calls[0]) == {"10"}  # one bucket: the 4x2 weights and 2 biases of the layer
 
 
 def test_ranks_may_split_their_batches_differently_and_still_train_on_the_global_batch(spawned_fit):
@@ -256,7 +281,7 @@ def test_each_rank_writes_its_own_profiler_trace_and_rank_zero_prints_the_table(
 
 
 def test_only_rank_zero_prints_and_writes_logs_and_checkpoints(spawned_fit):
-    assert spawned_fit.stderr.count("DDP: 2 processes") == 3  # fit, validate, predict
+    assert spawned_fit.stderr.count("DDPStrategy: 2 processes") == 3  # fit, validate, predict
     assert spawned_fit.stderr.count("Epoch 1/2") == 1
     versions = list((spawned_fit.out / "cadence_logs").iterdir())
     assert [path.name for path in versions] == ["version_0"]

@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from strategies import DDP, resolve_strategy
+from strategies import DDP, DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, resolve_strategy
 from strategies.loaders import shard_dataloader
 from strategies.spawn import failure_message, host_store
 from trainer.host_copy import check_same_sync_keys
@@ -50,6 +50,39 @@ def test_ddp_and_several_devices_choose_the_ddp_strategy(plain_process):
 def test_lightnings_find_unused_parameters_strategy_names_set_ddps_option(plain_process, name, find_unused):
     strategy = Trainer(strategy=name, devices=2, logger=False).strategy
     assert isinstance(strategy, DDP) and strategy.find_unused_parameters is find_unused
+
+
+def test_lightnings_ddp_strategy_takes_its_arguments_and_the_trainers_devices(plain_process):
+    strategy = DDPStrategy(find_unused_parameters=True, static_graph=False, process_group_backend="gloo",
+                           bucket_cap_mb=5, broadcast_buffers=False, timeout=datetime.timedelta(minutes=3))
+    trainer = Trainer(strategy=strategy, accelerator="cpu", devices=2, logger=False)
+    assert trainer.strategy is strategy and trainer.world_size == 2 and strategy.launches_subprocesses
+    assert strategy.find_unused_parameters is True and strategy.backend == "gloo"
+    assert strategy.timeout == datetime.timedelta(minutes=3)
+    assert strategy.ddp_arguments == {"bucket_cap_mb": 5, "broadcast_buffers": False}  # for DistributedDataParallel
+    assert strategy.start_method == "spawn"  # Lightning's "popen" re-runs the script; Cadence spawns
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"accelerator": "gpu"}, r"DDPStrategy\(accelerator=...\) is one of Lightning's plugin objects.*Trainer\(accelerator="),
+    ({"precision_plugin": object()}, r"Use Trainer\(precision="),
+    ({"bukcet_cap_mb": 5}, r"DDPStrategy\(bukcet_cap_mb=...\) is neither.*Did you mean 'bucket_cap_mb'\?"),
+    ({"device_ids": [0]}, r"DDPStrategy\(device_ids=...\): Trainer\(devices=...\) decides it"),
+    ({"ddp_comm_state": object()}, r"pass ddp_comm_hook= too"),
+    ({"ddp_comm_hook": "fp16"}, r"DDPStrategy\(ddp_comm_hook='fp16'\) is not callable"),
+    ({"model_averaging_period": 4}, r"post-local SGD\) is not in Cadence"),
+    ({"start_method": "thread"}, r"start_method='thread'\): use one of"),
+])
+def test_lightnings_ddp_strategy_refuses_what_cadence_cannot_honour_with_the_cadence_way(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        DDPStrategy(**arguments)
+
+
+def test_deepspeed_and_model_parallel_strategies_are_refused_naming_fsdp():
+    with pytest.raises(NotImplementedError, match=r"DeepSpeed is not a dependency.*strategy=\"fsdp\""):
+        DeepSpeedStrategy(stage=3)
+    with pytest.raises(NotImplementedError, match=r"no tensor-parallel strategy.*strategy=\"fsdp\""):
+        ModelParallelStrategy()
 
 
 def test_under_torchrun_ddp_joins_instead_of_spawning(monkeypatch):

@@ -105,7 +105,7 @@ def test_prefix_goes_before_every_metric_name_in_both_loggers(make_trainer, tmp_
     assert "run-loss" in events_of(board.log_dir).Tags()["scalars"]
     with open(f"{table.log_dir}/metrics.csv", newline="") as file:
         header = next(csv.reader(file))
-    assert header == ["epoch", "step", "run-loss"]
+    assert header == ["epoch", "run-loss", "step"]
 
 
 def test_sub_dir_holds_the_event_files_and_the_checkpoints_stay_in_the_version_directory(make_trainer, tmp_path):

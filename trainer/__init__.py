@@ -12,4 +12,14 @@ from trainer.trainer import Trainer
 from trainer.tuner import Tuner
 from trainer.utilities import rank_zero_only
 
-__all__ = ["DataModule", "Trainer", "TrainingModule", "Tuner", "environment_report", "rank_zero_only", "seed_everything"]
+__all__ = ["DataModule", "LightningCLI", "Trainer", "TrainingModule", "Tuner", "environment_report", "rank_zero_only",
+           "seed_everything"]
+
+
+def __getattr__(name: str):
+    # Lightning's LightningCLI, refused with the cadence command; the command line loads only when named.
+    if name == "LightningCLI":
+        from trainer.cli import LightningCLI
+
+        return LightningCLI
+    raise AttributeError(f"module 'trainer' has no attribute {name!r}")

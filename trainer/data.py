@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sequent
 
 # Lives with the strategies, which rebuild loaders to shard them; re-exported for the loop.
 from strategies.loaders import rebuild_dataloader  # noqa: F401
+from trainer.combined_loader import CombinedLoader
 from trainer.preemption import workers_ignore_preemption
 from trainer.seed import seed_worker_of_rank, seeded_generator, workers_seeded
 from callbacks.console import warn as warn_at_users_line
@@ -20,6 +21,9 @@ from callbacks.console import warn as warn_at_users_line
 
 def loader_length(loader: Any) -> int | None:
     """The number of batches of ``loader``, or None when it cannot tell (an IterableDataset)."""
+    if isinstance(loader, CombinedLoader):  # its len() needs iter() first, as in Lightning
+        length = loader.length()
+        return None if length == math.inf else length
     if isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset):
         try:
             return len(loader)

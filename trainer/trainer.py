@@ -310,7 +310,7 @@ class Trainer(TrainerProperties, SearchSeams):
         """The stage's loaders, prepared (trainer/stage_loaders.py); the Trainer takes their counts."""
         if stage == "fit":
             loaders = self._fit_loaders = load_fit_data(self, data)
-            self.max_epochs, self.train_dataloader, self._progress.sampler = loaders.max_epochs, loaders.train, loaders.sampler
+            self.max_epochs, self.train_dataloader, self._progress.sampler = loaders.max_epochs, loaders.shown, loaders.sampler
             self.num_training_batches, self.num_val_batches = loaders.num_training_batches, loaders.num_val_batches
             self.val_dataloaders = one_or_list(loaders.val)
             self._stage_loaders += loaders.made  # their persistent workers end with the stage

@@ -156,7 +156,8 @@ def test_a_fractional_val_check_interval_needs_a_length(make_trainer, regression
 
 
 def test_an_int_val_check_interval_longer_than_the_epoch_is_an_error(make_trainer, regression_loader):
-    with pytest.raises(ValueError, match=r"val_check_interval=9\) is more than the 8 training batches"):
+    with pytest.raises(ValueError, match=r"val_check_interval=9\) must be less than or equal to the number of the "
+                                         r"training batches \(8 in an epoch\)"):
         make_trainer(max_epochs=1, val_check_interval=9).fit(Evaluated(), regression_loader, regression_loader)
 
 

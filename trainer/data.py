@@ -50,6 +50,25 @@ def check_limit(value: Any, argument: str) -> None:
         raise ValueError(f"Trainer({argument}={value}) is negative; use an int >= 0 or a float in [0.0, 1.0].")
 
 
+def explain_ones(given: dict[str, Any]) -> None:
+    """Say what ``1`` and ``1.0`` mean for the ``given`` ``limit_*_batches``, ``overfit_batches`` and
+    ``val_check_interval`` (an int is a number of batches, a float a share: the two are easy to mix
+    up), on rank zero through the ``"cadence"`` logger, as Lightning's info messages; None: not given."""
+    from trainer.utilities import rank_zero_info  # trainer.utilities imports the loaders' module
+
+    for name, value in given.items():
+        if isinstance(value, bool) or value not in (1, 1.0):
+            continue
+        if isinstance(value, int):
+            means = {"limit_train_batches": "1 batch per epoch will be used",
+                     "val_check_interval": "validation will run after every batch"}.get(name, "1 batch will be used")
+        else:
+            means = {"limit_train_batches": "100% of the batches per epoch will be used",
+                     "val_check_interval": "validation will run at the end of the training epoch"}.get(
+                name, "100% of the batches will be used")
+        rank_zero_info(f"`Trainer({name}={value})` was configured so {means}.")
+
+
 def limited_length(length: int | None, limit: Any) -> int | None:
     """How many batches to run from a loader of ``length`` batches under ``limit_*_batches``."""
     if limit is None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from callbacks.console import warn
 from strategies.transfer import move_to_device
 from trainer.combined_loader import CombinedLoader
 from trainer.data import default_max_epochs, loader_length, prepare_loader, set_sampler_epoch
@@ -87,6 +88,10 @@ def load_fit_data(trainer: Trainer, data: DataSource) -> FitLoaders:
     offset = trainer.current_epoch - trainer.current_epoch % every if every else 0
     prepared, num_batches = prepare_stage_loader(trainer, train_loader, "train", True, offset)
     train_loader, sampler = resumable(prepared)  # records each epoch's RNG for resuming
+    if trainer.is_global_zero and trainer.loggers and num_batches < trainer.log_every_n_steps and not trainer.fast_dev_run:
+        warn(f"The number of training batches ({num_batches}) is smaller than the logging interval "
+             f"Trainer(log_every_n_steps={trainer.log_every_n_steps}): the first epoch logs no training step. Set a "
+             "lower value for log_every_n_steps if you want to see logs for the training epoch.")
     val = [prepare_stage_loader(trainer, loader, "validate", False, offset) for loader in data.loaders("val")]
     val_counts = [count for _, count in val]
     shown = prepared.iterables if isinstance(prepared, CombinedLoader) else prepared
@@ -158,9 +163,9 @@ def validation_schedule(val_check_interval: int | float, check_val_every_n_epoch
     if isinstance(val_check_interval, int):
         if check_val_every_n_epoch is not None and val_check_interval > num_batches:
             raise ValueError(
-                f"Trainer(val_check_interval={val_check_interval}) is more than the {num_batches} "
-                "training batches of an epoch, so validation would never run. Use a smaller int, or "
-                "check_val_every_n_epoch=None to count batches across epochs."
+                f"Trainer(val_check_interval={val_check_interval}) must be less than or equal to the number of the "
+                f"training batches ({num_batches} in an epoch), or validation would never run. Use a smaller int, "
+                "check_val_every_n_epoch=None to count batches across epochs, or limit_val_batches=0 for no validation."
             )
         return ValidationSchedule(val_check_interval, counts_run=check_val_every_n_epoch is None)
     if num_batches == math.inf:

@@ -82,7 +82,7 @@ class Trainer(TrainerProperties, SearchSeams):
         strategy: str | Strategy = "auto", devices: int | str | list[int] = "auto", precision: str | int | None = None,
         callbacks: list[Callback] | Callback | None = None, accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None, gradient_clip_algorithm: str = "norm",
-        val_check_interval: int | float = 1.0, check_val_every_n_epoch: int | None = 1,
+        val_check_interval: int | float | None = None, check_val_every_n_epoch: int | None = 1,
         limit_train_batches: int | float | None = None, limit_val_batches: int | float | None = None,
         limit_test_batches: int | float | None = None, limit_predict_batches: int | float | None = None,
         num_sanity_val_steps: int = 2, log_every_n_steps: int = 50, default_root_dir: str | os.PathLike | None = None,

@@ -1,0 +1,52 @@
+"""The data side as Lightning has it: what 1 and 1.0 mean for the batch limits, hooks set on the
+module object, a too-short epoch for the logging interval."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from torch.utils.data import DataLoader
+
+from callbacks import CSVLogger
+from linear_regression import LinearRegression
+
+
+@pytest.mark.parametrize("argument, value, means", [
+    ("limit_train_batches", 1, "1 batch per epoch will be used"),
+    ("limit_val_batches", 1.0, "100% of the batches will be used"),
+    ("overfit_batches", 1, "1 batch will be used"),
+    ("val_check_interval", 1.0, "validation will run at the end of the training epoch"),
+    ("val_check_interval", 1, "validation will run after every batch"),
+])
+def test_an_int_one_and_a_float_one_are_told_apart(make_trainer, caplog, argument, value, means):
+    """As Lightning's info messages: 1 is one batch, 1.0 all of them; nothing when not given."""
+    with caplog.at_level(logging.INFO):
+        make_trainer(**{argument: value})
+    assert f"`Trainer({argument}={value})` was configured so {means}." in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        trainer = make_trainer()
+    assert "was configured" not in caplog.text and trainer.val_check_interval == 1.0
+
+
+def test_hooks_set_on_the_module_object_count_and_none_removes_one(make_trainer, regression_loader):
+    """Lightning's tests and notebooks do model.train_dataloader = lambda: loader, and model.validation_step = None."""
+
+    class Validates(LinearRegression):
+        def validation_step(self, batch, batch_idx):
+            raise AssertionError("set to None: not a hook any more")
+
+    module = Validates()
+    module.train_dataloader = lambda: regression_loader
+    module.validation_step = None
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(module, val_dataloaders=regression_loader)
+    assert trainer.global_step == 8 and trainer.val_dataloaders is None
+
+
+def test_an_epoch_shorter_than_the_logging_interval_is_warned_about(make_trainer, regression_data, tmp_path):
+    with pytest.warns(UserWarning, match=r"The number of training batches \(2\) is smaller than the logging "
+                                         r"interval Trainer\(log_every_n_steps=3\)"):
+        make_trainer(max_epochs=1, log_every_n_steps=3, logger=CSVLogger(tmp_path)).fit(
+            LinearRegression(), DataLoader(regression_data, batch_size=32))

@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader
 
 from callbacks import CSVLogger
 from linear_regression import LinearRegression
+from trainer import DataModule
 
 
 @pytest.mark.parametrize("argument, value, means", [
@@ -50,3 +51,40 @@ def test_an_epoch_shorter_than_the_logging_interval_is_warned_about(make_trainer
                                          r"interval Trainer\(log_every_n_steps=3\)"):
         make_trainer(max_epochs=1, log_every_n_steps=3, logger=CSVLogger(tmp_path)).fit(
             LinearRegression(), DataLoader(regression_data, batch_size=32))
+
+
+def test_batch_transfer_hooks_change_every_batch_in_order_the_datamodules_first(make_trainer, regression_loader):
+    """Lightning's Kornia tutorial augments in on_after_batch_transfer when trainer.training: it must run."""
+    calls = []
+
+    class Augments(LinearRegression):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            raise AssertionError("the DataModule's hook runs instead")
+
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            calls.append(("after", self.trainer.training, dataloader_idx))
+            x, y = batch
+            return (x * 0 if self.trainer.training else x), y
+
+        def training_step(self, batch, batch_idx):
+            assert not batch[0].any()  # augmented
+            return super().training_step(batch, batch_idx)
+
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            assert batch[0].any()  # as the loader made it
+
+    class Data(DataModule):
+        def train_dataloader(self):
+            return regression_loader
+
+        def val_dataloader(self):
+            return [regression_loader, regression_loader]
+
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            calls.append(("before", self.trainer.training, dataloader_idx))
+            return batch
+
+    make_trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=0).fit(
+        Augments(), datamodule=Data())
+    assert calls == [("before", True, 0), ("after", True, 0), ("before", False, 0), ("after", False, 0),
+                     ("before", False, 1), ("after", False, 1)]

@@ -16,6 +16,7 @@ import weakref
 from typing import Any
 
 from callbacks import Callback
+from trainer.batch_transfer import batch_transfer
 from trainer.module import TrainingModule
 from trainer.optim import StepOptimizer
 from callbacks.console import warn
@@ -51,6 +52,7 @@ class StepHooks:
     module_before_zero_grad: list[Any]
     module_optimizer_step: Any  # the module's optimizer_step override, or None
     module_optimizer_zero_grad: Any  # the module's optimizer_zero_grad override, or None
+    transfer: Any = None  # the batch transfer hooks (trainer/batch_transfer.py), or None: none is defined
     # Plain attributes, read every step: whether any hook around backward / zero_grad / the step runs.
     around_backward: bool = dataclasses.field(init=False)
     around_zero_grad: bool = dataclasses.field(init=False)
@@ -126,8 +128,9 @@ def _override(method: Any, base: Any) -> Any:
     return method if _implemented([method], base) else None
 
 
-def step_hooks(callbacks: list[Callback], module: TrainingModule) -> StepHooks:
+def step_hooks(callbacks: list[Callback], module: TrainingModule, datamodule: Any = None) -> StepHooks:
     return StepHooks(
+        transfer=batch_transfer(module, datamodule),
         batch_start=_implemented([c.on_train_batch_start for c in callbacks], Callback.on_train_batch_start),
         forward_context=_implemented([c.forward_context for c in callbacks], Callback.forward_context),
         before_optimizer_step=_implemented([c.on_before_optimizer_step for c in callbacks], Callback.on_before_optimizer_step),
@@ -274,9 +277,6 @@ MODULE_HOOKS = {
     "on_validation_model_zero_grad": _EVAL_MODE, "on_validation_model_eval": _EVAL_MODE,
     "on_validation_model_train": _EVAL_MODE, "on_test_model_eval": _EVAL_MODE, "on_test_model_train": _EVAL_MODE,
     "on_predict_model_eval": _EVAL_MODE,
-    "transfer_batch_to_device": "batches move through the strategy; change the batch at the top of your step",
-    "on_before_batch_transfer": "change the batch at the top of your step (or in the DataLoader's collate_fn)",
-    "on_after_batch_transfer": "change the batch at the top of your step",
     "backward": "use on_before_backward/on_after_backward, or a callback that owns the backward seam",
     "configure_gradient_clipping": "use Trainer(gradient_clip_val=..., gradient_clip_algorithm=...)",
     "lr_scheduler_step": "step a custom scheduler yourself in on_train_batch_end or on_train_epoch_end",

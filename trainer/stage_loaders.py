@@ -25,6 +25,7 @@ import torch
 
 from callbacks.console import warn
 from strategies.transfer import move_to_device
+from trainer.batch_transfer import BatchTransfer, transferred
 from trainer.combined_loader import CombinedLoader
 from trainer.data import default_max_epochs, loader_length, prepare_loader, set_sampler_epoch
 from trainer.preemption import iterate_shielded
@@ -188,9 +189,11 @@ def evaluation_loaders(trainer: Trainer, stage: str, loaders: list[Any]) -> tupl
     return [loader for loader, _ in prepared], [count for _, count in prepared]
 
 
-def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progress) -> Iterator[tuple[int, Any]]:
+def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progress,
+                  transfer: BatchTransfer | None = None) -> Iterator[tuple[int, Any]]:
     """``enumerate(loader)`` over epoch ``epoch`` under ``limit`` (its number of batches), resuming
-    mid-epoch at the index level when ``progress.resumed`` (a restored checkpoint) is in this epoch."""
+    mid-epoch at the index level when ``progress.resumed`` (a restored checkpoint) is in this epoch;
+    through the batch ``transfer`` hooks when any is defined (trainer/batch_transfer.py)."""
     for each in loader.flattened if isinstance(loader, CombinedLoader) else (loader,):
         set_sampler_epoch(each, epoch)
     resumed = progress.resumed
@@ -208,15 +211,17 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
         # out on its own, as in `for batch in loader`: a shuffling RandomSampler draws from its
         # generator when it runs out, so stopping one next() early changes every later epoch's order.
         # A CombinedLoader stops where its length (under its limits) says, as in Lightning.
-        return itertools.islice(batches, limit - skip)
-    return batches
+        return transferred(itertools.islice(batches, limit - skip), transfer)
+    return transferred(batches, transfer)
 
 
-def evaluation_batches(loader: Any, limit: int | float) -> Iterator[tuple[int, Any]]:
+def evaluation_batches(loader: Any, limit: int | float, transfer: BatchTransfer | None = None,
+                       dataloader_idx: int = 0) -> Iterator[tuple[int, Any]]:
     """``enumerate(loader)``, its first ``limit`` batches (``math.inf``: all), its workers started
-    with the stop signals held until they can ignore them (trainer/preemption.py)."""
+    with the stop signals held until they can ignore them (trainer/preemption.py); through the batch
+    ``transfer`` hooks when any is defined."""
     batches = enumerate(_start(loader))
-    return batches if limit == math.inf else itertools.islice(batches, int(limit))
+    return transferred(batches if limit == math.inf else itertools.islice(batches, int(limit)), transfer, dataloader_idx)
 
 
 def _start(loader: Any, make_iterator: Any = iter) -> Iterator[Any]:

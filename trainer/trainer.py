@@ -233,7 +233,7 @@ class Trainer(TrainerProperties, SearchSeams):
         self._data = data
         try:
             self._described = setup_stage(self, stage, module, data, self._described)  # seed, prepare_data, setup hooks
-            hooks = step_hooks(self.callbacks, module)
+            hooks = step_hooks(self.callbacks, module, data.datamodule)  # with the batch transfer hooks
             self.model = setup_model(module, self.strategy, self.callbacks, stage)  # the one setup order (trainer/setup.py)
             self._plan = plan_evaluation(hooks, self.model, self.strategy)
             if stage == "fit":
@@ -355,7 +355,7 @@ class Trainer(TrainerProperties, SearchSeams):
         times, clock = self.phase_times, time.perf_counter  # two host clock reads a batch, no device sync
         times.start_loop(progress.batches_seen)
         # The strategy moves the batches (on CUDA it copies the next one while this one computes).
-        batches = train_batches(train_loader, self.current_epoch, num_batches, progress)
+        batches = train_batches(train_loader, self.current_epoch, num_batches, progress, hooks.transfer)
         for batch_idx, batch in strategy.batches_on_device(batches):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
             times.data_wait += clock() - times.ready
@@ -562,7 +562,7 @@ class Trainer(TrainerProperties, SearchSeams):
                 step_index = (dataloader_idx,) if hooks.step_takes_dataloader_idx else ()
                 hook_index = (dataloader_idx,) if several else ()
                 predictions.append([])
-                batches = evaluation_batches(loader, limit)  # workers start shielded from stop signals
+                batches = evaluation_batches(loader, limit, self._plan.hooks.transfer, dataloader_idx)
                 for batch_idx, batch in self.strategy.batches_on_device(batches):
                     self.metrics.evaluation.batch = batch  # its size weighs epoch means
                     for hook in hooks.batch_start:

@@ -88,3 +88,17 @@ def test_batch_transfer_hooks_change_every_batch_in_order_the_datamodules_first(
         Augments(), datamodule=Data())
     assert calls == [("before", True, 0), ("after", True, 0), ("before", False, 0), ("after", False, 0),
                      ("before", False, 1), ("after", False, 1)]
+
+
+def test_a_batch_hook_requiring_dataloader_idx_over_one_loader_fails_before_the_first_batch(make_trainer,
+                                                                                           regression_loader):
+    class RequiresIndex(LinearRegression):
+        def validation_step(self, batch, batch_idx):
+            raise AssertionError("never reached: the hooks are checked first")
+
+        def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx):
+            pass
+
+    with pytest.raises(RuntimeError, match=r"RequiresIndex.on_validation_batch_end requires dataloader_idx, but runs "
+                                           r"over one loader.*only a single `val_dataloader`.*dataloader_idx=0"):
+        make_trainer().validate(RequiresIndex(), regression_loader)

@@ -201,7 +201,32 @@ def evaluation_hooks(stage: str, trainer: Any, callbacks: list[Callback], module
              TrainingModule.on_predict_batch_end),
         )
     hooks.step_takes_dataloader_idx = _takes_dataloader_idx(step, several) and several
+    if not several:  # as in Lightning, the module's batch hooks must not require it either
+        kind = {"validate": "val"}.get(stage, stage)
+        batch_hooks = {"validate": ("on_validation_batch_start", "on_validation_batch_end")}.get(
+            stage, (f"on_{stage}_batch_start", f"on_{stage}_batch_end"))
+        for hook in batch_hooks:
+            _check_one_loader(getattr(module, hook), kind)
     return hooks
+
+
+_LOADER_KIND = {"validation_step": "val", "test_step": "test", "predict_step": "predict"}
+
+
+class DataloaderIdxError(RuntimeError, TypeError):
+    """A step or batch hook's ``dataloader_idx`` does not fit the number of loaders (a RuntimeError as in
+    Lightning; a TypeError as it is about a signature)."""
+
+
+def _check_one_loader(hook: Any, kind: str) -> None:
+    """Raise when ``hook`` requires ``dataloader_idx``, which one loader does not pass."""
+    required = signature(hook).parameters.get("dataloader_idx")
+    if required is not None and required.default is inspect.Parameter.empty:
+        name = f"{type(getattr(hook, '__self__', None)).__name__}.{hook.__name__}"
+        raise DataloaderIdxError(
+            f"{name} requires dataloader_idx, but runs over one loader, which passes none (Lightning: you provided "
+            f"only a single `{kind}_dataloader`, but have included `dataloader_idx` in `{name}()`). Give it a "
+            "default: dataloader_idx=0.")
 
 
 def _takes_dataloader_idx(step: Any, several: bool) -> bool:
@@ -212,10 +237,8 @@ def _takes_dataloader_idx(step: Any, several: bool) -> bool:
     if several and not takes and overridden:
         raise TypeError(f"{name} runs over several loaders but takes no dataloader_idx. Add it to the signature: "
                         f"def {step.__name__}(self, batch, batch_idx, dataloader_idx=0).")
-    required = parameters.get("dataloader_idx")
-    if not several and required is not None and required.default is inspect.Parameter.empty:
-        raise TypeError(f"{name} requires dataloader_idx, but runs over one loader, which passes none. Give it a "
-                        "default: dataloader_idx=0.")
+    if not several:
+        _check_one_loader(step, _LOADER_KIND.get(step.__name__, "val"))
     return takes and overridden
 
 

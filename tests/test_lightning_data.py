@@ -102,3 +102,16 @@ def test_a_batch_hook_requiring_dataloader_idx_over_one_loader_fails_before_the_
     with pytest.raises(RuntimeError, match=r"RequiresIndex.on_validation_batch_end requires dataloader_idx, but runs "
                                            r"over one loader.*only a single `val_dataloader`.*dataloader_idx=0"):
         make_trainer().validate(RequiresIndex(), regression_loader)
+
+
+def test_a_loader_whose_len_raises_not_implemented_has_no_length(make_trainer, regression_loader):
+    class Stream:
+        def __iter__(self):
+            return iter(regression_loader)
+
+        def __len__(self):
+            raise NotImplementedError
+
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(LinearRegression(), Stream())
+    assert trainer.global_step == 8 and trainer.num_training_batches == float("inf")

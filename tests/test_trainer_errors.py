@@ -126,9 +126,14 @@ def test_drop_last_with_too_few_samples_is_an_empty_loader(make_trainer):
         make_trainer(max_epochs=1).fit(Model(), three)
 
 
-def test_an_empty_stream_is_an_error(make_trainer):
-    with pytest.raises(RuntimeError, match="The training DataLoader yielded no batches"):
+def test_an_empty_stream_is_an_error_when_it_would_never_end(make_trainer):
+    """With max_epochs, an epoch without batches ends as in Lightning (a stream may run dry), with a warning."""
+    with pytest.raises(RuntimeError, match="The training DataLoader yielded no batches, and no max_epochs bounds"):
         make_trainer(max_steps=5).fit(Model(), DataLoader(Nothing(), batch_size=4))
+    trainer = make_trainer(max_epochs=2)
+    with pytest.warns(UserWarning, match="The training DataLoader yielded no batches in epoch 1"):
+        trainer.fit(Model(), DataLoader(Nothing(), batch_size=4))
+    assert trainer.current_epoch == 2 and trainer.global_step == 0
 
 
 def test_validation_step_without_a_val_loader_warns(make_trainer, regression_loader):

@@ -131,10 +131,15 @@ def loss_without_grad(batch_idx: int) -> RuntimeError:
     )
 
 
-def no_training_batches() -> RuntimeError:
-    """The error for a training epoch that got no batch at all."""
-    return RuntimeError("The training DataLoader yielded no batches. Check that the dataset is not empty and that "
-                        "batch_size <= len(dataset) when drop_last=True.")
+def no_training_batches(max_epochs: int | None, epoch: int) -> None:
+    """A training epoch got no batch at all (a stream that ran dry): as in Lightning the epoch ends and
+    the next begins, with a warning; an error when no ``max_epochs`` bounds the run, which would then
+    go on forever."""
+    if max_epochs in (None, -1):
+        raise RuntimeError("The training DataLoader yielded no batches, and no max_epochs bounds the run, so it would "
+                           "never end. Check that the dataset is not empty and that batch_size <= len(dataset) when "
+                           "drop_last=True, or set max_epochs.")
+    warn(f"The training DataLoader yielded no batches in epoch {epoch}; the epoch ends without a step.")
 
 
 def require_training_module(module: Any, stage: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 # Lives with the strategies, which rebuild loaders to shard them; re-exported for the loop.
 from strategies.loaders import rebuild_dataloader  # noqa: F401
@@ -24,14 +24,9 @@ def loader_length(loader: Any) -> int | None:
     if isinstance(loader, CombinedLoader):  # its len() needs iter() first, as in Lightning
         length = loader.length()
         return None if length == math.inf else length
-    if isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset):
-        try:
-            return len(loader)
-        except TypeError:
-            return None
-    try:
+    try:  # an IterableDataset may define no __len__; a wrapper's may raise NotImplementedError
         return len(loader)
-    except TypeError:
+    except (TypeError, NotImplementedError):
         return None
 
 

@@ -391,7 +391,7 @@ class Trainer(TrainerProperties, SearchSeams):
                 self._run_validation(val_loaders)
         times.end_loop(progress.batches_seen)
         if batch_idx == -1 and progress.resumed is None:
-            raise no_training_batches()
+            no_training_batches(self.max_epochs, self.current_epoch)  # a warning; an error if it would never end
         progress.resumed = None
         self._end_train_epoch()
 

@@ -115,3 +115,10 @@ def test_a_loader_whose_len_raises_not_implemented_has_no_length(make_trainer, r
     trainer = make_trainer(max_epochs=1)
     trainer.fit(LinearRegression(), Stream())
     assert trainer.global_step == 8 and trainer.num_training_batches == float("inf")
+
+
+def test_fast_dev_run_one_reads_true_and_bad_limits_say_passed_invalid_value(make_trainer):
+    assert make_trainer(fast_dev_run=1).fast_dev_run is True and make_trainer(fast_dev_run=3).fast_dev_run == 3
+    for argument in ("limit_train_batches", "limit_val_batches", "overfit_batches", "val_check_interval"):
+        with pytest.raises(ValueError, match=rf"Trainer\({argument}=1.2\): you passed invalid value 1.2"):
+            make_trainer(**{argument: 1.2})

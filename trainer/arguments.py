@@ -62,8 +62,8 @@ def check_trainer_arguments(
     if (isinstance(val_check_interval, bool) or not isinstance(val_check_interval, (int, float))
             or val_check_interval <= 0 or (isinstance(val_check_interval, float) and val_check_interval > 1.0)):
         raise ValueError(
-            f"Trainer(val_check_interval={val_check_interval!r}): use a float in (0.0, 1.0] (a share "
-            "of the epoch) or an int >= 1 (a number of training batches)."
+            f"Trainer(val_check_interval={val_check_interval!r}): you passed invalid value {val_check_interval!r}; "
+            "use a float in (0.0, 1.0] (a share of the epoch) or an int >= 1 (a number of training batches)."
         )
     if check_val_every_n_epoch is None and isinstance(val_check_interval, float):
         raise ValueError(

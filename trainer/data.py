@@ -35,14 +35,16 @@ def check_limit(value: Any, argument: str) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"Trainer({argument}={value!r}) must be a float in [0.0, 1.0], an int >= 0, or None.")
+        raise ValueError(f"Trainer({argument}={value!r}): you passed invalid value {value!r}; it must be a float in "
+                         "[0.0, 1.0], an int >= 0, or None.")
     if isinstance(value, float) and not 0.0 <= value <= 1.0:
         raise ValueError(
-            f"Trainer({argument}={value}) is a fraction outside [0.0, 1.0]. Use a float in that "
-            f"range for a share of the batches, or an int for a number of batches."
+            f"Trainer({argument}={value}): you passed invalid value {value}, a fraction outside [0.0, 1.0]. Use a "
+            f"float in that range for a share of the batches, or an int for a number of batches."
         )
     if isinstance(value, int) and value < 0:
-        raise ValueError(f"Trainer({argument}={value}) is negative; use an int >= 0 or a float in [0.0, 1.0].")
+        raise ValueError(f"Trainer({argument}={value}): you passed invalid value {value}, a negative one; use an "
+                         "int >= 0 or a float in [0.0, 1.0].")
 
 
 def explain_ones(given: dict[str, Any]) -> None:

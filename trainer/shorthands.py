@@ -110,6 +110,7 @@ class Translated:
     default_root_dir: Path
     log_every_n_steps: int = 50
     gradient_clip_algorithm: str = "norm"
+    fast_dev_run: bool | int = False  # as in Lightning, 1 is True
     deterministic: bool = False
 
 
@@ -174,6 +175,7 @@ def translate(*, max_epochs: Any, max_steps: Any, strategy: Any, devices: Any, p
         log_every_n_steps=log_every_n_steps, gradient_clip_algorithm=gradient_clip_algorithm, deterministic=deterministic,
     )
     batches = _fast_dev_run_batches(fast_dev_run)
+    run.fast_dev_run = True if batches == 1 else fast_dev_run
     check_limit(overfit_batches, "overfit_batches")
     if batches:
         callbacks = _without_loggers_and_checkpoints(callbacks)
@@ -215,8 +217,8 @@ def _fast_dev_run_batches(fast_dev_run: Any) -> int:
     if isinstance(fast_dev_run, bool):
         return int(fast_dev_run)
     if not isinstance(fast_dev_run, int) or fast_dev_run < 0:
-        raise ValueError(f"Trainer(fast_dev_run={fast_dev_run!r}): use True (one batch of each stage), False, or "
-                         "an int >= 0 (that many batches).")
+        raise ValueError(f"Trainer(fast_dev_run={fast_dev_run!r}): use True (one batch of each stage), False, or an "
+                         "int >= 0 (that many batches); a number of batches should be >= 0.")
     return fast_dev_run
 
 

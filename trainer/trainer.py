@@ -104,7 +104,7 @@ class Trainer(TrainerProperties, SearchSeams):
         run = translate(**with_lightning_defaults({name: value for name, value in arguments.items() if name != "self"}))
         self.strategy, self.callbacks, self.default_root_dir = run.strategy, run.callbacks, run.default_root_dir
         self.max_epochs, self.max_steps, self.min_epochs, self.min_steps = run.max_epochs, run.max_steps, min_epochs, min_steps
-        self.limits, self.fast_dev_run, self.overfit_batches = run.limits, fast_dev_run, overfit_batches
+        self.limits, self.overfit_batches, self.fast_dev_run = run.limits, overfit_batches, run.fast_dev_run
         self.val_check_interval, self.check_val_every_n_epoch = run.val_check_interval, run.check_val_every_n_epoch
         self.num_sanity_val_steps, self.log_every_n_steps = run.num_sanity_val_steps, run.log_every_n_steps
         self.reload_dataloaders_every_n_epochs = reload_dataloaders_every_n_epochs

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 from callbacks import CSVLogger
@@ -122,3 +123,23 @@ def test_fast_dev_run_one_reads_true_and_bad_limits_say_passed_invalid_value(mak
     for argument in ("limit_train_batches", "limit_val_batches", "overfit_batches", "val_check_interval"):
         with pytest.raises(ValueError, match=rf"Trainer\({argument}=1.2\): you passed invalid value 1.2"):
             make_trainer(**{argument: 1.2})
+
+
+def test_overfit_batches_reads_in_order_whatever_the_sampler(make_trainer, regression_data):
+    class Reversed(torch.utils.data.Sampler):
+        def __iter__(self):
+            return iter(range(len(regression_data) - 1, -1, -1))
+
+        def __len__(self):
+            return len(regression_data)
+
+    class Records(LinearRegression):
+        def training_step(self, batch, batch_idx):
+            self.first = batch[0][0]
+            return super().training_step(batch, batch_idx)
+
+    module = Records()
+    with pytest.warns(UserWarning, match="You requested to overfit but enabled train dataloader shuffling.*"
+                                         "SequentialSampler in place of its Reversed"):
+        make_trainer(max_epochs=1, overfit_batches=1).fit(module, DataLoader(regression_data, sampler=Reversed()))
+    assert torch.equal(module.first, regression_data[0][0])

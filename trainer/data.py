@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, IterableDataset, SequentialSampler
 
 # Lives with the strategies, which rebuild loaders to shard them; re-exported for the loop.
 from strategies.loaders import rebuild_dataloader  # noqa: F401
@@ -127,10 +127,14 @@ def prepare_loader(loader: Any, stage: str, *, shuffle: bool, strategy: Any, see
                 init = seed_worker_of_rank(strategy.global_rank)
             # Workers ignore SIGTERM/SIGINT: the main process saves and stops (trainer/preemption.py).
             changes["worker_init_fn"] = workers_ignore_preemption(init)
-        if sequential and isinstance(loader.sampler, RandomSampler) and loader.batch_size is not None:
+        if (sequential and not isinstance(loader.sampler, SequentialSampler) and loader.batch_size is not None
+                and not isinstance(loader.dataset, IterableDataset)):  # as Lightning: any other sampler
             if strategy.is_global_zero:
-                warn_at_users_line(f"Trainer(overfit_batches=...) overfits the same batches every epoch, so the "
-                                   f"{stage} loader's shuffling is turned off.")
+                kind = {"validate": "val"}.get(stage, stage)
+                warn_at_users_line(f"You requested to overfit but enabled {kind} dataloader shuffling: "
+                                   f"Trainer(overfit_batches=...) overfits the same batches every epoch, so the {kind} "
+                                   f"loader reads in order (a SequentialSampler in place of its "
+                                   f"{type(loader.sampler).__name__}).")
             changes["sampler"] = SequentialSampler(loader.dataset)
         if changes:
             loader = rebuild_dataloader(loader, **changes)

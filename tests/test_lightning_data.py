@@ -143,3 +143,11 @@ def test_overfit_batches_reads_in_order_whatever_the_sampler(make_trainer, regre
                                          "SequentialSampler in place of its Reversed"):
         make_trainer(max_epochs=1, overfit_batches=1).fit(module, DataLoader(regression_data, sampler=Reversed()))
     assert torch.equal(module.first, regression_data[0][0])
+
+
+def test_no_loader_and_no_hook_is_lightnings_type_error_too(make_trainer):
+    module = LinearRegression()
+    module.train_dataloader = None  # Lightning's way of saying a hook is not there
+    with pytest.raises(TypeError, match=r"An invalid dataloader was passed to `Trainer.fit\(train_dataloaders=None\)`: "
+                                        r"Trainer.fit got no train_dataloaders"):
+        make_trainer().fit(module)

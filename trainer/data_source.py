@@ -32,6 +32,10 @@ STAGE_KIND = {"validate": "val", "test": "test", "predict": "predict"}
 STEPS = {"validate": "validation_step", "test": "test_step"}
 
 
+class NoLoaderError(ValueError, TypeError):
+    """A stage got no loader and has no hook to make one (a TypeError in Lightning)."""
+
+
 @dataclasses.dataclass
 class DataSource:
     """The loaders of one stage: those given to the Trainer's method (named as its arguments, so
@@ -145,8 +149,9 @@ def collect_data(stage: str, module: Any, loaders: Any, val_loaders: Any, datamo
     _check_steps(stage, module)
     if not data.defines(kind):
         owner = f"the datamodule {type(datamodule).__name__}" if datamodule is not None else type(module).__name__
-        raise ValueError(f"Trainer.{stage} got no {argument}, and {owner} defines no {HOOKS[kind]}(). Pass a DataLoader "
-                         f"as {argument}, or define {HOOKS[kind]}().")
+        raise NoLoaderError(f"An invalid dataloader was passed to `Trainer.{stage}({argument}=None)`: Trainer.{stage} "
+                            f"got no {argument}, and {owner} defines no {HOOKS[kind]}(). Pass a DataLoader as "
+                            f"{argument}, or define {HOOKS[kind]}().")
     if stage == "fit":
         data.skip = _check_validation(module, data, validates)
     return data

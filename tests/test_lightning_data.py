@@ -151,3 +151,16 @@ def test_no_loader_and_no_hook_is_lightnings_type_error_too(make_trainer):
     with pytest.raises(TypeError, match=r"An invalid dataloader was passed to `Trainer.fit\(train_dataloaders=None\)`: "
                                         r"Trainer.fit got no train_dataloaders"):
         make_trainer().fit(module)
+
+
+def test_a_batch_hook_over_several_loaders_must_take_dataloader_idx(make_trainer, regression_loader):
+    class WithoutIndex(LinearRegression):
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            raise AssertionError("never reached: the hooks are checked first")
+
+        def on_validation_batch_start(self, batch, batch_idx):
+            pass
+
+    with pytest.raises(RuntimeError, match=r"WithoutIndex.on_validation_batch_start runs over several loaders but "
+                                           r"takes no dataloader_idx.*multiple `val_dataloader`"):
+        make_trainer().validate(WithoutIndex(), [regression_loader, regression_loader])

@@ -201,12 +201,11 @@ def evaluation_hooks(stage: str, trainer: Any, callbacks: list[Callback], module
              TrainingModule.on_predict_batch_end),
         )
     hooks.step_takes_dataloader_idx = _takes_dataloader_idx(step, several) and several
-    if not several:  # as in Lightning, the module's batch hooks must not require it either
-        kind = {"validate": "val"}.get(stage, stage)
-        batch_hooks = {"validate": ("on_validation_batch_start", "on_validation_batch_end")}.get(
-            stage, (f"on_{stage}_batch_start", f"on_{stage}_batch_end"))
-        for hook in batch_hooks:
-            _check_one_loader(getattr(module, hook), kind)
+    kind = {"validate": "val"}.get(stage, stage)  # as in Lightning, the module's batch hooks are checked too
+    for name in {"validate": ("on_validation_batch_start", "on_validation_batch_end")}.get(
+            stage, (f"on_{stage}_batch_start", f"on_{stage}_batch_end")):
+        if getattr(type(module), name) is not getattr(TrainingModule, name):
+            _check_dataloader_idx(getattr(module, name), kind, several)
     return hooks
 
 
@@ -218,28 +217,32 @@ class DataloaderIdxError(RuntimeError, TypeError):
     Lightning; a TypeError as it is about a signature)."""
 
 
-def _check_one_loader(hook: Any, kind: str) -> None:
-    """Raise when ``hook`` requires ``dataloader_idx``, which one loader does not pass."""
-    required = signature(hook).parameters.get("dataloader_idx")
-    if required is not None and required.default is inspect.Parameter.empty:
-        name = f"{type(getattr(hook, '__self__', None)).__name__}.{hook.__name__}"
+def _check_dataloader_idx(hook: Any, kind: str, several: bool) -> bool:
+    """Whether ``hook`` (a step or batch hook the module overrides) takes ``dataloader_idx`` (by that name,
+    or ``*args``); raise when several loaders pass it and it does not, or one loader does not and it
+    requires it."""
+    parameters = signature(hook).parameters
+    takes = "dataloader_idx" in parameters or any(p.kind == p.VAR_POSITIONAL for p in parameters.values())
+    name = f"{type(getattr(hook, '__self__', None)).__name__}.{hook.__name__}"
+    if several and not takes:
+        raise DataloaderIdxError(
+            f"{name} runs over several loaders but takes no dataloader_idx (Lightning: you provided multiple "
+            f"`{kind}_dataloader`, but no `dataloader_idx` argument in `{name}()`). Add it to the signature: "
+            f"def {hook.__name__}(self, ..., dataloader_idx=0).")
+    required = parameters.get("dataloader_idx")
+    if not several and required is not None and required.default is inspect.Parameter.empty:
         raise DataloaderIdxError(
             f"{name} requires dataloader_idx, but runs over one loader, which passes none (Lightning: you provided "
             f"only a single `{kind}_dataloader`, but have included `dataloader_idx` in `{name}()`). Give it a "
             "default: dataloader_idx=0.")
+    return takes
 
 
 def _takes_dataloader_idx(step: Any, several: bool) -> bool:
-    parameters = signature(step).parameters
-    takes = "dataloader_idx" in parameters or any(p.kind == p.VAR_POSITIONAL for p in parameters.values())
-    name = f"{type(getattr(step, '__self__', None)).__name__}.{step.__name__}"
     overridden = getattr(step, "__func__", step) is not getattr(TrainingModule, step.__name__, None)
-    if several and not takes and overridden:
-        raise TypeError(f"{name} runs over several loaders but takes no dataloader_idx. Add it to the signature: "
-                        f"def {step.__name__}(self, batch, batch_idx, dataloader_idx=0).")
-    if not several:
-        _check_one_loader(step, _LOADER_KIND.get(step.__name__, "val"))
-    return takes and overridden
+    if not overridden:  # the default predict_step takes it
+        return False
+    return _check_dataloader_idx(step, _LOADER_KIND.get(step.__name__, "val"), several)
 
 
 def _evaluation_hooks(trainer: Any, module: TrainingModule, step: Any, of_callbacks: list[tuple], of_module: tuple,

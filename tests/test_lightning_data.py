@@ -123,6 +123,8 @@ def test_fast_dev_run_one_reads_true_and_bad_limits_say_passed_invalid_value(mak
     for argument in ("limit_train_batches", "limit_val_batches", "overfit_batches", "val_check_interval"):
         with pytest.raises(ValueError, match=rf"Trainer\({argument}=1.2\): you passed invalid value 1.2"):
             make_trainer(**{argument: 1.2})
+    with pytest.raises(ValueError, match=r"`reload_dataloaders_every_n_epochs` should be an int >= 0, got 'x'"):
+        make_trainer(reload_dataloaders_every_n_epochs="x")
 
 
 def test_overfit_batches_reads_in_order_whatever_the_sampler(make_trainer, regression_data):

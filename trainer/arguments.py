@@ -26,7 +26,8 @@ def check_positive_int(value: Any, name: str, allow_none: bool = False) -> None:
 def check_count(value: Any, name: str) -> None:
     """None or an int >= 0 (``min_epochs``, ``min_steps``, ``reload_dataloaders_every_n_epochs``)."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"Trainer({name}={value!r}): use an int >= 0{'' if name.startswith('reload') else ' or None'}.")
+        raise ValueError(f"Trainer({name}={value!r}): use an int >= 0{'' if name.startswith('reload') else ' or None'} "
+                         f"(`{name}` should be an int >= 0, got {value!r}).")
 
 
 def check_trainer_arguments(

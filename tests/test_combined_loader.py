@@ -27,7 +27,8 @@ def test_the_modes_combine_a_batch_of_each_loader(mode, expected, length):
     assert len(combined) == length
     assert [(None if batch["a"] is None else batch["a"].tolist(), batch["b"].tolist()) for batch, _, _ in items] == expected
     assert [(batch_idx, dataloader_idx) for _, batch_idx, dataloader_idx in items] == [(i, 0) for i in range(length)]
-    pickle.loads(pickle.dumps(combined))  # DDP's spawn sends it to the workers, after a pass too
+    sent = pickle.loads(pickle.dumps(combined))  # DDP's spawn sends it to the workers, after a pass too
+    assert [batch["b"].tolist() for batch, _, _ in sent] == [b for _, b in expected]
 
 
 def test_sequential_mode_runs_each_loader_in_turn_under_its_limit():

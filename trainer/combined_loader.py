@@ -30,6 +30,9 @@ class _Loader:
     """Marks a place in a collection's structure that holds a loader (:func:`flatten`'s structure of a
     loader on its own)."""
 
+    def __reduce__(self) -> str:
+        return "LOADER"  # unpickled (a DDP worker) as this module's one marker, which `is` compares
+
 
 LOADER = _Loader()
 _DONE = object()  # what next() gives an exhausted iterator

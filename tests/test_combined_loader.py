@@ -9,6 +9,7 @@ import pickle
 import pytest
 from torch.utils.data import DataLoader
 
+from callbacks import Callback
 from linear_regression import LinearRegression
 from trainer.utilities import CombinedLoader
 
@@ -85,3 +86,29 @@ def test_evaluation_runs_a_collection_in_turn_and_other_modes_combined(make_trai
     assert trainer.val_dataloaders == {"a": [0, 1, 2], "b": [3, 4]}
     assert combined.flattened == [[0, 1, 2], [3, 4]]  # the user's object is left as it was
 
+
+
+def test_a_run_on_combined_loaders_resumes_mid_epoch_where_it_stopped(make_trainer, regression_data, tmp_path):
+    class Records(LinearRegression):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def training_step(self, batch, batch_idx):
+            self.seen.append((self.current_epoch, batch_idx, batch["extra"].tolist()))
+            return super().training_step(batch["main"], batch_idx)
+
+    class SaveAtStep3(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if trainer.global_step == 3:
+                trainer.save_checkpoint(tmp_path / "mid.ckpt")
+
+    def loaders():
+        return {"main": DataLoader(regression_data, batch_size=16), "extra": DataLoader(range(3), batch_size=2)}
+
+    whole = Records()
+    make_trainer(max_epochs=2, callbacks=[SaveAtStep3()]).fit(whole, loaders())
+    resumed = Records()
+    with pytest.warns(UserWarning, match="Resuming mid-epoch on several loaders combined"):
+        make_trainer(max_epochs=2).fit(resumed, loaders(), ckpt_path=tmp_path / "mid.ckpt")
+    assert resumed.seen == whole.seen[3:]

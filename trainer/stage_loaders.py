@@ -224,6 +224,9 @@ def evaluation_batches(loader: Any, limit: int | float, transfer: BatchTransfer 
     return transferred(batches if limit == math.inf else itertools.islice(batches, int(limit)), transfer, dataloader_idx)
 
 
+_NEVER = object()  # what no __next__ returns: iter(next, _NEVER) ends only at StopIteration
+
+
 def _start(loader: Any, make_iterator: Any = iter) -> Iterator[Any]:
     """``make_iterator(loader)`` with its workers shielded; a CombinedLoader's batches without
     Lightning's ``batch_idx`` and ``dataloader_idx`` (the loop counts its own)."""
@@ -231,7 +234,10 @@ def _start(loader: Any, make_iterator: Any = iter) -> Iterator[Any]:
         return iterate_shielded(loader, make_iterator)
     with_workers = [each for each in loader.flattened if getattr(each, "num_workers", 0)]
     shielding = with_workers[0] if with_workers else loader  # their workers start at the same iter()
-    return map(operator.itemgetter(0), iterate_shielded(shielding, lambda _: make_iterator(loader)))
+    started = iterate_shielded(shielding, lambda _: make_iterator(loader))
+    # Its __next__, not the loader: iter(CombinedLoader) starts a new pass (as in Lightning), which would
+    # undo the batches a resume skipped.
+    return map(operator.itemgetter(0), iter(started.__next__, _NEVER))
 
 
 def gather_predictions(predictions: list[list[Any]], strategy: Any) -> list[list[Any]]:

@@ -89,8 +89,7 @@ MAP: dict[str, str | Refused] = {
     "lightning.pytorch.utilities.disable_possible_user_warnings": "trainer.utilities.disable_possible_user_warnings",
     "lightning.pytorch.utilities.GradClipAlgorithmType": "trainer.utilities.GradClipAlgorithmType",
     "lightning.pytorch.utilities.LightningEnum": "trainer.utilities.LightningEnum",
-    "lightning.pytorch.utilities.CombinedLoader": Refused(
-        "one training loader (ConcatDataset); several val/test/predict loaders as a list or dict"),
+    "lightning.pytorch.utilities.CombinedLoader": "trainer.utilities.CombinedLoader",
     # lightning.pytorch.cli
     "lightning.pytorch.cli.LightningCLI": Refused("the cadence command: cadence fit --config run.yaml"),
     # lightning.pytorch.strategies: what users construct for strategy=

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from callbacks import ModelCheckpoint
 from linear_regression import LinearRegression
 from trainer import DataModule, TrainingModule
+from trainer.utilities import CombinedLoader
 
 
 class Regressor(LinearRegression):
@@ -165,8 +166,8 @@ class NoTestStep(TrainingModule):
          r"got the dataset TensorDataset, which yields samples, not batches. Wrap it in a DataLoader"),
         (lambda t, m, loader, data: t.fit(m, 3), TypeError,
          r"Trainer.fit\(train_dataloaders=...\) got int, which is not a loader"),
-        (lambda t, m, loader, data: t.fit(m, [loader, loader]), ValueError,
-         "got a list of 2 loader.s.; training takes one DataLoader"),
+        (lambda t, m, loader, data: t.fit(m, CombinedLoader([loader, loader], "sequential")), ValueError,
+         r'does not support the `CombinedLoader\(mode="sequential"\)` mode.*max_size_cycle'),
         (lambda t, m, loader, data: t.validate(m, {"a": loader, "b": 3}), TypeError,
          "got a dict that is not a dict of loaders"),
         (lambda t, m, loader, data: t.test(NoTestStep(), loader), TypeError,
@@ -177,7 +178,7 @@ class NoTestStep(TrainingModule):
          r"Trainer.test got no dataloaders, and the datamodule DataModule defines no test_dataloader\(\)"),
     ],
     ids=["loaders-and-datamodule", "two-datamodules", "datamodule-as-val-loader", "loader-as-datamodule",
-         "dataset", "not-iterable", "several-train-loaders", "dict-of-non-loaders", "test-without-test_step",
+         "dataset", "not-iterable", "sequential-train-loaders", "dict-of-non-loaders", "test-without-test_step",
          "predict-without-forward", "datamodule-without-the-hook"],
 )
 def test_what_cannot_be_a_loader_fails_before_the_run_starts(make_trainer, regression_loader, call, error, match):

@@ -126,9 +126,14 @@ def test_drop_last_with_too_few_samples_is_an_empty_loader(make_trainer):
         make_trainer(max_epochs=1).fit(Model(), three)
 
 
-def test_an_empty_stream_is_an_error(make_trainer):
-    with pytest.raises(RuntimeError, match="The training DataLoader yielded no batches"):
+def test_an_empty_stream_is_an_error_when_it_would_never_end(make_trainer):
+    """With max_epochs, an epoch without batches ends as in Lightning (a stream may run dry), with a warning."""
+    with pytest.raises(RuntimeError, match="The training DataLoader yielded no batches, and no max_epochs bounds"):
         make_trainer(max_steps=5).fit(Model(), DataLoader(Nothing(), batch_size=4))
+    trainer = make_trainer(max_epochs=2)
+    with pytest.warns(UserWarning, match="The training DataLoader yielded no batches in epoch 1"):
+        trainer.fit(Model(), DataLoader(Nothing(), batch_size=4))
+    assert trainer.current_epoch == 2 and trainer.global_step == 0
 
 
 def test_validation_step_without_a_val_loader_warns(make_trainer, regression_loader):
@@ -156,7 +161,8 @@ def test_a_fractional_val_check_interval_needs_a_length(make_trainer, regression
 
 
 def test_an_int_val_check_interval_longer_than_the_epoch_is_an_error(make_trainer, regression_loader):
-    with pytest.raises(ValueError, match=r"val_check_interval=9\) is more than the 8 training batches"):
+    with pytest.raises(ValueError, match=r"val_check_interval=9\) must be less than or equal to the number of the "
+                                         r"training batches \(8 in an epoch\)"):
         make_trainer(max_epochs=1, val_check_interval=9).fit(Evaluated(), regression_loader, regression_loader)
 
 
@@ -174,13 +180,15 @@ def test_an_int_val_check_interval_longer_than_the_epoch_is_an_error(make_traine
         ({"gradient_clip_val": -1.0}, r"Trainer\(gradient_clip_val=-1.0\): use a positive number or None"),
         ({"gradient_clip_val": "1"}, r"Trainer\(gradient_clip_val='1'\)"),
         ({"gradient_clip_algorithm": "l2"}, r'Trainer\(gradient_clip_algorithm="l2"\): use "norm" or "value"'),
-        ({"val_check_interval": 1.5}, r"Trainer\(val_check_interval=1.5\): use a float in \(0.0, 1.0\]"),
+        ({"val_check_interval": 1.5}, r"Trainer\(val_check_interval=1.5\): you passed invalid value 1.5; use a float in \(0.0, 1.0\]"),
         ({"val_check_interval": 0}, r"Trainer\(val_check_interval=0\)"),
         ({"val_check_interval": True}, r"Trainer\(val_check_interval=True\)"),
         ({"check_val_every_n_epoch": None}, r"check_val_every_n_epoch=None, val_check_interval=1.0\).*needs an int"),
-        ({"limit_train_batches": 1.5}, r"Trainer\(limit_train_batches=1.5\) is a fraction outside \[0.0, 1.0\]"),
-        ({"limit_val_batches": -1}, r"Trainer\(limit_val_batches=-1\) is negative"),
-        ({"limit_test_batches": "all"}, r"Trainer\(limit_test_batches='all'\) must be a float in \[0.0, 1.0\], an int >= 0"),
+        ({"limit_train_batches": 1.5}, r"Trainer\(limit_train_batches=1.5\): you passed invalid value 1.5, a "
+                                       r"fraction outside \[0.0, 1.0\]"),
+        ({"limit_val_batches": -1}, r"Trainer\(limit_val_batches=-1\): you passed invalid value -1, a negative one"),
+        ({"limit_test_batches": "all"}, r"Trainer\(limit_test_batches='all'\): you passed invalid value 'all'; it must "
+                                        r"be a float in \[0.0, 1.0\], an int >= 0"),
         ({"limit_predict_batches": True}, r"Trainer\(limit_predict_batches=True\)"),
         ({"num_sanity_val_steps": -2}, r"Trainer\(num_sanity_val_steps=-2\): use an int >= 0, or -1 for all"),
         ({"seed": -1}, r"seed_everything\(seed=-1\): use an int in \[0, 2\*\*32 - 1\]"),

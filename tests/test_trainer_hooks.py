@@ -100,7 +100,8 @@ def evaluation(stage: str, step: str, batches: int) -> list[str]:
     return [
         f"callback.on_{stage}_start", f"module.on_{stage}_start",
         f"callback.on_{stage}_epoch_start", f"module.on_{stage}_epoch_start",
-        *[f"callback.on_{stage}_batch_start", f"module.on_{stage}_batch_start", "callback.forward_context", step,
+        *["module.on_before_batch_transfer", "module.on_after_batch_transfer",  # the batch, then on the device
+          f"callback.on_{stage}_batch_start", f"module.on_{stage}_batch_start", "callback.forward_context", step,
           f"callback.on_{stage}_batch_end", f"module.on_{stage}_batch_end"] * batches,
         f"callback.on_{stage}_epoch_end", f"module.on_{stage}_epoch_end",
     ]
@@ -112,6 +113,7 @@ def validation(batches: int) -> list[str]:
 
 def training_batch() -> list[str]:
     return [
+        "module.on_before_batch_transfer", "module.on_after_batch_transfer",
         "callback.on_train_batch_start", "module.on_train_batch_start",
         "callback.forward_context", "training_step",
         "callback.on_before_backward", "module.on_before_backward",
@@ -325,9 +327,6 @@ def test_a_lightning_hook_cadence_never_calls_gets_one_warning_naming_it(make_tr
         def training_epoch_end(self, outputs):
             pass
 
-        def on_before_batch_transfer(self, batch, dataloader_idx):
-            return batch
-
     class OldCallback(Callback):
         def on_epoch_start(self, trainer, module):
             pass
@@ -339,8 +338,7 @@ def test_a_lightning_hook_cadence_never_calls_gets_one_warning_naming_it(make_tr
     messages = [str(w.message) for w in warned if "never calls" in str(w.message)]
     assert len(messages) == 2
     assert messages[0].startswith("OldStyle defines Lightning hooks that Cadence never calls, so their code does not "
-                                  "run: on_before_batch_transfer (change the batch at the top of your step")
-    assert "training_epoch_end (removed in Lightning 2.0: use on_train_epoch_end" in messages[0]
+                                  "run: training_epoch_end (removed in Lightning 2.0: use on_train_epoch_end")
     assert messages[1].startswith("OldCallback defines Lightning hooks that Cadence never calls, so their code does not "
                                   "run: on_epoch_start (removed in Lightning 2.0: use on_train_epoch_start)")
 

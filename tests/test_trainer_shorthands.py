@@ -227,8 +227,9 @@ def test_inference_mode_false_validates_under_no_grad(make_trainer):
 def test_overfit_batches_trains_on_the_same_batches_in_order_every_epoch(make_trainer):
     module = Regressor()
     trainer = make_trainer(max_epochs=2, overfit_batches=2, num_sanity_val_steps=0)
-    with pytest.warns(UserWarning, match="overfit_batches=.... overfits the same batches every epoch, so the train "
-                                         "loader's shuffling is turned off"):
+    with pytest.warns(UserWarning, match="You requested to overfit but enabled train dataloader shuffling: "
+                                         r"Trainer\(overfit_batches=...\) overfits the same batches every epoch, so "
+                                         "the train loader reads in order"):
         trainer.fit(module, data(shuffle=True), data())
     assert module.first_samples == [0.0, 0.5] * 2 and trainer.num_val_batches == [2]
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from trainer import utilities
 from trainer.utilities import (
-    AttributeDict, CombinedLoader, GradClipAlgorithmType, LightningEnum, disable_possible_user_warnings,
+    AttributeDict, GradClipAlgorithmType, LightningEnum, disable_possible_user_warnings,
     find_shared_parameters, grad_norm, is_picklable, is_shared_filesystem, measure_flops, move_data_to_device,
     rank_zero_deprecation, rank_zero_info, rank_zero_only, rank_zero_warn, set_shared_parameters,
     suggested_max_num_workers,
@@ -93,8 +93,6 @@ def test_the_small_helpers():
 
 
 def test_what_cadence_does_not_have_is_refused_with_the_way():
-    with pytest.raises(NotImplementedError, match=r"CombinedLoader: Cadence trains on one loader .*ConcatDataset"):
-        CombinedLoader({"a": [1]}, "max_size_cycle")
     with pytest.raises(NotImplementedError, match=r"filterwarnings\('ignore', category=UserWarning\)"):
         disable_possible_user_warnings()
 

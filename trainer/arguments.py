@@ -26,7 +26,8 @@ def check_positive_int(value: Any, name: str, allow_none: bool = False) -> None:
 def check_count(value: Any, name: str) -> None:
     """None or an int >= 0 (``min_epochs``, ``min_steps``, ``reload_dataloaders_every_n_epochs``)."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"Trainer({name}={value!r}): use an int >= 0{'' if name.startswith('reload') else ' or None'}.")
+        raise ValueError(f"Trainer({name}={value!r}): use an int >= 0{'' if name.startswith('reload') else ' or None'} "
+                         f"(`{name}` should be an int >= 0, got {value!r}).")
 
 
 def check_trainer_arguments(
@@ -62,8 +63,8 @@ def check_trainer_arguments(
     if (isinstance(val_check_interval, bool) or not isinstance(val_check_interval, (int, float))
             or val_check_interval <= 0 or (isinstance(val_check_interval, float) and val_check_interval > 1.0)):
         raise ValueError(
-            f"Trainer(val_check_interval={val_check_interval!r}): use a float in (0.0, 1.0] (a share "
-            "of the epoch) or an int >= 1 (a number of training batches)."
+            f"Trainer(val_check_interval={val_check_interval!r}): you passed invalid value {val_check_interval!r}; "
+            "use a float in (0.0, 1.0] (a share of the epoch) or an int >= 1 (a number of training batches)."
         )
     if check_val_every_n_epoch is None and isinstance(val_check_interval, float):
         raise ValueError(
@@ -131,10 +132,15 @@ def loss_without_grad(batch_idx: int) -> RuntimeError:
     )
 
 
-def no_training_batches() -> RuntimeError:
-    """The error for a training epoch that got no batch at all."""
-    return RuntimeError("The training DataLoader yielded no batches. Check that the dataset is not empty and that "
-                        "batch_size <= len(dataset) when drop_last=True.")
+def no_training_batches(max_epochs: int | None, epoch: int) -> None:
+    """A training epoch got no batch at all (a stream that ran dry): as in Lightning the epoch ends and
+    the next begins, with a warning; an error when no ``max_epochs`` bounds the run, which would then
+    go on forever."""
+    if max_epochs in (None, -1):
+        raise RuntimeError("The training DataLoader yielded no batches, and no max_epochs bounds the run, so it would "
+                           "never end. Check that the dataset is not empty and that batch_size <= len(dataset) when "
+                           "drop_last=True, or set max_epochs.")
+    warn(f"The training DataLoader yielded no batches in epoch {epoch}; the epoch ends without a step.")
 
 
 def require_training_module(module: Any, stage: str) -> None:

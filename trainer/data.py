@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, IterableDataset, SequentialSampler
 
 # Lives with the strategies, which rebuild loaders to shard them; re-exported for the loop.
 from strategies.loaders import rebuild_dataloader  # noqa: F401
+from trainer.combined_loader import CombinedLoader
 from trainer.preemption import workers_ignore_preemption
 from trainer.seed import seed_worker_of_rank, seeded_generator, workers_seeded
 from callbacks.console import warn as warn_at_users_line
@@ -20,14 +21,12 @@ from callbacks.console import warn as warn_at_users_line
 
 def loader_length(loader: Any) -> int | None:
     """The number of batches of ``loader``, or None when it cannot tell (an IterableDataset)."""
-    if isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset):
-        try:
-            return len(loader)
-        except TypeError:
-            return None
-    try:
+    if isinstance(loader, CombinedLoader):  # its len() needs iter() first, as in Lightning
+        length = loader.length()
+        return None if length == math.inf else length
+    try:  # an IterableDataset may define no __len__; a wrapper's may raise NotImplementedError
         return len(loader)
-    except TypeError:
+    except (TypeError, NotImplementedError):
         return None
 
 
@@ -36,14 +35,35 @@ def check_limit(value: Any, argument: str) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"Trainer({argument}={value!r}) must be a float in [0.0, 1.0], an int >= 0, or None.")
+        raise ValueError(f"Trainer({argument}={value!r}): you passed invalid value {value!r}; it must be a float in "
+                         "[0.0, 1.0], an int >= 0, or None.")
     if isinstance(value, float) and not 0.0 <= value <= 1.0:
         raise ValueError(
-            f"Trainer({argument}={value}) is a fraction outside [0.0, 1.0]. Use a float in that "
-            f"range for a share of the batches, or an int for a number of batches."
+            f"Trainer({argument}={value}): you passed invalid value {value}, a fraction outside [0.0, 1.0]. Use a "
+            f"float in that range for a share of the batches, or an int for a number of batches."
         )
     if isinstance(value, int) and value < 0:
-        raise ValueError(f"Trainer({argument}={value}) is negative; use an int >= 0 or a float in [0.0, 1.0].")
+        raise ValueError(f"Trainer({argument}={value}): you passed invalid value {value}, a negative one; use an "
+                         "int >= 0 or a float in [0.0, 1.0].")
+
+
+def explain_ones(given: dict[str, Any]) -> None:
+    """Say what ``1`` and ``1.0`` mean for the ``given`` ``limit_*_batches``, ``overfit_batches`` and
+    ``val_check_interval`` (an int is a number of batches, a float a share: the two are easy to mix
+    up), on rank zero through the ``"cadence"`` logger, as Lightning's info messages; None: not given."""
+    from trainer.utilities import rank_zero_info  # trainer.utilities imports the loaders' module
+
+    for name, value in given.items():
+        if isinstance(value, bool) or value not in (1, 1.0):
+            continue
+        if isinstance(value, int):
+            means = {"limit_train_batches": "1 batch per epoch will be used",
+                     "val_check_interval": "validation will run after every batch"}.get(name, "1 batch will be used")
+        else:
+            means = {"limit_train_batches": "100% of the batches per epoch will be used",
+                     "val_check_interval": "validation will run at the end of the training epoch"}.get(
+                name, "100% of the batches will be used")
+        rank_zero_info(f"`Trainer({name}={value})` was configured so {means}.")
 
 
 def limited_length(length: int | None, limit: Any) -> int | None:
@@ -107,10 +127,14 @@ def prepare_loader(loader: Any, stage: str, *, shuffle: bool, strategy: Any, see
                 init = seed_worker_of_rank(strategy.global_rank)
             # Workers ignore SIGTERM/SIGINT: the main process saves and stops (trainer/preemption.py).
             changes["worker_init_fn"] = workers_ignore_preemption(init)
-        if sequential and isinstance(loader.sampler, RandomSampler) and loader.batch_size is not None:
+        if (sequential and not isinstance(loader.sampler, SequentialSampler) and loader.batch_size is not None
+                and not isinstance(loader.dataset, IterableDataset)):  # as Lightning: any other sampler
             if strategy.is_global_zero:
-                warn_at_users_line(f"Trainer(overfit_batches=...) overfits the same batches every epoch, so the "
-                                   f"{stage} loader's shuffling is turned off.")
+                kind = {"validate": "val"}.get(stage, stage)
+                warn_at_users_line(f"You requested to overfit but enabled {kind} dataloader shuffling: "
+                                   f"Trainer(overfit_batches=...) overfits the same batches every epoch, so the {kind} "
+                                   f"loader reads in order (a SequentialSampler in place of its "
+                                   f"{type(loader.sampler).__name__}).")
             changes["sampler"] = SequentialSampler(loader.dataset)
         if changes:
             loader = rebuild_dataloader(loader, **changes)

@@ -8,7 +8,8 @@ Lightning's order: ``prepare_data`` (:func:`prepare_data`), then ``setup``, and 
 loaders are made.
 
 Validation, test and prediction take several loaders, as a list or a dict; they run one after the
-other (``dataloader_idx`` 0, 1, ...). Training takes one.
+other (``dataloader_idx`` 0, 1, ...). Training takes one, or several combined (a ``CombinedLoader``:
+each batch holds a batch of each, ``trainer/combined_loader.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from trainer.arguments import require_training_module
+from trainer.combined_loader import LOADER, MODES as COMBINED_MODES, CombinedLoader, flatten
 from trainer.datamodule import DataModule, overrides
 from callbacks.console import warn
 
@@ -28,6 +30,10 @@ from callbacks.console import warn
 HOOKS = {"train": "train_dataloader", "val": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
 STAGE_KIND = {"validate": "val", "test": "test", "predict": "predict"}
 STEPS = {"validate": "validation_step", "test": "test_step"}
+
+
+class NoLoaderError(ValueError, TypeError):
+    """A stage got no loader and has no hook to make one (a TypeError in Lightning)."""
 
 
 @dataclasses.dataclass
@@ -143,8 +149,9 @@ def collect_data(stage: str, module: Any, loaders: Any, val_loaders: Any, datamo
     _check_steps(stage, module)
     if not data.defines(kind):
         owner = f"the datamodule {type(datamodule).__name__}" if datamodule is not None else type(module).__name__
-        raise ValueError(f"Trainer.{stage} got no {argument}, and {owner} defines no {HOOKS[kind]}(). Pass a DataLoader "
-                         f"as {argument}, or define {HOOKS[kind]}().")
+        raise NoLoaderError(f"An invalid dataloader was passed to `Trainer.{stage}({argument}=None)`: Trainer.{stage} "
+                            f"got no {argument}, and {owner} defines no {HOOKS[kind]}(). Pass a DataLoader as "
+                            f"{argument}, or define {HOOKS[kind]}().")
     if stage == "fit":
         data.skip = _check_validation(module, data, validates)
     return data
@@ -176,30 +183,43 @@ def _check_validation(module: Any, data: DataSource, validates: bool) -> frozens
 
 
 def loader_list(value: Any, where: str, several: bool) -> list[Any]:
-    """``value`` as a list of loaders: one loader, or a list/tuple/dict of them when ``several``.
+    """``value`` as a list of loaders: one loader, or a collection of them (a list, tuple or dict, nested
+    as you like: Lightning's ``CombinedLoader`` structure). For evaluation (``several``) the loaders run
+    one after the other (a ``CombinedLoader`` in ``"sequential"`` mode gives its loaders, in another mode
+    it is one loader of combined batches); for training a collection is one ``CombinedLoader`` in
+    ``"max_size_cycle"`` mode, as in Lightning (``fit`` refuses ``"sequential"``).
 
     Raises:
         TypeError: something that is not an iterable of batches (a Dataset, a DataModule, a number).
-        ValueError: several loaders where one is expected.
+        ValueError: an empty collection for training, or a sequential CombinedLoader.
     """
+    if isinstance(value, CombinedLoader):
+        if value.mode == "sequential":
+            if not several:
+                raise ValueError(
+                    f"{where}: `FitLoop` does not support the `CombinedLoader(mode=\"sequential\")` mode: training "
+                    f"combines a batch of each loader. The available modes are: "
+                    f"{[mode for mode in COMBINED_MODES if mode != 'sequential']}.")
+        for index, loader in enumerate(value.flattened):
+            _check_loader(loader, f"{where} item {index}")
+        return list(value.flattened) if value.mode == "sequential" else [value]
     if isinstance(value, (list, tuple, collections.abc.Mapping)) and not value:
         if several:
             return []  # no validation (or nothing to test: the stage says so)
         raise ValueError(f"{where} got an empty {type(value).__name__}; pass one DataLoader.")
-    items = list(value.values()) if isinstance(value, collections.abc.Mapping) else value
-    if not (isinstance(value, (list, tuple, collections.abc.Mapping)) and all(_is_loader(item) for item in items)):
+    loaders, structure = flatten(value)  # a list of numbers is one loader; a list of tensors, one of batches
+    if structure is LOADER or not all(_is_loader(item) or isinstance(item, (list, tuple, collections.abc.Mapping))
+                                      for item in loaders):
         if isinstance(value, collections.abc.Mapping):
             raise TypeError(f"{where} got a {type(value).__name__} that is not a dict of loaders. Pass a DataLoader, "
-                            "or a list or dict of DataLoaders (validation, test and predict take several).")
+                            "or a list or dict of DataLoaders.")
         _check_loader(value, where)
         return [value]  # one loader (a list of batches is one too)
-    for index, loader in enumerate(items):
+    for index, loader in enumerate(loaders):
         _check_loader(loader, f"{where} item {index}")
-    if not several:
-        raise ValueError(f"{where} got a {type(value).__name__} of {len(items)} loader(s); training takes one "
-                         "DataLoader, passed on its own. To train on several datasets, combine them into one "
-                         "(torch.utils.data.ConcatDataset, or a dataset returning a tuple from each).")
-    return list(items)
+    if not several:  # each batch holds one of each loader's, in the collection's structure
+        return [CombinedLoader(value, "max_size_cycle")]
+    return loaders
 
 
 def _is_loader(value: Any) -> bool:

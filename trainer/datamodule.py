@@ -87,9 +87,13 @@ class DataModule(DataHooks):
 
 
 def overrides(obj: Any, hook: str) -> bool:
-    """True when ``obj``'s class defines ``hook`` itself instead of inheriting the base's default."""
+    """True when ``obj``'s class defines ``hook`` itself instead of inheriting the base's default, or
+    ``obj`` holds its own (``model.train_dataloader = lambda: loader``); as in Lightning, a hook set to
+    None (``model.validation_step = None``) is not there."""
     base = DataModule if isinstance(obj, DataModule) else TrainingModule
-    return getattr(type(obj), hook) is not getattr(base, hook)
+    if getattr(obj, hook, None) is None:
+        return False
+    return hook in vars(obj) or getattr(type(obj), hook) is not getattr(base, hook)
 
 
 class _DatasetsDataModule(DataModule):

@@ -16,6 +16,7 @@ import weakref
 from typing import Any
 
 from callbacks import Callback
+from trainer.batch_transfer import batch_transfer
 from trainer.module import TrainingModule
 from trainer.optim import StepOptimizer
 from callbacks.console import warn
@@ -51,6 +52,7 @@ class StepHooks:
     module_before_zero_grad: list[Any]
     module_optimizer_step: Any  # the module's optimizer_step override, or None
     module_optimizer_zero_grad: Any  # the module's optimizer_zero_grad override, or None
+    transfer: Any = None  # the batch transfer hooks (trainer/batch_transfer.py), or None: none is defined
     # Plain attributes, read every step: whether any hook around backward / zero_grad / the step runs.
     around_backward: bool = dataclasses.field(init=False)
     around_zero_grad: bool = dataclasses.field(init=False)
@@ -126,8 +128,9 @@ def _override(method: Any, base: Any) -> Any:
     return method if _implemented([method], base) else None
 
 
-def step_hooks(callbacks: list[Callback], module: TrainingModule) -> StepHooks:
+def step_hooks(callbacks: list[Callback], module: TrainingModule, datamodule: Any = None) -> StepHooks:
     return StepHooks(
+        transfer=batch_transfer(module, datamodule),
         batch_start=_implemented([c.on_train_batch_start for c in callbacks], Callback.on_train_batch_start),
         forward_context=_implemented([c.forward_context for c in callbacks], Callback.forward_context),
         before_optimizer_step=_implemented([c.on_before_optimizer_step for c in callbacks], Callback.on_before_optimizer_step),
@@ -198,22 +201,48 @@ def evaluation_hooks(stage: str, trainer: Any, callbacks: list[Callback], module
              TrainingModule.on_predict_batch_end),
         )
     hooks.step_takes_dataloader_idx = _takes_dataloader_idx(step, several) and several
+    kind = {"validate": "val"}.get(stage, stage)  # as in Lightning, the module's batch hooks are checked too
+    for name in {"validate": ("on_validation_batch_start", "on_validation_batch_end")}.get(
+            stage, (f"on_{stage}_batch_start", f"on_{stage}_batch_end")):
+        if getattr(type(module), name) is not getattr(TrainingModule, name):
+            _check_dataloader_idx(getattr(module, name), kind, several)
     return hooks
 
 
-def _takes_dataloader_idx(step: Any, several: bool) -> bool:
-    parameters = signature(step).parameters
+_LOADER_KIND = {"validation_step": "val", "test_step": "test", "predict_step": "predict"}
+
+
+class DataloaderIdxError(RuntimeError, TypeError):
+    """A step or batch hook's ``dataloader_idx`` does not fit the number of loaders (a RuntimeError as in
+    Lightning; a TypeError as it is about a signature)."""
+
+
+def _check_dataloader_idx(hook: Any, kind: str, several: bool) -> bool:
+    """Whether ``hook`` (a step or batch hook the module overrides) takes ``dataloader_idx`` (by that name,
+    or ``*args``); raise when several loaders pass it and it does not, or one loader does not and it
+    requires it."""
+    parameters = signature(hook).parameters
     takes = "dataloader_idx" in parameters or any(p.kind == p.VAR_POSITIONAL for p in parameters.values())
-    name = f"{type(getattr(step, '__self__', None)).__name__}.{step.__name__}"
-    overridden = getattr(step, "__func__", step) is not getattr(TrainingModule, step.__name__, None)
-    if several and not takes and overridden:
-        raise TypeError(f"{name} runs over several loaders but takes no dataloader_idx. Add it to the signature: "
-                        f"def {step.__name__}(self, batch, batch_idx, dataloader_idx=0).")
+    name = f"{type(getattr(hook, '__self__', None)).__name__}.{hook.__name__}"
+    if several and not takes:
+        raise DataloaderIdxError(
+            f"{name} runs over several loaders but takes no dataloader_idx (Lightning: you provided multiple "
+            f"`{kind}_dataloader`, but no `dataloader_idx` argument in `{name}()`). Add it to the signature: "
+            f"def {hook.__name__}(self, ..., dataloader_idx=0).")
     required = parameters.get("dataloader_idx")
     if not several and required is not None and required.default is inspect.Parameter.empty:
-        raise TypeError(f"{name} requires dataloader_idx, but runs over one loader, which passes none. Give it a "
-                        "default: dataloader_idx=0.")
-    return takes and overridden
+        raise DataloaderIdxError(
+            f"{name} requires dataloader_idx, but runs over one loader, which passes none (Lightning: you provided "
+            f"only a single `{kind}_dataloader`, but have included `dataloader_idx` in `{name}()`). Give it a "
+            "default: dataloader_idx=0.")
+    return takes
+
+
+def _takes_dataloader_idx(step: Any, several: bool) -> bool:
+    overridden = getattr(step, "__func__", step) is not getattr(TrainingModule, step.__name__, None)
+    if not overridden:  # the default predict_step takes it
+        return False
+    return _check_dataloader_idx(step, _LOADER_KIND.get(step.__name__, "val"), several)
 
 
 def _evaluation_hooks(trainer: Any, module: TrainingModule, step: Any, of_callbacks: list[tuple], of_module: tuple,
@@ -274,9 +303,6 @@ MODULE_HOOKS = {
     "on_validation_model_zero_grad": _EVAL_MODE, "on_validation_model_eval": _EVAL_MODE,
     "on_validation_model_train": _EVAL_MODE, "on_test_model_eval": _EVAL_MODE, "on_test_model_train": _EVAL_MODE,
     "on_predict_model_eval": _EVAL_MODE,
-    "transfer_batch_to_device": "batches move through the strategy; change the batch at the top of your step",
-    "on_before_batch_transfer": "change the batch at the top of your step (or in the DataLoader's collate_fn)",
-    "on_after_batch_transfer": "change the batch at the top of your step",
     "backward": "use on_before_backward/on_after_backward, or a callback that owns the backward seam",
     "configure_gradient_clipping": "use Trainer(gradient_clip_val=..., gradient_clip_algorithm=...)",
     "lr_scheduler_step": "step a custom scheduler yourself in on_train_batch_end or on_train_epoch_end",

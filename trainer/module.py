@@ -362,8 +362,9 @@ class TrainingModule(DataHooks, nn.Module):
     def test_step(self, batch: Any, batch_idx: int) -> Any:
         """Optional; as ``validation_step``, for ``Trainer.test``."""
 
-    def predict_step(self, batch: Any, batch_idx: int) -> Any:
-        """Return the prediction for ``batch``; default: ``self(batch)``."""
+    def predict_step(self, batch: Any, batch_idx: int = 0, dataloader_idx: int = 0) -> Any:
+        """Return the prediction for ``batch``; default: ``self(batch)`` (an override may call
+        ``super().predict_step(batch, batch_idx, dataloader_idx)``, as in Lightning)."""
         return self(batch)
 
     def configure_optimizers(self) -> Any:

@@ -136,10 +136,11 @@ def resume_iterator(loader: Any, sampler: ResumableBatchSampler | None, skip: in
     if sampler is not None and rng.get("epoch_start") is not None:
         sampler.replay(rng["epoch_start"], skip, rng["now"], batches)
         return iter(loader)
-    warn(
-        f"Resuming mid-epoch on a {type(loader).__name__} without a batch sampler (an IterableDataset, "
-        f"batch_size=None, or not a DataLoader): the {skip} batches already trained are fetched and "
-        "dropped, and a loader that shuffles may not repeat the killed run's order.")
+    what = ("several loaders combined (a CombinedLoader)" if type(loader).__name__ == "CombinedLoader" else
+            f"a {type(loader).__name__} without a batch sampler (an IterableDataset, batch_size=None, or not a "
+            "DataLoader)")
+    warn(f"Resuming mid-epoch on {what}: the {skip} batches already trained are fetched and dropped, and a loader "
+         "that shuffles may not repeat the killed run's order.")
     iterator = iter(loader)
     for _ in range(skip):
         next(iterator, None)

@@ -72,4 +72,4 @@ class SearchSeams:
         or on_train_epoch_start the coming epoch runs on them, from on_<stage>_start the stage. Returns them."""
         reloadable(self._data, self.stage)  # or an error saying why not
         self._make_loaders(self.stage, self._data)
-        return [self._fit_loaders.train] if self.stage == "fit" else list(self._evaluation_loaders[0])
+        return [self._fit_loaders.shown] if self.stage == "fit" else list(self._evaluation_loaders[0])

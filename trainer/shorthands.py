@@ -36,7 +36,7 @@ from callbacks import Callback, ModelSummary, SyncBatchNorm, Timer, TorchFlags
 from callbacks.timer import parse_duration
 from strategies import Strategy
 from trainer.arguments import check_trainer_arguments
-from trainer.data import check_limit
+from trainer.data import check_limit, explain_ones
 from trainer.precision import add_precision_callback
 from trainer.seed import seed_generators, set_cublas_workspace_config
 
@@ -110,6 +110,7 @@ class Translated:
     default_root_dir: Path
     log_every_n_steps: int = 50
     gradient_clip_algorithm: str = "norm"
+    fast_dev_run: bool | int = False  # as in Lightning, 1 is True
     deterministic: bool = False
 
 
@@ -117,8 +118,7 @@ class Translated:
 #: written from that signature, LightningCLI's or Hydra's, carries the nulls): None means the same here.
 LIGHTNING_NONE_DEFAULTS = {
     "logger": True, "enable_checkpointing": True, "enable_progress_bar": True, "enable_model_summary": True,
-    "log_every_n_steps": 50, "num_sanity_val_steps": 2, "val_check_interval": 1.0, "gradient_clip_algorithm": "norm",
-    "deterministic": False,
+    "log_every_n_steps": 50, "num_sanity_val_steps": 2, "gradient_clip_algorithm": "norm", "deterministic": False,
 }
 
 
@@ -146,6 +146,11 @@ def translate(*, max_epochs: Any, max_steps: Any, strategy: Any, devices: Any, p
     """
     limits = {"train": limit_train_batches, "validate": limit_val_batches,
               "test": limit_test_batches, "predict": limit_predict_batches}
+    if not fast_dev_run:  # what 1 and 1.0 mean, for the arguments given (as Lightning's info messages)
+        explain_ones({"overfit_batches": overfit_batches, "val_check_interval": val_check_interval, **(
+            {} if overfit_batches else {"limit_train_batches": limit_train_batches, "limit_val_batches": limit_val_batches}),
+            "limit_test_batches": limit_test_batches, "limit_predict_batches": limit_predict_batches})
+    val_check_interval = 1.0 if val_check_interval is None else val_check_interval  # Lightning's default
     check_trainer_arguments(
         max_epochs=max_epochs, max_steps=max_steps, accumulate_grad_batches=accumulate_grad_batches,
         log_every_n_steps=log_every_n_steps, check_val_every_n_epoch=check_val_every_n_epoch,
@@ -170,6 +175,7 @@ def translate(*, max_epochs: Any, max_steps: Any, strategy: Any, devices: Any, p
         log_every_n_steps=log_every_n_steps, gradient_clip_algorithm=gradient_clip_algorithm, deterministic=deterministic,
     )
     batches = _fast_dev_run_batches(fast_dev_run)
+    run.fast_dev_run = True if batches == 1 else fast_dev_run
     check_limit(overfit_batches, "overfit_batches")
     if batches:
         callbacks = _without_loggers_and_checkpoints(callbacks)
@@ -211,8 +217,8 @@ def _fast_dev_run_batches(fast_dev_run: Any) -> int:
     if isinstance(fast_dev_run, bool):
         return int(fast_dev_run)
     if not isinstance(fast_dev_run, int) or fast_dev_run < 0:
-        raise ValueError(f"Trainer(fast_dev_run={fast_dev_run!r}): use True (one batch of each stage), False, or "
-                         "an int >= 0 (that many batches).")
+        raise ValueError(f"Trainer(fast_dev_run={fast_dev_run!r}): use True (one batch of each stage), False, or an "
+                         "int >= 0 (that many batches); a number of batches should be >= 0.")
     return fast_dev_run
 
 

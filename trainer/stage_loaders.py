@@ -13,15 +13,20 @@ function here that runs per batch.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
+import operator
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from callbacks.console import warn
 from strategies.transfer import move_to_device
+from trainer.batch_transfer import BatchTransfer, transferred
+from trainer.combined_loader import CombinedLoader
 from trainer.data import default_max_epochs, loader_length, prepare_loader, set_sampler_epoch
 from trainer.preemption import iterate_shielded
 from trainer.resume import resharded, resumable, resume_iterator
@@ -37,17 +42,28 @@ NUM_BATCHES = {"validate": "num_val_batches", "test": "num_test_batches", "predi
 
 
 def one_or_list(loaders: list[Any] | None) -> Any:
-    """``trainer.val_dataloaders`` and the like, as Lightning gives them: the loader, or a list of several."""
-    return loaders if loaders is None or len(loaders) != 1 else loaders[0]
+    """``trainer.val_dataloaders`` and the like, as Lightning gives them: the loader, or a list of several
+    (a CombinedLoader's collection)."""
+    if loaders is None or len(loaders) != 1:
+        return loaders
+    return loaders[0].iterables if isinstance(loaders[0], CombinedLoader) else loaders[0]
 
 
 def prepare_stage_loader(trainer: Trainer, loader: Any, stage: str, shuffle: bool,
                          seed_offset: int = 0) -> tuple[Any, int | float]:
-    """``loader`` prepared under the Trainer's settings, and its number of batches under the limit."""
+    """``loader`` prepared under the Trainer's settings, and its number of batches under the limit.
+    A CombinedLoader's loaders are prepared each (sharded, seeded), and the limit applies to each, as in
+    Lightning: its number of batches then follows its mode (``trainer/combined_loader.py``)."""
     seed = None if trainer.seed is None else trainer.seed + seed_offset
-    return prepare_loader(loader, stage, shuffle=shuffle, strategy=trainer.strategy, seed=seed,
-                          limit=trainer.limits[stage], sequential=bool(trainer.overfit_batches),
-                          shard=trainer.use_distributed_sampler)
+    settings = dict(shuffle=shuffle, strategy=trainer.strategy, seed=seed, limit=trainer.limits[stage],
+                    sequential=bool(trainer.overfit_batches), shard=trainer.use_distributed_sampler)
+    if not isinstance(loader, CombinedLoader):
+        return prepare_loader(loader, stage, **settings)
+    prepared = [prepare_loader(each, stage, **settings) for each in loader.flattened]
+    loader = copy.copy(loader)  # the user's keeps their loaders (a second fit prepares them anew)
+    loader.flattened = [each for each, _ in prepared]
+    loader.limits = [count for _, count in prepared]
+    return loader, loader.length()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +72,7 @@ class FitLoaders:
     from them: its ``max_epochs`` (a default when neither limit is given), the counts of batches."""
 
     train: Any  # iterated through ``sampler``, a ResumableBatchSampler
+    shown: Any  # trainer.train_dataloader: the loader prepared (a CombinedLoader's collection), as in Lightning
     sampler: ResumableBatchSampler  # records each epoch's RNG for resuming
     val: list[Any] | None  # None: no validation
     max_epochs: int | None
@@ -72,9 +89,14 @@ def load_fit_data(trainer: Trainer, data: DataSource) -> FitLoaders:
     offset = trainer.current_epoch - trainer.current_epoch % every if every else 0
     prepared, num_batches = prepare_stage_loader(trainer, train_loader, "train", True, offset)
     train_loader, sampler = resumable(prepared)  # records each epoch's RNG for resuming
+    if trainer.is_global_zero and trainer.loggers and num_batches < trainer.log_every_n_steps and not trainer.fast_dev_run:
+        warn(f"The number of training batches ({num_batches}) is smaller than the logging interval "
+             f"Trainer(log_every_n_steps={trainer.log_every_n_steps}): the first epoch logs no training step. Set a "
+             "lower value for log_every_n_steps if you want to see logs for the training epoch.")
     val = [prepare_stage_loader(trainer, loader, "validate", False, offset) for loader in data.loaders("val")]
     val_counts = [count for _, count in val]
-    return FitLoaders(train_loader, sampler,
+    shown = prepared.iterables if isinstance(prepared, CombinedLoader) else prepared
+    return FitLoaders(train_loader, shown, sampler,
                       # limit_val_batches=0: no validation at all, hooks included (as in Lightning)
                       [loader for loader, _ in val] if any(val_counts) else None,
                       max_epochs, num_batches, val_counts, [prepared, train_loader, *(loader for loader, _ in val)])
@@ -142,9 +164,9 @@ def validation_schedule(val_check_interval: int | float, check_val_every_n_epoch
     if isinstance(val_check_interval, int):
         if check_val_every_n_epoch is not None and val_check_interval > num_batches:
             raise ValueError(
-                f"Trainer(val_check_interval={val_check_interval}) is more than the {num_batches} "
-                "training batches of an epoch, so validation would never run. Use a smaller int, or "
-                "check_val_every_n_epoch=None to count batches across epochs."
+                f"Trainer(val_check_interval={val_check_interval}) must be less than or equal to the number of the "
+                f"training batches ({num_batches} in an epoch), or validation would never run. Use a smaller int, "
+                "check_val_every_n_epoch=None to count batches across epochs, or limit_val_batches=0 for no validation."
             )
         return ValidationSchedule(val_check_interval, counts_run=check_val_every_n_epoch is None)
     if num_batches == math.inf:
@@ -167,10 +189,13 @@ def evaluation_loaders(trainer: Trainer, stage: str, loaders: list[Any]) -> tupl
     return [loader for loader, _ in prepared], [count for _, count in prepared]
 
 
-def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progress) -> Iterator[tuple[int, Any]]:
+def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progress,
+                  transfer: BatchTransfer | None = None) -> Iterator[tuple[int, Any]]:
     """``enumerate(loader)`` over epoch ``epoch`` under ``limit`` (its number of batches), resuming
-    mid-epoch at the index level when ``progress.resumed`` (a restored checkpoint) is in this epoch."""
-    set_sampler_epoch(loader, epoch)
+    mid-epoch at the index level when ``progress.resumed`` (a restored checkpoint) is in this epoch;
+    through the batch ``transfer`` hooks when any is defined (trainer/batch_transfer.py)."""
+    for each in loader.flattened if isinstance(loader, CombinedLoader) else (loader,):
+        set_sampler_epoch(each, epoch)
     resumed = progress.resumed
     skip = resumed.batches_done if resumed is not None and resumed.epoch == epoch else 0
     rest = None
@@ -181,22 +206,41 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
     # Resuming mid-epoch redraws the epoch's order from the RNG state it began with and skips
     # the batches already trained as indices; nothing is fetched twice (trainer/resume.py).
     # Workers start here with the stop signals held until they can ignore them (trainer/preemption.py).
-    iterator = iterate_shielded(loader, (lambda loader: resume_iterator(loader, progress.sampler, skip, resumed.rng,
-                                                                        rest)) if skip or rest else iter)
+    iterator = _start(loader, (lambda loader: resume_iterator(loader, progress.sampler, skip, resumed.rng, rest))
+                      if skip or rest else iter)
     batches = enumerate(iterator, start=skip)  # hot loop: C iterators only, no generator frame
-    if limit < (loader_length(loader) or math.inf):
+    if limit < (loader_length(loader) or math.inf) or (isinstance(loader, CombinedLoader) and limit != math.inf):
         # islice stops after the last batch without fetching another. Otherwise the loader runs
         # out on its own, as in `for batch in loader`: a shuffling RandomSampler draws from its
         # generator when it runs out, so stopping one next() early changes every later epoch's order.
-        return itertools.islice(batches, limit - skip)
-    return batches
+        # A CombinedLoader stops where its length (under its limits) says, as in Lightning.
+        return transferred(itertools.islice(batches, limit - skip), transfer)
+    return transferred(batches, transfer)
 
 
-def evaluation_batches(loader: Any, limit: int | float) -> Iterator[tuple[int, Any]]:
+def evaluation_batches(loader: Any, limit: int | float, transfer: BatchTransfer | None = None,
+                       dataloader_idx: int = 0) -> Iterator[tuple[int, Any]]:
     """``enumerate(loader)``, its first ``limit`` batches (``math.inf``: all), its workers started
-    with the stop signals held until they can ignore them (trainer/preemption.py)."""
-    batches = enumerate(iterate_shielded(loader))
-    return batches if limit == math.inf else itertools.islice(batches, int(limit))
+    with the stop signals held until they can ignore them (trainer/preemption.py); through the batch
+    ``transfer`` hooks when any is defined."""
+    batches = enumerate(_start(loader))
+    return transferred(batches if limit == math.inf else itertools.islice(batches, int(limit)), transfer, dataloader_idx)
+
+
+_NEVER = object()  # what no __next__ returns: iter(next, _NEVER) ends only at StopIteration
+
+
+def _start(loader: Any, make_iterator: Any = iter) -> Iterator[Any]:
+    """``make_iterator(loader)`` with its workers shielded; a CombinedLoader's batches without
+    Lightning's ``batch_idx`` and ``dataloader_idx`` (the loop counts its own)."""
+    if not isinstance(loader, CombinedLoader):
+        return iterate_shielded(loader, make_iterator)
+    with_workers = [each for each in loader.flattened if getattr(each, "num_workers", 0)]
+    shielding = with_workers[0] if with_workers else loader  # their workers start at the same iter()
+    started = iterate_shielded(shielding, lambda _: make_iterator(loader))
+    # Its __next__, not the loader: iter(CombinedLoader) starts a new pass (as in Lightning), which would
+    # undo the batches a resume skipped.
+    return map(operator.itemgetter(0), iter(started.__next__, _NEVER))
 
 
 def gather_predictions(predictions: list[list[Any]], strategy: Any) -> list[list[Any]]:
@@ -215,7 +259,8 @@ def end_workers(loaders: list[Any]) -> None:
     at the end of a stage. Left to the garbage collector (the Trainer and the module refer to each
     other, so only a collection frees them), the loader, its iterator and its queues are collected
     in no set order, and the shutdown then waits 5 s for each worker that never got its stop."""
-    for loader in loaders:
+    for loader in (each for loader in loaders for each in
+                   (loader.flattened if isinstance(loader, CombinedLoader) else (loader,))):
         iterator = getattr(loader, "_iterator", None)
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()

@@ -82,7 +82,7 @@ class Trainer(TrainerProperties, SearchSeams):
         strategy: str | Strategy = "auto", devices: int | str | list[int] = "auto", precision: str | int | None = None,
         callbacks: list[Callback] | Callback | None = None, accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None, gradient_clip_algorithm: str = "norm",
-        val_check_interval: int | float = 1.0, check_val_every_n_epoch: int | None = 1,
+        val_check_interval: int | float | None = None, check_val_every_n_epoch: int | None = 1,
         limit_train_batches: int | float | None = None, limit_val_batches: int | float | None = None,
         limit_test_batches: int | float | None = None, limit_predict_batches: int | float | None = None,
         num_sanity_val_steps: int = 2, log_every_n_steps: int = 50, default_root_dir: str | os.PathLike | None = None,
@@ -104,7 +104,7 @@ class Trainer(TrainerProperties, SearchSeams):
         run = translate(**with_lightning_defaults({name: value for name, value in arguments.items() if name != "self"}))
         self.strategy, self.callbacks, self.default_root_dir = run.strategy, run.callbacks, run.default_root_dir
         self.max_epochs, self.max_steps, self.min_epochs, self.min_steps = run.max_epochs, run.max_steps, min_epochs, min_steps
-        self.limits, self.fast_dev_run, self.overfit_batches = run.limits, fast_dev_run, overfit_batches
+        self.limits, self.overfit_batches, self.fast_dev_run = run.limits, overfit_batches, run.fast_dev_run
         self.val_check_interval, self.check_val_every_n_epoch = run.val_check_interval, run.check_val_every_n_epoch
         self.num_sanity_val_steps, self.log_every_n_steps = run.num_sanity_val_steps, run.log_every_n_steps
         self.reload_dataloaders_every_n_epochs = reload_dataloaders_every_n_epochs
@@ -233,7 +233,7 @@ class Trainer(TrainerProperties, SearchSeams):
         self._data = data
         try:
             self._described = setup_stage(self, stage, module, data, self._described)  # seed, prepare_data, setup hooks
-            hooks = step_hooks(self.callbacks, module)
+            hooks = step_hooks(self.callbacks, module, data.datamodule)  # with the batch transfer hooks
             self.model = setup_model(module, self.strategy, self.callbacks, stage)  # the one setup order (trainer/setup.py)
             self._plan = plan_evaluation(hooks, self.model, self.strategy)
             if stage == "fit":
@@ -310,7 +310,7 @@ class Trainer(TrainerProperties, SearchSeams):
         """The stage's loaders, prepared (trainer/stage_loaders.py); the Trainer takes their counts."""
         if stage == "fit":
             loaders = self._fit_loaders = load_fit_data(self, data)
-            self.max_epochs, self.train_dataloader, self._progress.sampler = loaders.max_epochs, loaders.train, loaders.sampler
+            self.max_epochs, self.train_dataloader, self._progress.sampler = loaders.max_epochs, loaders.shown, loaders.sampler
             self.num_training_batches, self.num_val_batches = loaders.num_training_batches, loaders.num_val_batches
             self.val_dataloaders = one_or_list(loaders.val)
             self._stage_loaders += loaders.made  # their persistent workers end with the stage
@@ -355,7 +355,7 @@ class Trainer(TrainerProperties, SearchSeams):
         times, clock = self.phase_times, time.perf_counter  # two host clock reads a batch, no device sync
         times.start_loop(progress.batches_seen)
         # The strategy moves the batches (on CUDA it copies the next one while this one computes).
-        batches = train_batches(train_loader, self.current_epoch, num_batches, progress)
+        batches = train_batches(train_loader, self.current_epoch, num_batches, progress, hooks.transfer)
         for batch_idx, batch in strategy.batches_on_device(batches):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
             times.data_wait += clock() - times.ready
@@ -391,7 +391,7 @@ class Trainer(TrainerProperties, SearchSeams):
                 self._run_validation(val_loaders)
         times.end_loop(progress.batches_seen)
         if batch_idx == -1 and progress.resumed is None:
-            raise no_training_batches()
+            no_training_batches(self.max_epochs, self.current_epoch)  # a warning; an error if it would never end
         progress.resumed = None
         self._end_train_epoch()
 
@@ -562,7 +562,7 @@ class Trainer(TrainerProperties, SearchSeams):
                 step_index = (dataloader_idx,) if hooks.step_takes_dataloader_idx else ()
                 hook_index = (dataloader_idx,) if several else ()
                 predictions.append([])
-                batches = evaluation_batches(loader, limit)  # workers start shielded from stop signals
+                batches = evaluation_batches(loader, limit, self._plan.hooks.transfer, dataloader_idx)
                 for batch_idx, batch in self.strategy.batches_on_device(batches):
                     self.metrics.evaluation.batch = batch  # its size weighs epoch means
                     for hook in hooks.batch_start:

@@ -11,7 +11,8 @@
   ``move_data_to_device``, ``is_picklable``, ``measure_flops``, ``suggested_max_num_workers``,
   ``find_shared_parameters``, ``set_shared_parameters``, ``is_shared_filesystem``: Lightning's meaning.
 - ``extract_batch_size``: how ``self.log`` weighs epoch means (Lightning's rule).
-- ``CombinedLoader`` and ``disable_possible_user_warnings`` are refused with the Cadence way.
+- ``CombinedLoader``: several loaders iterated together (``trainer/combined_loader.py``).
+- ``disable_possible_user_warnings`` is refused with the Cadence way.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from torch import nn
 
 from callbacks.console import cadence_logger
 from strategies.transfer import move_to_device
+from trainer.combined_loader import CombinedLoader  # noqa: F401 (Lightning's lightning.pytorch.utilities name)
 
 Result = TypeVar("Result")
 
@@ -263,16 +265,6 @@ def disable_possible_user_warnings(module: str = "") -> None:
         "disable_possible_user_warnings: Cadence's warnings are UserWarnings reported at your own line; silence "
         "one with warnings.filterwarnings('ignore', message=...), or all with "
         "warnings.filterwarnings('ignore', category=UserWarning).")
-
-
-class CombinedLoader:
-    """Refused: Cadence trains on one loader and evaluates on a list or dict of loaders."""
-
-    def __init__(self, iterables: Any = None, mode: str = "min_size") -> None:
-        raise NotImplementedError(
-            "CombinedLoader: Cadence trains on one loader (combine datasets with torch.utils.data.ConcatDataset, "
-            "or zip them in one Dataset) and evaluates on several as a list or dict: "
-            "trainer.validate(model, [loader_a, loader_b]).")
 
 
 def extract_batch_size(batch: Any) -> int:

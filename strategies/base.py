@@ -258,7 +258,7 @@ class Strategy:
         return read_checkpoint(path)
 
     def load_module_state_dict(self, module: nn.Module, state_dict: dict[str, Any]) -> None:
-        module.load_state_dict(state_dict)
+        module.load_state_dict(state_dict, strict=getattr(module, "strict_loading", True))
 
     def load_optimizer_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer,
                                   state_dict: dict[str, Any]) -> None:

@@ -105,7 +105,8 @@ def checkpoint_state(trainer: Trainer, module: TrainingModule, training: dict[st
     state = {
         "format": checkpoint_io.FORMAT_VERSION,
         # Lightning's top-level keys (strategies/checkpoint/lightning.py): tools that read its checkpoints read ours
-        **checkpoint_io.lightning_keys(trainer.current_epoch, trainer.global_step, module.hparams),
+        **checkpoint_io.lightning_keys(trainer.current_epoch, trainer.global_step, module.hparams,
+                                       getattr(module, "_hparams_name", "kwargs")),
         "state_dict": trainer.strategy.module_state_dict(module),  # under FSDP: this rank's shards
         **training,
         "hyper_parameters": checkpoint_io.plain_hyperparameters(module.hparams),
@@ -154,7 +155,9 @@ def _datamodule_state(datamodule: DataModule | None) -> dict[str, Any]:
     if datamodule is None:
         return {}
     return {"datamodule": datamodule.state_dict(),
-            "datamodule_hyper_parameters": checkpoint_io.plain_hyperparameters(datamodule.hparams)}
+            "datamodule_hyper_parameters": checkpoint_io.plain_hyperparameters(datamodule.hparams),
+            "datamodule_hyper_parameters_inexact": checkpoint_io.inexact_hyperparameters(datamodule.hparams),
+            "datamodule_hparams_name": getattr(datamodule, "_hparams_name", "kwargs")}
 
 
 def end_of_fit_checkpoint(trainer: Trainer, end_of_fit: tuple[TrainingModule, dict[str, Any]] | None,

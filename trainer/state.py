@@ -163,7 +163,8 @@ def _datamodule_state(datamodule: DataModule | None) -> dict[str, Any]:
 def end_of_fit_checkpoint(trainer: Trainer, end_of_fit: tuple[TrainingModule, dict[str, Any]] | None,
                           weights_only: bool = False) -> dict[str, Any]:
     """The checkpoint ``save_checkpoint`` writes when no stage runs: the fitted module's weights as
-    they are now, with the training state its last fit ended with (``end_of_fit``: the module and
+    they are now (and the last stage's DataModule's state and hyperparameters, as Lightning), with the
+    training state its last fit ended with (``end_of_fit``: the module and
     its :func:`training_state`, or None when no fit has ended)."""
     if end_of_fit is None:
         raise RuntimeError(
@@ -173,7 +174,7 @@ def end_of_fit_checkpoint(trainer: Trainer, end_of_fit: tuple[TrainingModule, di
             "weights alone, torch.save(model.state_dict(), path)."
         )
     module, training = end_of_fit
-    return checkpoint_state(trainer, module, {} if weights_only else training)
+    return checkpoint_state(trainer, module, {} if weights_only else training, trainer.datamodule)
 
 
 def write_checkpoint(trainer: Trainer, path: str | os.PathLike, progress: Progress,

@@ -201,6 +201,21 @@ class Strategy:
         """Reduce ``tensor`` over all processes with ``op`` in ``"mean" | "sum" | "max" | "min"``."""
         return tensor
 
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+        """``tensor`` from every process of ``group`` (default: all), stacked in rank order (a new
+        first dimension); without a process group, ``tensor`` itself (Lightning's). Every process
+        must call it with a tensor of the same shape. ``sync_grads``: gradients flow back through it."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return tensor
+        group = group if group is not None else torch.distributed.group.WORLD
+        tensor = tensor.contiguous()
+        if sync_grads:
+            import torch.distributed.nn.functional as distributed_autograd
+            return torch.stack(distributed_autograd.all_gather(tensor, group))
+        gathered = [torch.empty_like(tensor) for _ in range(torch.distributed.get_world_size(group))]
+        torch.distributed.all_gather(gathered, tensor, group=group)
+        return torch.stack(gathered)
+
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Gather a picklable object from every process, in rank order. Not for the hot loop."""
         return [obj]

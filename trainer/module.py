@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from trainer import export
 from trainer.data_hooks import DataHooks
 from trainer.hparams import HParams, HyperparametersMixin
 from trainer.loading import load_module
@@ -101,6 +102,24 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             model.eval()
         """
         return load_module(cls, checkpoint_path, map_location, strict, kwargs, hparams_file)
+
+    # --- exporting, gathering (trainer/export.py) ----------------------------------------------
+    def to_torchscript(self, file_path: str | os.PathLike | None = None, method: str | None = "script",
+                       example_inputs: Any = None, **kwargs: Any) -> Any:
+        """This module as a ``torch.jit.ScriptModule`` (``method="trace"``: traced on ``example_inputs``
+        or ``example_input_array``), in eval mode, saved at ``file_path`` when given. Deprecated, as
+        TorchScript is in PyTorch: prefer ``torch.export.export``."""
+        return export.to_torchscript(self, file_path, method, example_inputs, kwargs)
+
+    def to_onnx(self, file_path: Any = None, input_sample: Any = None, **kwargs: Any) -> Any:
+        """``torch.onnx.export`` of this module on ``input_sample`` (default ``example_input_array``);
+        needs the ``onnx`` package."""
+        return export.to_onnx(self, file_path, input_sample, kwargs)
+
+    def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        """``data`` (tensors, numbers, or collections of them) from every process, each tensor with a
+        new first dimension of the world size (none with one process). Every process must call it."""
+        return export.all_gather(self, data, group, sync_grads)
 
     # --- what the Trainer provides ---------------------------------------------------------
     @property
@@ -417,3 +436,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Read what ``on_save_checkpoint`` added, before the weights are loaded."""
+
+
+# torch.jit.script compiles properties too; those of the module's Python-side API are not for it.
+TrainingModule.__jit_unused_properties__ = export.unscriptable(TrainingModule)

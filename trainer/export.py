@@ -42,8 +42,9 @@ def to_torchscript(module: TrainingModule, file_path: str | os.PathLike | None, 
                    example: Any, kwargs: dict[str, Any]) -> Any:
     """``module`` compiled by ``torch.jit.script`` (or traced with ``method="trace"``), in eval mode;
     saved at ``file_path`` when given. The module's training mode is restored after."""
-    warnings.warn(f"{type(module).__name__}.to_torchscript: TorchScript is deprecated in PyTorch (and "
-                  "`LightningModule.to_torchscript` in Lightning 2.7); use torch.export.export() to export a model.",
+    warnings.warn(f"{type(module).__name__}.to_torchscript: TorchScript is deprecated in PyTorch, and Lightning's "
+                  "`LightningModule.to_torchscript` has been deprecated in v2.7 and will be removed in v2.8; use "
+                  "torch.export.export() to export a model.",
                   DeprecationWarning, stacklevel=3)
     mode = module.training
     if method == "script":

@@ -34,6 +34,9 @@ def load_module(cls: type[TrainingModule], path: str | os.PathLike, map_location
     module = cls(**init_arguments(cls, state, overrides, path, hparams_file))
     module.configure_model()
     module.on_load_checkpoint(state)
+    if not state["state_dict"]:
+        warn(f"The state dict in {str(path)!r} contains no parameters: {cls.__name__} keeps the weights it was "
+             "built with.")
     checkpoint_io.load_weights(module, state, path, strict=module.strict_loading if strict is None else strict)
     device = next((value.device for value in state["state_dict"].values() if isinstance(value, torch.Tensor)), None)
     return module.to(device) if device is not None else module

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from callbacks.console import warn
+
 if TYPE_CHECKING:
     from trainer import Trainer
 
@@ -123,3 +125,40 @@ class TrainTimeClock:
                                              op="max")
         self._next_time_check = int(agreed[1])
         return bool(agreed[0])
+
+
+class CheckpointNames:
+    """ModelCheckpoint's file names (Lightning's class constants and ``format_checkpoint_name``)."""
+
+    CHECKPOINT_JOIN_CHAR = "-"
+    CHECKPOINT_EQUALS_CHAR = "="
+    CHECKPOINT_NAME_LAST = "last"
+    FILE_EXTENSION = ".ckpt"
+    STARTING_VERSION = 1
+    dirpath: str | None
+    filename: str | None
+    auto_insert_metric_name: bool
+    _warned: set[str]
+
+    def format_checkpoint_name(self, metrics: dict[str, Any], filename: str | None = None, ver: int | None = None,
+                               prefix: str | None = None) -> str:
+        """The path of a checkpoint for ``metrics`` (Lightning's): ``{epoch}`` becomes ``epoch=3``, ``-v2``
+        is appended for ``ver``, in ``dirpath``."""
+        name = self._format_checkpoint_name(filename or self.filename, dict(metrics), prefix,
+                                            self.auto_insert_metric_name)
+        if ver is not None:
+            name = self.CHECKPOINT_JOIN_CHAR.join((name, f"v{ver}"))
+        name += self.FILE_EXTENSION
+        return os.path.join(self.dirpath, name) if self.dirpath else name
+
+    def _format_checkpoint_name(self, filename: str | None, metrics: dict[str, Any], prefix: str | None = None,
+                                auto_insert_metric_name: bool = True) -> str:
+        logged = sorted(set(metrics) - {"epoch", "step"})
+        name, missing = format_name(filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}", metrics,
+                                    auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
+        for field in missing - self._warned:
+            self._warned.add(field)
+            warn(f"ModelCheckpoint(filename={filename!r}) names {field!r}, which is not among the logged "
+                 f"metrics {logged}: it is 0 in the file name, as in "
+                 "Lightning. Log it with self.log, or fix the filename.")
+        return self.CHECKPOINT_JOIN_CHAR.join([prefix, name]) if prefix is not None else name

@@ -7,10 +7,12 @@ import math
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import nn
 
 from callbacks import ModelCheckpoint
@@ -74,6 +76,16 @@ def test_top_k_bookkeeping_survives_a_restart(make_trainer, regression_loader, t
     assert str(directory / "epoch=4.ckpt") in kept["best_k_models"]  # each file records itself
     assert second.state_key == ("ModelCheckpoint{'monitor': 'val/score', 'mode': 'min', 'every_n_train_steps': 0, "
                                 "'every_n_epochs': 1, 'train_time_interval': None}")  # Lightning's
+    second.to_yaml(tmp_path / "best.yaml")  # Lightning's: path -> score
+    assert yaml.safe_load((tmp_path / "best.yaml").read_text()) == {str(directory / "epoch=3.ckpt"): 1.0,
+                                                                    str(directory / "epoch=4.ckpt"): 2.0}
+
+
+def test_dirpath_is_a_str_with_the_home_directory_expanded_as_lightnings(tmp_path):
+    assert ModelCheckpoint(dirpath="~/checkpoints").dirpath == str(Path.home() / "checkpoints")
+    assert ModelCheckpoint(dirpath=Path("~/checkpoints")).dirpath == str(Path.home() / "checkpoints")
+    assert ModelCheckpoint(dirpath=tmp_path).format_checkpoint_name({"epoch": 2, "step": 9}) == str(
+        tmp_path / "epoch=2-step=9.ckpt")
 
 
 def test_lightnings_file_names_insert_the_metric_names(make_trainer, regression_loader, tmp_path):

@@ -35,12 +35,15 @@ def check_arguments(**arguments: Any) -> None:
     if monitor is not None and (not isinstance(monitor, str) or not monitor):
         raise ValueError(f"ModelCheckpoint(monitor={monitor!r}): use the name of a logged metric, or None.")
     if arguments["mode"] not in ("min", "max"):
-        raise ValueError(f'ModelCheckpoint(mode="{arguments["mode"]}"): use "min" or "max".')
+        raise ValueError(f'ModelCheckpoint(mode="{arguments["mode"]}"): use "min" or "max" (`mode` can be min, max '
+                         f'but got {arguments["mode"]}).')
     save_top_k = arguments["save_top_k"]
     if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < -1:
-        raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}): use -1 (all), 0, or a positive int.")
+        raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}): use -1 (all), 0, or a positive int "
+                         "(Lightning's: Must be >= -1).")
     if monitor is None and save_top_k not in (-1, 0, 1):
-        raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None): without a monitored metric there is "
+        raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration: "
+                         "without a monitored metric there is "
                          "nothing to rank k files by. Set monitor=\"...\", or save_top_k=1 (the newest) or -1 (all).")
     if not (arguments["save_last"] in (None, "link") or isinstance(arguments["save_last"], bool)):
         raise ValueError(f"ModelCheckpoint(save_last={arguments['save_last']!r}): use True, False or \"link\".")
@@ -57,7 +60,8 @@ def resolve_triggers(every_n_train_steps: Any, every_n_epochs: Any, train_time_i
     means off, and with none of the three given, every epoch."""
     for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"ModelCheckpoint({name}={value!r}): use an int >= 0 (0: off) or None.")
+            raise ValueError(f"ModelCheckpoint({name}={value!r}): use an int >= 0 (0: off) or None (Lightning's: "
+                             "Must be >= 0).")
     interval = train_time_interval
     if isinstance(interval, (int, float)) and not isinstance(interval, bool) and math.isfinite(interval) and interval >= 0:
         interval = timedelta(seconds=interval)
@@ -71,7 +75,8 @@ def resolve_triggers(every_n_train_steps: Any, every_n_epochs: Any, train_time_i
         raise ValueError(
             f"ModelCheckpoint(every_n_train_steps={every_n_train_steps}, every_n_epochs={every_n_epochs}, "
             f"train_time_interval={train_time_interval}): give one of them, as in Lightning; for several "
-            "schedules, pass one ModelCheckpoint per schedule (their state is kept apart).")
+            "schedules, pass one ModelCheckpoint per schedule (their state is kept apart). (Lightning's: Combination "
+            "of parameters every_n_train_steps, every_n_epochs and train_time_interval should be mutually exclusive.)")
     return steps, epochs, interval
 
 

@@ -112,7 +112,8 @@ def hyperparameters_to_log(trainer: Trainer, module: TrainingModule) -> dict[str
             if name in merged and (type(merged[name]) is not type(value) or merged[name] is not value
                                    and (isinstance(value, torch.Tensor) or merged[name] != value)):
                 raise RuntimeError(
-                    f"{type(module).__name__} and {type(datamodule).__name__} both save the hyperparameter {name!r}, "
+                    f"Error while merging hparams: {type(module).__name__} and {type(datamodule).__name__} both save "
+                    f"the hyperparameter {name!r}, "
                     f"with different values ({merged[name]!r} and {value!r}), so the loggers cannot record one. "
                     "Rename one, or pass logger=False to one's save_hyperparameters.")
             merged[name] = value

@@ -305,7 +305,7 @@ def test_a_checkpoint_from_another_directory_restores_only_its_best_model_path(m
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"mode": "best"}, r'ModelCheckpoint\(mode="best"\): use "min" or "max"'),
     ({"save_top_k": -2}, r"ModelCheckpoint\(save_top_k=-2\): use -1 \(all\), 0, or a positive int"),
-    ({"save_top_k": 3}, r"ModelCheckpoint\(save_top_k=3, monitor=None\): without a monitored metric"),
+    ({"save_top_k": 3}, r"ModelCheckpoint\(save_top_k=3, monitor=None\) is not a valid configuration: without a monitored metric"),
     ({"every_n_train_steps": -1}, r"ModelCheckpoint\(every_n_train_steps=-1\): use an int >= 0 \(0: off\) or None"),
     ({"every_n_epochs": 1.5}, r"ModelCheckpoint\(every_n_epochs=1.5\): use an int >= 0 \(0: off\) or None"),
     ({"train_time_interval": -1}, r"ModelCheckpoint\(train_time_interval=-1\): use a datetime.timedelta"),

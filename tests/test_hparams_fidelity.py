@@ -95,3 +95,23 @@ def test_a_datamodule_prints_its_loaders_sizes(regression_data):
                                       "{Test dataloader: 1. size=64 ; 2. size=64}", "{Predict dataloader: None}"]
     data.predict_dataloader = lambda: DataLoader(range(3))  # set on the instance: counts as the hook
     assert str(data).splitlines()[-1] == "{Predict dataloader: size=3}"
+
+
+def test_lightnings_phrases_are_in_the_messages_about_hyperparameters_and_checkpoint_arguments():
+    class OneNumber(LinearRegression):
+        def __init__(self, arg1: int) -> None:
+            super().__init__()
+            self.save_hyperparameters(arg1)
+
+    with pytest.raises(ValueError, match=r"Primitives \(<class 'bool'>.*Pass the argument's name as a string"):
+        OneNumber(42)
+    from callbacks import ModelCheckpoint
+
+    with pytest.raises(ValueError, match=r"Must be >= -1"):
+        ModelCheckpoint(save_top_k=-3)
+    with pytest.raises(ValueError, match=r"use an int >= 0 \(0: off\) or None \(Lightning's: Must be >= 0\)"):
+        ModelCheckpoint(every_n_epochs=-3)
+    with pytest.raises(ValueError, match=r"give one of them.*Combination of parameters every_n_train_steps"):
+        ModelCheckpoint(every_n_train_steps=1, every_n_epochs=2)
+    with pytest.raises(ValueError, match=r'use "min" or "max" \(`mode` can be min, max but got unknown\)'):
+        ModelCheckpoint(mode="unknown")

@@ -154,6 +154,10 @@ def as_dict(hparams: Any, owner: str) -> dict[str, Any]:
         return dict(vars(hparams))
     if isinstance(hparams, Mapping):
         return dict(hparams)
+    if isinstance(hparams, (bool, int, float, str)):
+        raise ValueError(f"{owner}.save_hyperparameters({hparams!r}): Primitives (<class 'bool'>, <class 'int'>, "
+                         "<class 'float'>, <class 'str'>) are not allowed as the hyperparameters object. Pass the "
+                         "argument's name as a string (save_hyperparameters(\"arg1\")), or a dict.")
     raise ValueError(f"{owner}.save_hyperparameters({hparams!r}): one object is kept as the hyperparameters when it "
                      f"is a dict or an argparse.Namespace, not a {type(hparams).__name__}. Pass argument names as "
                      "strings, or a dict.")

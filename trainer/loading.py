@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import yaml
 
 from strategies import checkpoint as checkpoint_io
 from callbacks.console import warn
@@ -110,6 +109,8 @@ def init_arguments(cls: type, state: dict[str, Any], overrides: dict[str, Any], 
 
 def _read_hparams_file(path: str | os.PathLike) -> dict[str, Any]:
     """``load_from_checkpoint(hparams_file=...)``: the hyperparameters of a logger's ``hparams.yaml``."""
+    import yaml  # only here: importing trainer stays cheap
+
     path = Path(path)
     if path.suffix.lower() not in (".yaml", ".yml"):
         raise ValueError(f"load_from_checkpoint(hparams_file={str(path)!r}): a .yaml file is read (the hparams.yaml "

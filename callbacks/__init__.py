@@ -128,9 +128,10 @@ def with_module_callbacks(callbacks: list[Callback], module_callbacks: Any, modu
 
 
 def _check_state_keys(callbacks: list[Callback]) -> None:
-    # As in Lightning, only callbacks that keep state (override state_dict) need a key of their own:
-    # two ModelPrunings, which keep none, may run together.
-    keys = [callback.state_key for callback in callbacks if type(callback).state_dict is not Callback.state_dict]
+    """Callbacks with state (and file loggers, which would write the same files) need their own
+    keys; stateless ones may repeat (two of a user's Logger, say), as in Lightning."""
+    keys = [callback.state_key for callback in callbacks
+            if type(callback).state_dict is not Callback.state_dict or isinstance(callback, AsyncLogger)]
     duplicates = sorted({key for key in keys if keys.count(key) > 1})
     if duplicates:
         raise ValueError(

@@ -86,6 +86,7 @@ class AsyncLogger(Logger):
         self._written: set[Path] = set()  # directories this logger wrote in this process
         self._last_step = 0
         self._opened = threading.Event()  # the writer thread has opened its files (experiment waits for it)
+        self._attached = False  # a Trainer's stage uses it (between setup and teardown); else it writes at once
         #: Hand the logged values over at least every this many steps (CSVLogger's flush_logs_every_n_steps).
         self.flush_every_n_steps: int | None = None
         self._handed_over_step = 0
@@ -165,19 +166,36 @@ class AsyncLogger(Logger):
             self._last_step = int(step)
         self._add(self.write, values, self._last_step)
         self._flush_if_due(self._last_step)
+        if not self._attached:
+            self._write_alone()
 
     def log_hyperparams(self, params: Mapping[str, Any] | Any = None, *args: Any, **kwargs: Any) -> None:
         """Keep ``params`` (a dict or an argparse Namespace; None: nothing new) in ``hparams.yaml``
         (and TensorBoard's hparams at the end of fit)."""
-        if not self._rank_zero or params is None:
+        if not self._rank_zero:
             return
-        params = vars(params) if not isinstance(params, Mapping) and hasattr(params, "__dict__") else dict(params)
-        self.hparams.update(params)
-        self._add(self.write_hyperparams, dict(self.hparams))
+        if params is not None:
+            params = vars(params) if not isinstance(params, Mapping) and hasattr(params, "__dict__") else dict(params)
+            self.hparams.update(params)
+            self._add(self.write_hyperparams, dict(self.hparams))
+        self._write_alone()
 
     def save(self) -> None:
-        """Hand what was logged to the writer thread now."""
+        """Hand what was logged to the writer thread now (used without a Trainer: and wait until
+        it is in the files, as Lightning's loggers write in ``save``)."""
         self._hand_over(force=True)
+        if not self._attached and self._thread is not None:
+            written = threading.Event()
+            self._pending.append((lambda: (self.flush(), written.set()), ()))
+            self._hand_over(force=True)
+            written.wait()
+
+    def _write_alone(self) -> None:
+        """A logger used without a Trainer (Lightning code logging by hand) creates its directory and
+        files at its first call, as Lightning's do; with a Trainer, its stage starts the writer."""
+        if self._thread is None and not self._attached and self._save_dir is not None and self._rank_zero:
+            self._start(Path(self.log_dir), resume_step=None)
+            self._opened.wait()
 
     def finalize(self, status: str = "success") -> None:
         """Write everything logged, close the files, stop the thread. Works without a Trainer too."""
@@ -194,7 +212,7 @@ class AsyncLogger(Logger):
 
     # --- the callback side -----------------------------------------------------------------
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
-        self._rank_zero = trainer.is_global_zero
+        self._rank_zero, self._attached = trainer.is_global_zero, True
         params = hyperparameters_to_log(trainer, module)  # on every rank: a conflict fails them all
         if self._rank_zero:
             self.hparams.update(params)
@@ -232,9 +250,11 @@ class AsyncLogger(Logger):
             final = self._prefixed({key: float(value) for key, value in trainer.callback_metrics.items()})
             self._add(self.write_final, dict(self.hparams), final)
         self.finalize("success")
+        self._attached = False
 
     def on_exception(self, trainer: Trainer, module: TrainingModule, error: BaseException) -> None:
         self.finalize("failed")
+        self._attached = False
 
     # --- the writer thread -----------------------------------------------------------------
     def _add(self, write: Callable[..., None], *args: Any) -> None:
@@ -274,8 +294,7 @@ class AsyncLogger(Logger):
                 self.open(directory, resume_step)
             finally:
                 self._opened.set()
-            if hparams:
-                self.write_hyperparams(hparams)
+            self.write_hyperparams(hparams)  # an empty hparams.yaml too, as Lightning's (hparams_file= reads it)
             while (batch := self._queue.get()) is not None:
                 for write, args in batch:
                     write(*args)

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from callbacks.console import warn
+
 if TYPE_CHECKING:
     from trainer import Trainer
 
@@ -33,12 +35,15 @@ def check_arguments(**arguments: Any) -> None:
     if monitor is not None and (not isinstance(monitor, str) or not monitor):
         raise ValueError(f"ModelCheckpoint(monitor={monitor!r}): use the name of a logged metric, or None.")
     if arguments["mode"] not in ("min", "max"):
-        raise ValueError(f'ModelCheckpoint(mode="{arguments["mode"]}"): use "min" or "max".')
+        raise ValueError(f'ModelCheckpoint(mode="{arguments["mode"]}"): use "min" or "max" (`mode` can be min, max '
+                         f'but got {arguments["mode"]}).')
     save_top_k = arguments["save_top_k"]
     if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < -1:
-        raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}): use -1 (all), 0, or a positive int.")
+        raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}): use -1 (all), 0, or a positive int "
+                         "(Lightning's: Must be >= -1).")
     if monitor is None and save_top_k not in (-1, 0, 1):
-        raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None): without a monitored metric there is "
+        raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration: "
+                         "without a monitored metric there is "
                          "nothing to rank k files by. Set monitor=\"...\", or save_top_k=1 (the newest) or -1 (all).")
     if not (arguments["save_last"] in (None, "link") or isinstance(arguments["save_last"], bool)):
         raise ValueError(f"ModelCheckpoint(save_last={arguments['save_last']!r}): use True, False or \"link\".")
@@ -55,7 +60,8 @@ def resolve_triggers(every_n_train_steps: Any, every_n_epochs: Any, train_time_i
     means off, and with none of the three given, every epoch."""
     for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"ModelCheckpoint({name}={value!r}): use an int >= 0 (0: off) or None.")
+            raise ValueError(f"ModelCheckpoint({name}={value!r}): use an int >= 0 (0: off) or None (Lightning's: "
+                             "Must be >= 0).")
     interval = train_time_interval
     if isinstance(interval, (int, float)) and not isinstance(interval, bool) and math.isfinite(interval) and interval >= 0:
         interval = timedelta(seconds=interval)
@@ -69,7 +75,8 @@ def resolve_triggers(every_n_train_steps: Any, every_n_epochs: Any, train_time_i
         raise ValueError(
             f"ModelCheckpoint(every_n_train_steps={every_n_train_steps}, every_n_epochs={every_n_epochs}, "
             f"train_time_interval={train_time_interval}): give one of them, as in Lightning; for several "
-            "schedules, pass one ModelCheckpoint per schedule (their state is kept apart).")
+            "schedules, pass one ModelCheckpoint per schedule (their state is kept apart). (Lightning's: Combination "
+            "of parameters every_n_train_steps, every_n_epochs and train_time_interval should be mutually exclusive.)")
     return steps, epochs, interval
 
 
@@ -123,3 +130,40 @@ class TrainTimeClock:
                                              op="max")
         self._next_time_check = int(agreed[1])
         return bool(agreed[0])
+
+
+class CheckpointNames:
+    """ModelCheckpoint's file names (Lightning's class constants and ``format_checkpoint_name``)."""
+
+    CHECKPOINT_JOIN_CHAR = "-"
+    CHECKPOINT_EQUALS_CHAR = "="
+    CHECKPOINT_NAME_LAST = "last"
+    FILE_EXTENSION = ".ckpt"
+    STARTING_VERSION = 1
+    dirpath: str | None
+    filename: str | None
+    auto_insert_metric_name: bool
+    _warned: set[str]
+
+    def format_checkpoint_name(self, metrics: dict[str, Any], filename: str | None = None, ver: int | None = None,
+                               prefix: str | None = None) -> str:
+        """The path of a checkpoint for ``metrics`` (Lightning's): ``{epoch}`` becomes ``epoch=3``, ``-v2``
+        is appended for ``ver``, in ``dirpath``."""
+        name = self._format_checkpoint_name(filename or self.filename, dict(metrics), prefix,
+                                            self.auto_insert_metric_name)
+        if ver is not None:
+            name = self.CHECKPOINT_JOIN_CHAR.join((name, f"v{ver}"))
+        name += self.FILE_EXTENSION
+        return os.path.join(self.dirpath, name) if self.dirpath else name
+
+    def _format_checkpoint_name(self, filename: str | None, metrics: dict[str, Any], prefix: str | None = None,
+                                auto_insert_metric_name: bool = True) -> str:
+        logged = sorted(set(metrics) - {"epoch", "step"})
+        name, missing = format_name(filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}", metrics,
+                                    auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
+        for field in missing - self._warned:
+            self._warned.add(field)
+            warn(f"ModelCheckpoint(filename={filename!r}) names {field!r}, which is not among the logged "
+                 f"metrics {logged}: it is 0 in the file name, as in "
+                 "Lightning. Log it with self.log, or fix the filename.")
+        return self.CHECKPOINT_JOIN_CHAR.join([prefix, name]) if prefix is not None else name

@@ -100,18 +100,20 @@ class Logger(Callback):
 
 
 def hyperparameters_to_log(trainer: Trainer, module: TrainingModule) -> dict[str, Any]:
-    """What the loggers get, as in Lightning: the module's and the DataModule's hyperparameters
-    (``save_hyperparameters``), each unless saved with ``logger=False``, merged; a name both hold with
-    different values is an error."""
+    """What the loggers get, as in Lightning: the module's and the DataModule's hyperparameters as
+    ``save_hyperparameters`` kept them (``hparams_initial``: later changes to ``hparams`` are not
+    logged), each unless saved with ``logger=False``, merged; a name both hold with different values
+    is an error."""
     datamodule = trainer.datamodule
     sources = [obj for obj in (module, datamodule) if obj is not None and getattr(obj, "_log_hyperparams", True)]
     merged: dict[str, Any] = {}
     for obj in sources:
-        for name, value in obj.hparams.items():
+        for name, value in getattr(obj, "hparams_initial", obj.hparams).items():
             if name in merged and (type(merged[name]) is not type(value) or merged[name] is not value
                                    and (isinstance(value, torch.Tensor) or merged[name] != value)):
                 raise RuntimeError(
-                    f"{type(module).__name__} and {type(datamodule).__name__} both save the hyperparameter {name!r}, "
+                    f"Error while merging hparams: {type(module).__name__} and {type(datamodule).__name__} both save "
+                    f"the hyperparameter {name!r}, "
                     f"with different values ({merged[name]!r} and {value!r}), so the loggers cannot record one. "
                     "Rename one, or pass logger=False to one's save_hyperparameters.")
             merged[name] = value

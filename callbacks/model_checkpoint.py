@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from callbacks.base import Callback
-from callbacks.checkpoint_names import TrainTimeClock, check_arguments, format_name, resolve_triggers
+from callbacks.checkpoint_names import CheckpointNames, TrainTimeClock, check_arguments, resolve_triggers
 from callbacks.console import epoch_label, warn, write_line
 from strategies.checkpoint import link_checkpoint, remove_checkpoint, symlink_checkpoint
 from strategies.checkpoint.background import BackgroundWriter
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
 
 
-class ModelCheckpoint(Callback):
+class ModelCheckpoint(CheckpointNames, Callback):
     """Save checkpoints during ``fit``; arguments, defaults and file names as in Lightning 2.6.
 
     Args:
@@ -70,11 +70,6 @@ class ModelCheckpoint(Callback):
     """
 
     monitors_metrics = True  # its on_train_epoch_end sees what the module's logged
-    CHECKPOINT_JOIN_CHAR = "-"
-    CHECKPOINT_EQUALS_CHAR = "="
-    CHECKPOINT_NAME_LAST = "last"
-    FILE_EXTENSION = ".ckpt"
-    STARTING_VERSION = 1
 
     def __init__(self, dirpath: str | os.PathLike | None = None, filename: str | None = None, monitor: str | None = None,
                  verbose: bool = False, save_last: bool | Literal["link"] | None = True, save_top_k: int = 1,
@@ -89,7 +84,7 @@ class ModelCheckpoint(Callback):
                         save_on_train_epoch_end=save_on_train_epoch_end, enable_version_counter=enable_version_counter)
         steps, epochs, interval = resolve_triggers(every_n_train_steps, every_n_epochs, train_time_interval)
         self._every_n_train_steps, self._every_n_epochs, self._train_time_interval = steps, epochs, interval
-        self.dirpath = Path(os.path.realpath(os.path.expanduser(dirpath))) if dirpath else None
+        self.dirpath = dirpath or None
         self.filename = filename or None
         self.monitor, self.verbose, self.save_last, self.save_top_k = monitor, verbose, save_last, save_top_k
         self.mode, self.save_on_exception, self.save_weights_only = mode, save_on_exception, save_weights_only
@@ -113,6 +108,15 @@ class ModelCheckpoint(Callback):
         self._background = BackgroundWriter() if async_save else None  # None: saves are written in the step
 
     @property
+    def dirpath(self) -> str | None:
+        """Where the checkpoints go (a str, ``~`` expanded, as Lightning's); None until ``setup``."""
+        return str(self._dir) if self._dir is not None else None
+
+    @dirpath.setter
+    def dirpath(self, dirpath: str | os.PathLike | None) -> None:
+        self._dir = Path(os.path.realpath(os.path.expanduser(dirpath))) if dirpath is not None else None
+
+    @property
     def every_n_epochs(self) -> int:
         return self._every_n_epochs
 
@@ -126,10 +130,10 @@ class ModelCheckpoint(Callback):
 
     # --- when to save ---------------------------------------------------------------------
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
-        if self.dirpath is None:
+        if self._dir is None:
             self.dirpath = Path(trainer.log_dir) / "checkpoints"
-        if self.dirpath.exists() and not self.dirpath.is_dir():
-            raise ValueError(f"ModelCheckpoint(dirpath={str(self.dirpath)!r}) is a file; use a directory.")
+        if self._dir.exists() and not self._dir.is_dir():
+            raise ValueError(f"ModelCheckpoint(dirpath={self.dirpath!r}) is a file; use a directory.")
         if self._background is not None and not trainer.strategy.supports_background_saves:
             raise ValueError(f"ModelCheckpoint(async_save=True) is not supported by {trainer.strategy.describe()}: its "
                              "save_checkpoint writes in the step (supports_background_saves is False). Use async_save=False.")
@@ -146,9 +150,9 @@ class ModelCheckpoint(Callback):
 
     def on_fit_start(self, trainer: Trainer, module: TrainingModule) -> None:
         # As Lightning, say when the files of another run are there (unless this run continues it).
-        ours = any(path and self.dirpath in Path(path).parents for path in (self.last_model_path, self.best_model_path))
-        if (trainer.is_global_zero and self.save_top_k != 0 and not ours and self.dirpath.is_dir()
-                and any(self.dirpath.iterdir())):
+        ours = any(path and self._dir in Path(path).parents for path in (self.last_model_path, self.best_model_path))
+        if (trainer.is_global_zero and self.save_top_k != 0 and not ours and self._dir.is_dir()
+                and any(self._dir.iterdir())):
             warn(f"Checkpoint directory {self.dirpath} exists and is not empty.")
 
     def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
@@ -372,41 +376,29 @@ class ModelCheckpoint(Callback):
 
     def _remove(self, trainer: Trainer, path: str) -> None:
         """Delete a checkpoint this callback wrote (only inside its directory, never ``last.ckpt``)."""
-        if (trainer.is_global_zero and self.dirpath in Path(path).parents and path != self.last_model_path
+        if (trainer.is_global_zero and self._dir in Path(path).parents and path != self.last_model_path
                 and path not in self.best_k_models):
             if self._background is not None:  # only once the file replacing it is complete
                 self._background.submit(path, functools.partial(remove_checkpoint, path))
             else:
                 remove_checkpoint(path)
 
-    # --- names ------------------------------------------------------------------------------
-    def format_checkpoint_name(self, metrics: dict[str, Any], filename: str | None = None, ver: int | None = None,
-                               prefix: str | None = None) -> str:
-        """The path of a checkpoint for ``metrics`` (Lightning's): ``{epoch}`` becomes ``epoch=3``, ``-v2``
-        is appended for ``ver``, in ``dirpath``."""
-        name = self._format_checkpoint_name(filename or self.filename, dict(metrics), prefix,
-                                            self.auto_insert_metric_name)
-        if ver is not None:
-            name = self.CHECKPOINT_JOIN_CHAR.join((name, f"v{ver}"))
-        name += self.FILE_EXTENSION
-        return str(self.dirpath / name) if self.dirpath else name
+    def to_yaml(self, filepath: str | os.PathLike | None = None) -> None:
+        """Write ``best_k_models`` (path: score) to ``filepath`` (default ``<dirpath>/best_k_models.yaml``)."""
+        import yaml
 
-    def _format_checkpoint_name(self, filename: str | None, metrics: dict[str, Any], prefix: str | None = None,
-                                auto_insert_metric_name: bool = True) -> str:
-        logged = sorted(set(metrics) - {"epoch", "step"})
-        name, missing = format_name(filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}", metrics,
-                                    auto_insert_metric_name, self.CHECKPOINT_EQUALS_CHAR)
-        for field in missing - self._warned:
-            self._warned.add(field)
-            warn(f"ModelCheckpoint(filename={filename!r}) names {field!r}, which is not among the logged "
-                 f"metrics {logged}: it is 0 in the file name, as in "
-                 "Lightning. Log it with self.log, or fix the filename.")
-        return self.CHECKPOINT_JOIN_CHAR.join([prefix, name]) if prefix is not None else name
+        best_k = {path: score.item() for path, score in self.best_k_models.items()}
+        with open(filepath if filepath is not None else self._dir / "best_k_models.yaml", "w") as file:
+            yaml.dump(best_k, file)
+
+    def file_exists(self, filepath: str | os.PathLike, trainer: Trainer) -> bool:
+        """Whether ``filepath`` exists on rank zero's disk, the same answer on every rank."""
+        return trainer.strategy.broadcast_object(os.path.exists(filepath))
 
     # --- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"monitor": self.monitor, "best_model_score": self.best_model_score, "best_model_path": self.best_model_path,
-                "current_score": self.current_score, "dirpath": str(self.dirpath) if self.dirpath else None,
+                "current_score": self.current_score, "dirpath": self.dirpath,
                 "best_k_models": dict(self.best_k_models), "kth_best_model_path": self.kth_best_model_path,
                 "kth_value": self.kth_value, "last_model_path": self.last_model_path,
                 "last_global_step_saved": self._last_global_step_saved, "validated": self._validated}
@@ -416,9 +408,9 @@ class ModelCheckpoint(Callback):
         self._last_global_step_saved = state_dict.get("last_global_step_saved", state_dict.get("last_saved_step", 0))
         self._validated = state_dict.get("validated", False)
         saved_in = state_dict.get("dirpath")
-        if self.dirpath is None and saved_in is not None:  # the caller of a spawned fit: where the workers saved
-            self.dirpath = Path(saved_in)
-        elif self.dirpath is not None and saved_in is not None and Path(saved_in) != self.dirpath:
+        if self._dir is None and saved_in is not None:  # the caller of a spawned fit: where the workers saved
+            self.dirpath = saved_in
+        elif self._dir is not None and saved_in is not None and Path(saved_in) != self._dir:
             # As Lightning: ranking files in another directory could delete them.
             warn(f"ModelCheckpoint's dirpath changed from {saved_in} to {self.dirpath}; only best_model_path "
                  "is restored, not the top-k bookkeeping of the old directory.")

@@ -201,6 +201,21 @@ class Strategy:
         """Reduce ``tensor`` over all processes with ``op`` in ``"mean" | "sum" | "max" | "min"``."""
         return tensor
 
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+        """``tensor`` from every process of ``group`` (default: all), stacked in rank order (a new
+        first dimension); without a process group, ``tensor`` itself (Lightning's). Every process
+        must call it with a tensor of the same shape. ``sync_grads``: gradients flow back through it."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return tensor
+        group = group if group is not None else torch.distributed.group.WORLD
+        tensor = tensor.contiguous()
+        if sync_grads:
+            import torch.distributed.nn.functional as distributed_autograd
+            return torch.stack(distributed_autograd.all_gather(tensor, group))
+        gathered = [torch.empty_like(tensor) for _ in range(torch.distributed.get_world_size(group))]
+        torch.distributed.all_gather(gathered, tensor, group=group)
+        return torch.stack(gathered)
+
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Gather a picklable object from every process, in rank order. Not for the hot loop."""
         return [obj]
@@ -258,7 +273,7 @@ class Strategy:
         return read_checkpoint(path)
 
     def load_module_state_dict(self, module: nn.Module, state_dict: dict[str, Any]) -> None:
-        module.load_state_dict(state_dict)
+        module.load_state_dict(state_dict, strict=getattr(module, "strict_loading", True))
 
     def load_optimizer_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer,
                                   state_dict: dict[str, Any]) -> None:

@@ -7,10 +7,12 @@ import math
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import nn
 
 from callbacks import ModelCheckpoint
@@ -74,6 +76,16 @@ def test_top_k_bookkeeping_survives_a_restart(make_trainer, regression_loader, t
     assert str(directory / "epoch=4.ckpt") in kept["best_k_models"]  # each file records itself
     assert second.state_key == ("ModelCheckpoint{'monitor': 'val/score', 'mode': 'min', 'every_n_train_steps': 0, "
                                 "'every_n_epochs': 1, 'train_time_interval': None}")  # Lightning's
+    second.to_yaml(tmp_path / "best.yaml")  # Lightning's: path -> score
+    assert yaml.safe_load((tmp_path / "best.yaml").read_text()) == {str(directory / "epoch=3.ckpt"): 1.0,
+                                                                    str(directory / "epoch=4.ckpt"): 2.0}
+
+
+def test_dirpath_is_a_str_with_the_home_directory_expanded_as_lightnings(tmp_path):
+    assert ModelCheckpoint(dirpath="~/checkpoints").dirpath == str(Path.home() / "checkpoints")
+    assert ModelCheckpoint(dirpath=Path("~/checkpoints")).dirpath == str(Path.home() / "checkpoints")
+    assert ModelCheckpoint(dirpath=tmp_path).format_checkpoint_name({"epoch": 2, "step": 9}) == str(
+        tmp_path / "epoch=2-step=9.ckpt")
 
 
 def test_lightnings_file_names_insert_the_metric_names(make_trainer, regression_loader, tmp_path):
@@ -293,7 +305,7 @@ def test_a_checkpoint_from_another_directory_restores_only_its_best_model_path(m
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"mode": "best"}, r'ModelCheckpoint\(mode="best"\): use "min" or "max"'),
     ({"save_top_k": -2}, r"ModelCheckpoint\(save_top_k=-2\): use -1 \(all\), 0, or a positive int"),
-    ({"save_top_k": 3}, r"ModelCheckpoint\(save_top_k=3, monitor=None\): without a monitored metric"),
+    ({"save_top_k": 3}, r"ModelCheckpoint\(save_top_k=3, monitor=None\) is not a valid configuration: without a monitored metric"),
     ({"every_n_train_steps": -1}, r"ModelCheckpoint\(every_n_train_steps=-1\): use an int >= 0 \(0: off\) or None"),
     ({"every_n_epochs": 1.5}, r"ModelCheckpoint\(every_n_epochs=1.5\): use an int >= 0 \(0: off\) or None"),
     ({"train_time_interval": -1}, r"ModelCheckpoint\(train_time_interval=-1\): use a datetime.timedelta"),

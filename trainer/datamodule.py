@@ -13,18 +13,24 @@ The Trainer calls its hooks in Lightning's order, in every process of the run::
 
 from __future__ import annotations
 
+import functools
+import inspect
+import os
+from collections.abc import Mapping, Sized
 from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from trainer.data_hooks import DataHooks
-from trainer.module import HParams, TrainingModule
+from trainer.hparams import HParams, HyperparametersMixin
+from trainer.loading import load_datamodule
+from trainer.module import TrainingModule
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class DataModule(DataHooks):
+class DataModule(HyperparametersMixin, DataHooks):
     """Where a run's data comes from: download it, build the datasets, hand out the loaders.
 
     Override ``setup`` and the ``*_dataloader`` hooks the stages you run need; everything else
@@ -55,11 +61,13 @@ class DataModule(DataHooks):
 
     def __init__(self) -> None:
         self.trainer: Trainer | None = None  # the Trainer that last ran with it
-        self.hparams = HParams()
-        self._log_hyperparams = True  # save_hyperparameters(logger=False): keep them from the loggers
+        self.hparams = HParams()  # save_hyperparameters (trainer/hparams.py) fills it
 
-    # The same function as TrainingModule's: it reads the arguments of the caller's __init__.
-    save_hyperparameters = TrainingModule.save_hyperparameters
+    #: Lightning's: a name for it (None: none given), and the checkpoint keys of its hyperparameters.
+    name: str | None = None
+    CHECKPOINT_HYPER_PARAMS_KEY = "datamodule_hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "datamodule_hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "datamodule_hparams_type"
 
     # --- the hooks, in the order the Trainer calls them: prepare_data (DataHooks), setup, the
     # *_dataloader hooks (DataHooks), teardown -------------------------------------------------
@@ -79,51 +87,74 @@ class DataModule(DataHooks):
 
     @classmethod
     def from_datasets(cls, train_dataset: Dataset | None = None, val_dataset: Any = None, test_dataset: Any = None,
-                      predict_dataset: Any = None, batch_size: int = 1, num_workers: int = 0) -> DataModule:
-        """A DataModule serving ready-made datasets (Lightning's ``from_datasets``). ``val_dataset``,
+                      predict_dataset: Any = None, batch_size: int = 1, num_workers: int = 0,
+                      **datamodule_kwargs: Any) -> DataModule:
+        """A ``cls`` serving ready-made datasets (Lightning's ``from_datasets``). ``val_dataset``,
         ``test_dataset`` and ``predict_dataset`` may be lists (or dicts) of datasets: one loader each.
-        The training loader shuffles; the others keep the order."""
-        return _DatasetsDataModule(train_dataset, val_dataset, test_dataset, predict_dataset, batch_size, num_workers)
+        The training loader shuffles (unless it is an IterableDataset); the others keep the order.
+        ``cls(**datamodule_kwargs)`` is built, with ``batch_size`` and ``num_workers`` when its
+        ``__init__`` takes them."""
+        parameters = inspect.signature(cls.__init__).parameters
+        takes_any = any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters.values())
+        special = {name: value for name, value in (("batch_size", batch_size), ("num_workers", num_workers))
+                   if takes_any or name in parameters}
+        datamodule = cls(**datamodule_kwargs, **special)
+        for kind, datasets in (("train", train_dataset), ("val", val_dataset), ("test", test_dataset),
+                               ("predict", predict_dataset)):
+            if datasets is not None:  # a module-level function: spawned DDP workers unpickle it
+                setattr(datamodule, f"{kind}_dataloader", functools.partial(_loaders, kind, datasets, batch_size,
+                                                                            num_workers))
+        return datamodule
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: str | os.PathLike, map_location: Any = None,
+                             hparams_file: str | os.PathLike | None = None, weights_only: bool | None = None,
+                             **kwargs: Any) -> DataModule:
+        """A new DataModule built from the hyperparameters a checkpoint kept of the run's DataModule
+        (``save_hyperparameters``), with ``kwargs`` replacing saved ones, and its ``state_dict``
+        loaded, as in Lightning. ``map_location``, ``hparams_file`` and ``weights_only`` as for
+        :meth:`TrainingModule.load_from_checkpoint`."""
+        return load_datamodule(cls, checkpoint_path, map_location, hparams_file, weights_only, kwargs)
+
+    def __str__(self) -> str:
+        """The loaders of each stage and their datasets' sizes (Lightning's), one line each:
+        ``{Train dataloader: size=64}``, ``{Validation dataloader: None}`` (the hook fails or gives none)."""
+        lines = []
+        for label, hook in (("Train dataloader", "train_dataloader"), ("Validation dataloader", "val_dataloader"),
+                            ("Test dataloader", "test_dataloader"), ("Predict dataloader", "predict_dataloader")):
+            try:
+                loaders = getattr(self, hook)()
+            except Exception:  # noqa: BLE001 - a stage not set up yet: Lightning shows None
+                loaders = None
+            lines.append(f"{{{label}: {_sizes(loaders)}}}")
+        return os.linesep.join(lines)
+
+
+def _sizes(loaders: Any) -> str:
+    if isinstance(loaders, DataLoader):
+        return f"size={len(loaders.dataset)}" if isinstance(loaders.dataset, Sized) else "size=NA"
+    if isinstance(loaders, Mapping):
+        loaders = list(loaders.values())
+    if isinstance(loaders, (list, tuple)) and loaders:
+        return " ; ".join(f"{i}. {_sizes(loader)}" for i, loader in enumerate(loaders, start=1))
+    return "None"
 
 
 def overrides(obj: Any, hook: str) -> bool:
-    """True when ``obj``'s class defines ``hook`` itself instead of inheriting the base's default, or
-    ``obj`` holds its own (``model.train_dataloader = lambda: loader``); as in Lightning, a hook set to
-    None (``model.validation_step = None``) is not there."""
+    """True when ``obj`` defines ``hook`` itself (its class, or a function set on it, as ``from_datasets``
+    does and as ``model.train_dataloader = lambda: loader`` does) instead of inheriting the base's
+    default; as in Lightning, a hook set to None (``model.validation_step = None``) is not there."""
     base = DataModule if isinstance(obj, DataModule) else TrainingModule
     if getattr(obj, hook, None) is None:
         return False
-    return hook in vars(obj) or getattr(type(obj), hook) is not getattr(base, hook)
+    return hook in getattr(obj, "__dict__", {}) or getattr(type(obj), hook) is not getattr(base, hook)
 
 
-class _DatasetsDataModule(DataModule):
-    """What :meth:`DataModule.from_datasets` returns; defined here so that spawned DDP workers can
-    unpickle it."""
-
-    def __init__(self, train: Any, val: Any, test: Any, predict: Any, batch_size: int, num_workers: int) -> None:
-        super().__init__()
-        self.datasets = {"train": train, "val": val, "test": test, "predict": predict}
-        self.batch_size, self.num_workers = batch_size, num_workers
-
-    def _loaders(self, kind: str) -> Any:
-        datasets = self.datasets[kind]
-        if isinstance(datasets, dict):
-            return {name: self._loader(kind, dataset) for name, dataset in datasets.items()}
-        if isinstance(datasets, (list, tuple)):
-            return [self._loader(kind, dataset) for dataset in datasets]
-        return None if datasets is None else self._loader(kind, datasets)
-
-    def _loader(self, kind: str, dataset: Any) -> DataLoader:
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=kind == "train", num_workers=self.num_workers)
-
-    def train_dataloader(self) -> Any:
-        return self._loaders("train")
-
-    def val_dataloader(self) -> Any:
-        return self._loaders("val")
-
-    def test_dataloader(self) -> Any:
-        return self._loaders("test")
-
-    def predict_dataloader(self) -> Any:
-        return self._loaders("predict")
+def _loaders(kind: str, datasets: Any, batch_size: int, num_workers: int) -> Any:
+    """The loaders ``from_datasets`` serves for ``kind`` (one per dataset of a list or dict)."""
+    if isinstance(datasets, Mapping):
+        return {name: _loaders(kind, dataset, batch_size, num_workers) for name, dataset in datasets.items()}
+    if isinstance(datasets, (list, tuple)):
+        return [_loaders(kind, dataset, batch_size, num_workers) for dataset in datasets]
+    shuffle = kind == "train" and not isinstance(datasets, IterableDataset)
+    return DataLoader(datasets, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers)

@@ -4,15 +4,100 @@ The arguments are read from the ``__init__`` that called it and from every ``__i
 same object that called that one (a subclass passing its arguments up), so a base class that
 calls ``self.save_hyperparameters()`` keeps the subclass's arguments too. Or the caller names
 them, or passes one dict (or ``argparse.Namespace``) that becomes the hyperparameters.
+``HyperparametersMixin`` (Lightning's name) gives both TrainingModule and DataModule the method,
+``hparams_initial`` and the checkpoint keys the hyperparameters are kept under.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import types
+import warnings
 from argparse import Namespace
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from torch import nn
+
+
+class HParams(dict):
+    """The hyperparameters saved by ``save_hyperparameters``; keys read as attributes too."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"hparams has no {name!r}; it has {sorted(self)}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self[name] = value
+
+
+class HyperparametersMixin:
+    """``save_hyperparameters``, ``hparams`` and ``hparams_initial``, as Lightning's mixin of that name.
+
+    A class using it sets ``self.hparams = HParams()`` in its ``__init__``.
+    """
+
+    #: The checkpoint keys of the hyperparameters, of the name of the argument they came from
+    #: (``"kwargs"``: several arguments), and of their type (Lightning's).
+    CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
+    __jit_unused_properties__: list[str] = ["hparams", "hparams_initial"]
+    hparams: HParams
+    _hparams_name: str | None = None
+    _log_hyperparams = True
+
+    def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None,
+                             logger: bool = True) -> None:
+        """Keep the arguments of the caller's ``__init__`` in ``self.hparams`` (and checkpoints), as Lightning.
+
+        Args:
+            args: keep only these arguments (names; default: all, subclasses' included), or one dict
+                or ``argparse.Namespace`` to keep as the hyperparameters.
+            ignore: arguments to leave out (a submodule passed in, say); a subclass's ``ignore`` also
+                removes them when a base class's call kept them.
+            frame: the frame to read the arguments from (default: the caller's).
+            logger: also send them to the loggers (``hparams.yaml``, TensorBoard); False keeps them in
+                ``hparams`` and checkpoints only.
+        """
+        self._log_hyperparams = logger
+        if frame is None:
+            frame = inspect.currentframe().f_back
+        chosen = chosen_hyperparameters(self, args, ignore, frame)
+        if chosen is None:
+            return
+        self._hparams_name = _argument_name(self, args, frame) if args else ("kwargs" if chosen else None)
+        self.hparams.update(chosen)
+        for name in _ignored(ignore):
+            self.hparams.pop(name, None)
+        for name, value in self.hparams.items():
+            if isinstance(value, nn.Module):
+                warnings.warn(f"Attribute {name!r} is an instance of `nn.Module` and is already saved during "
+                              f"checkpointing (in the state dict). Leave it out of the hyperparameters: "
+                              f"self.save_hyperparameters(ignore=[{name!r}]).", UserWarning, stacklevel=2)
+        self._hparams_initial = copy.deepcopy(self.hparams)
+
+    @property
+    def hparams_initial(self) -> HParams:
+        """A copy of the hyperparameters as ``save_hyperparameters`` kept them (later changes to
+        ``hparams`` are not in it): what the loggers record."""
+        return copy.deepcopy(self.__dict__.get("_hparams_initial", HParams()))
+
+
+def _ignored(ignore: Sequence[str] | str | None) -> set[str]:
+    return {ignore} if isinstance(ignore, str) else {name for name in ignore or () if isinstance(name, str)}
+
+
+def _argument_name(obj: Any, args: tuple[Any, ...], frame: types.FrameType) -> str | None:
+    """The name of the ``__init__`` argument that one object given to ``save_hyperparameters`` came
+    from (Lightning's ``hparams_name``; loading passes the hyperparameters back under it)."""
+    objects = [arg for arg in args if not isinstance(arg, str)]
+    if len(objects) != 1:
+        return "kwargs"
+    return next((name for name, value in init_arguments(obj, frame).items() if value is objects[0]), None)
 
 
 def chosen_hyperparameters(obj: Any, args: tuple[Any, ...], ignore: Sequence[str] | str | None,
@@ -22,7 +107,7 @@ def chosen_hyperparameters(obj: Any, args: tuple[Any, ...], ignore: Sequence[str
     if len(args) == 1 and not isinstance(args[0], str) and not args[0]:
         return None
     values = init_arguments(obj, frame)
-    ignored = {ignore} if isinstance(ignore, str) else {name for name in ignore or () if isinstance(name, str)}
+    ignored = _ignored(ignore)
     values = {name: value for name, value in values.items() if name not in ignored}
     if not args:
         return values
@@ -69,6 +154,10 @@ def as_dict(hparams: Any, owner: str) -> dict[str, Any]:
         return dict(vars(hparams))
     if isinstance(hparams, Mapping):
         return dict(hparams)
+    if isinstance(hparams, (bool, int, float, str)):
+        raise ValueError(f"{owner}.save_hyperparameters({hparams!r}): Primitives (<class 'bool'>, <class 'int'>, "
+                         "<class 'float'>, <class 'str'>) are not allowed as the hyperparameters object. Pass the "
+                         "argument's name as a string (save_hyperparameters(\"arg1\")), or a dict.")
     raise ValueError(f"{owner}.save_hyperparameters({hparams!r}): one object is kept as the hyperparameters when it "
                      f"is a dict or an argparse.Namespace, not a {type(hparams).__name__}. Pass argument names as "
                      "strings, or a dict.")

@@ -1,4 +1,4 @@
-"""``TrainingModule.load_from_checkpoint``: a module rebuilt from a checkpoint's hyperparameters.
+"""``load_from_checkpoint``: a TrainingModule (or DataModule) rebuilt from a checkpoint's hyperparameters.
 
 The checkpoint is read by ``strategies.checkpoint.read_checkpoint`` (``torch.load(weights_only=True)``),
 so loading never runs code from the file; the class comes from the caller, the arguments of its
@@ -18,48 +18,73 @@ import torch
 
 from strategies import checkpoint as checkpoint_io
 from callbacks.console import warn
+from trainer.hparams import HParams
 
 if TYPE_CHECKING:
+    from trainer.datamodule import DataModule
     from trainer.module import TrainingModule
 
 
-def load_module(cls: type[TrainingModule], path: str | os.PathLike, map_location: Any, strict: bool,
-                overrides: dict[str, Any]) -> TrainingModule:
+def load_module(cls: type[TrainingModule], path: str | os.PathLike, map_location: Any, strict: bool | None,
+                overrides: dict[str, Any], hparams_file: str | os.PathLike | None = None) -> TrainingModule:
     """``cls`` built from the hyperparameters in the checkpoint at ``path``, with its weights loaded."""
     state = checkpoint_io.read_checkpoint(path, map_location=_available_or_cpu if map_location is None else map_location)
     path = Path(path)
-    module = cls(**init_arguments(cls, state, overrides, path))
+    module = cls(**init_arguments(cls, state, overrides, path, hparams_file))
     module.configure_model()
     module.on_load_checkpoint(state)
-    checkpoint_io.load_weights(module, state, path, strict=strict)
+    if not state["state_dict"]:
+        warn(f"The state dict in {str(path)!r} contains no parameters: {cls.__name__} keeps the weights it was "
+             "built with.")
+    checkpoint_io.load_weights(module, state, path, strict=module.strict_loading if strict is None else strict)
     device = next((value.device for value in state["state_dict"].values() if isinstance(value, torch.Tensor)), None)
     return module.to(device) if device is not None else module
 
 
-def init_arguments(cls: type, state: dict[str, Any], overrides: dict[str, Any], path: Path) -> dict[str, Any]:
-    """The keyword arguments for ``cls(...)``: the saved hyperparameters, then the overrides."""
-    saved = dict(state.get("hyper_parameters") or {})
+def load_datamodule(cls: type[DataModule], path: str | os.PathLike, map_location: Any,
+                    hparams_file: str | os.PathLike | None, weights_only: bool | None,
+                    overrides: dict[str, Any]) -> DataModule:
+    """``cls`` built from the hyperparameters the checkpoint at ``path`` kept of the run's DataModule,
+    with the ``state_dict`` it kept loaded (its weights are not read)."""
+    state = checkpoint_io.read_checkpoint(path, map_location=_available_or_cpu if map_location is None else map_location,
+                                          weights=False)
+    datamodule = cls(**init_arguments(cls, state, overrides, Path(path), hparams_file))
+    if state.get("datamodule"):
+        datamodule.load_state_dict(state["datamodule"])
+    return datamodule
+
+
+def init_arguments(cls: type, state: dict[str, Any], overrides: dict[str, Any], path: Path,
+                   hparams_file: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The keyword arguments for ``cls(...)``: the saved hyperparameters (or those of ``hparams_file``),
+    then the overrides. Hyperparameters saved from one dict or Namespace argument are passed as it."""
+    key = cls.CHECKPOINT_HYPER_PARAMS_KEY
+    saved = _read_hparams_file(hparams_file) if hparams_file is not None else dict(state.get(key) or {})
     parameters = {name: parameter for name, parameter in inspect.signature(cls.__init__).parameters.items()
                   if name != "self" and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)}
     takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
+    container = state.get(cls.CHECKPOINT_HYPER_PARAMS_NAME)
+    if saved and container in parameters and container != "kwargs":  # save_hyperparameters(config)
+        saved = {container: HParams(saved)}
 
     def usage(names: list[str]) -> str:
         return f"{cls.__name__}.load_from_checkpoint(path, {', '.join(f'{name}=...' for name in names)})"
 
     if not takes_any:
-        for name in overrides:
-            if name not in parameters:
-                close = difflib.get_close_matches(name, list(parameters), n=1)
-                raise ValueError(
-                    f"{cls.__name__}.load_from_checkpoint(..., {name}=...): {name!r} is not an argument of "
-                    f"{cls.__name__}.__init__{f'; did you mean {close[0]!r}?' if close else ''} It takes {list(parameters)}."
-                )
+        unknown = [name for name in overrides if name not in parameters]
+        for name in unknown:
+            close = difflib.get_close_matches(name, list(parameters), n=1)
+            warn(f"{cls.__name__}.load_from_checkpoint(..., {name}=...): {name!r} is not an argument of "
+                 f"{cls.__name__}.__init__, so it is left out{f' (did you mean {close[0]!r}?)' if close else ''}. "
+                 f"It takes {list(parameters)}.")
+        overrides = {name: value for name, value in overrides.items() if name not in unknown}
         left_out = sorted(name for name in saved if name not in parameters)
         if left_out:
             warn(f"Checkpoint {path} saved the hyperparameters {left_out}, which {cls.__name__}.__init__ no "
                  "longer takes; they are left out.")
             saved = {name: value for name, value in saved.items() if name in parameters}
-    described = [name for name in state.get("hyper_parameters_inexact", []) if name in saved and name not in overrides]
+    inexact = [] if hparams_file is not None else state.get(f"{key}_inexact", [])
+    described = [name for name in inexact if name in saved and name not in overrides]
     if described:
         raise ValueError(
             f"Checkpoint {path} could keep the hyperparameters {described} only as descriptions "
@@ -80,6 +105,24 @@ def init_arguments(cls: type, state: dict[str, Any], overrides: dict[str, Any], 
             fix = ""
         raise ValueError(f"{where}, and {cls.__name__}.__init__ needs {missing}. Pass them: {usage(missing)}{fix}.")
     return arguments
+
+
+def _read_hparams_file(path: str | os.PathLike) -> dict[str, Any]:
+    """``load_from_checkpoint(hparams_file=...)``: the hyperparameters of a logger's ``hparams.yaml``."""
+    import yaml  # only here: importing trainer stays cheap
+
+    path = Path(path)
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise ValueError(f"load_from_checkpoint(hparams_file={str(path)!r}): a .yaml file is read (the hparams.yaml "
+                         "a logger writes); .csv hyperparameter files are not. Pass the hparams.yaml.")
+    with open(path) as file:
+        hparams = yaml.safe_load(file)
+    if hparams is None:
+        return {}
+    if not isinstance(hparams, dict):
+        raise ValueError(f"load_from_checkpoint(hparams_file={str(path)!r}): the file holds a "
+                         f"{type(hparams).__name__}, not a mapping of hyperparameter names to values.")
+    return hparams
 
 
 def _available_or_cpu(storage: Any, location: str) -> Any:

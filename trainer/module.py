@@ -8,7 +8,6 @@ Trainer's metric store, which keeps them on the device until a log step.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -16,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from trainer import export
 from trainer.data_hooks import DataHooks
-from trainer.hparams import chosen_hyperparameters
+from trainer.hparams import HParams, HyperparametersMixin
 from trainer.loading import load_module
 from trainer.optim import (
     clip_optimizer_gradients, freeze_other_optimizers, optimizers_for_module, unfreeze_other_optimizers,
@@ -27,20 +27,7 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class HParams(dict):
-    """The hyperparameters saved by ``save_hyperparameters``; keys read as attributes too."""
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(f"hparams has no {name!r}; it has {sorted(self)}") from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self[name] = value
-
-
-class TrainingModule(DataHooks, nn.Module):
+class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
     """A model plus the steps that train, validate, test and predict with it.
 
     Override ``training_step`` and ``configure_optimizers``; everything else is optional.
@@ -63,6 +50,10 @@ class TrainingModule(DataHooks, nn.Module):
                 return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
     """
 
+    #: Load checkpoints' weights requiring the same keys (``fit(ckpt_path=...)``, ``load_from_checkpoint``);
+    #: False (set in ``__init__``) loads the keys both have, as Lightning's ``strict_loading``.
+    strict_loading: bool = True
+
     def __init__(self) -> None:
         super().__init__()
         # Plain attributes (not Parameters, Buffers or Modules) land in __dict__, so reading them
@@ -71,8 +62,7 @@ class TrainingModule(DataHooks, nn.Module):
         self._automatic_optimization = True
         self._example_input_array: Any = None
         self._param_requires_grad_state: dict[nn.Parameter, bool] = {}
-        self.hparams = HParams()
-        self._log_hyperparams = True  # save_hyperparameters(logger=False): keep them from the loggers
+        self.hparams = HParams()  # save_hyperparameters (trainer/hparams.py) fills it
 
     def __getstate__(self) -> dict[str, Any]:
         # The Trainer stays attached after a stage (Lightning users read module.trainer after fit),
@@ -83,31 +73,53 @@ class TrainingModule(DataHooks, nn.Module):
 
     # --- rebuilding from a checkpoint ------------------------------------------------------
     @classmethod
-    def load_from_checkpoint(cls, checkpoint_path: str | os.PathLike, map_location: Any = None, strict: bool = True,
-                             **hparam_overrides: Any) -> TrainingModule:
+    def load_from_checkpoint(cls, checkpoint_path: str | os.PathLike, map_location: Any = None,
+                             hparams_file: str | os.PathLike | None = None, strict: bool | None = None,
+                             weights_only: bool | None = None, **kwargs: Any) -> TrainingModule:
         """A new module built from a checkpoint's saved hyperparameters, with its weights loaded.
 
-        ``cls(**hyperparameters, **hparam_overrides)`` is built (arguments ``__init__`` does not
-        take are left out), then ``configure_model``, ``on_load_checkpoint(checkpoint)`` and the
+        ``cls(**hyperparameters, **kwargs)`` is built (arguments ``__init__`` does not take are left
+        out, with a warning), then ``configure_model``, ``on_load_checkpoint(checkpoint)`` and the
         weights, as in Lightning. The file is read with ``torch.load(weights_only=True)``: loading
         never runs code from it.
 
         Args:
             checkpoint_path: a checkpoint written by Cadence (``Trainer.save_checkpoint``,
-                ``ModelCheckpoint``).
+                ``ModelCheckpoint``) or Lightning.
             map_location: where the tensors go, as in ``torch.load``. None: where they were saved,
                 or the CPU when that device is not available here.
+            hparams_file: a ``hparams.yaml`` (a logger's) whose hyperparameters replace the checkpoint's.
             strict: the checkpoint's weights and the module's must have the same keys; False loads
-                the keys they share.
-            hparam_overrides: ``__init__`` arguments that replace the saved ones, or that were not
-                saved (a submodule left out with ``save_hyperparameters(ignore=...)``).
+                the keys they share. None: the new module's ``strict_loading``.
+            weights_only: Lightning's; Cadence reads every file as with True (plain data only), and
+                refuses, saying why, a file that holds code to run.
+            kwargs: ``__init__`` arguments that replace the saved ones, or that were not saved (a
+                submodule left out with ``save_hyperparameters(ignore=...)``).
 
         Example::
 
             model = Classifier.load_from_checkpoint("cadence_logs/version_0/checkpoints/last.ckpt")
             model.eval()
         """
-        return load_module(cls, checkpoint_path, map_location, strict, hparam_overrides)
+        return load_module(cls, checkpoint_path, map_location, strict, kwargs, hparams_file)
+
+    # --- exporting, gathering (trainer/export.py) ----------------------------------------------
+    def to_torchscript(self, file_path: str | os.PathLike | None = None, method: str | None = "script",
+                       example_inputs: Any = None, **kwargs: Any) -> Any:
+        """This module as a ``torch.jit.ScriptModule`` (``method="trace"``: traced on ``example_inputs``
+        or ``example_input_array``), in eval mode, saved at ``file_path`` when given. Deprecated, as
+        TorchScript is in PyTorch: prefer ``torch.export.export``."""
+        return export.to_torchscript(self, file_path, method, example_inputs, kwargs)
+
+    def to_onnx(self, file_path: Any = None, input_sample: Any = None, **kwargs: Any) -> Any:
+        """``torch.onnx.export`` of this module on ``input_sample`` (default ``example_input_array``);
+        needs the ``onnx`` package."""
+        return export.to_onnx(self, file_path, input_sample, kwargs)
+
+    def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        """``data`` (tensors, numbers, or collections of them) from every process, each tensor with a
+        new first dimension of the world size (none with one process). Every process must call it."""
+        return export.all_gather(self, data, group, sync_grads)
 
     # --- what the Trainer provides ---------------------------------------------------------
     @property
@@ -329,26 +341,6 @@ class TrainingModule(DataHooks, nn.Module):
                 "is not the logged object. Name the attribute that holds the metric, or leave metric_attribute out."
             )
 
-    # --- hyperparameters -------------------------------------------------------------------
-    def save_hyperparameters(self, *args: Any, ignore: list[str] | str | None = None, frame: Any = None,
-                             logger: bool = True) -> None:
-        """Keep the arguments of the caller's ``__init__`` in ``self.hparams`` (and checkpoints), as Lightning.
-
-        Args:
-            args: keep only these arguments (names; default: all, subclasses' included), or one dict
-                or ``argparse.Namespace`` to keep as the hyperparameters.
-            ignore: arguments to leave out (a submodule passed in, say).
-            frame: the frame to read the arguments from (default: the caller's).
-            logger: also send them to the loggers (``hparams.yaml``, TensorBoard); False keeps them in
-                ``hparams`` and checkpoints only.
-        """
-        self._log_hyperparams = logger
-        if frame is None:
-            frame = inspect.currentframe().f_back
-        chosen = chosen_hyperparameters(self, args, ignore, frame)
-        if chosen is not None:
-            self.hparams.update(chosen)
-
     # --- the steps a user writes -----------------------------------------------------------
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | Mapping[str, Any] | None:
         raise NotImplementedError(
@@ -445,3 +437,7 @@ class TrainingModule(DataHooks, nn.Module):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Read what ``on_save_checkpoint`` added, before the weights are loaded."""
+
+
+# torch.jit.script compiles properties too; those of the module's Python-side API are not for it.
+TrainingModule.__jit_unused_properties__ = export.unscriptable(TrainingModule)

@@ -109,7 +109,8 @@ def checkpoint_state(trainer: Trainer, module: TrainingModule, training: dict[st
     state = {
         "format": checkpoint_io.FORMAT_VERSION,
         # Lightning's top-level keys (strategies/checkpoint/lightning.py): tools that read its checkpoints read ours
-        **checkpoint_io.lightning_keys(trainer.current_epoch, trainer.global_step, module.hparams),
+        **checkpoint_io.lightning_keys(trainer.current_epoch, trainer.global_step, module.hparams,
+                                       getattr(module, "_hparams_name", "kwargs")),
         "state_dict": trainer.strategy.module_state_dict(module),  # under FSDP: this rank's shards
         **training,
         "hyper_parameters": checkpoint_io.plain_hyperparameters(module.hparams),
@@ -158,13 +159,16 @@ def _datamodule_state(datamodule: DataModule | None) -> dict[str, Any]:
     if datamodule is None:
         return {}
     return {"datamodule": datamodule.state_dict(),
-            "datamodule_hyper_parameters": checkpoint_io.plain_hyperparameters(datamodule.hparams)}
+            "datamodule_hyper_parameters": checkpoint_io.plain_hyperparameters(datamodule.hparams),
+            "datamodule_hyper_parameters_inexact": checkpoint_io.inexact_hyperparameters(datamodule.hparams),
+            "datamodule_hparams_name": getattr(datamodule, "_hparams_name", "kwargs")}
 
 
 def end_of_fit_checkpoint(trainer: Trainer, end_of_fit: tuple[TrainingModule, dict[str, Any]] | None,
                           weights_only: bool = False) -> dict[str, Any]:
     """The checkpoint ``save_checkpoint`` writes when no stage runs: the fitted module's weights as
-    they are now, with the training state its last fit ended with (``end_of_fit``: the module and
+    they are now (and the last stage's DataModule's state and hyperparameters, as Lightning), with the
+    training state its last fit ended with (``end_of_fit``: the module and
     its :func:`training_state`, or None when no fit has ended)."""
     if end_of_fit is None:
         raise RuntimeError(
@@ -174,7 +178,7 @@ def end_of_fit_checkpoint(trainer: Trainer, end_of_fit: tuple[TrainingModule, di
             "weights alone, torch.save(model.state_dict(), path)."
         )
     module, training = end_of_fit
-    return checkpoint_state(trainer, module, {} if weights_only else training)
+    return checkpoint_state(trainer, module, {} if weights_only else training, trainer.datamodule)
 
 
 def write_checkpoint(trainer: Trainer, path: str | os.PathLike, progress: Progress,

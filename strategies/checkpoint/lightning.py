@@ -71,11 +71,14 @@ def lightning_loops(epoch: int, batches_done: int, global_step: int, batches_see
     return {"fit_loop": fit_loop, "validate_loop": evaluation, "test_loop": evaluation, "predict_loop": evaluation}
 
 
-def lightning_keys(epoch: int, global_step: int, hparams: dict[str, Any]) -> dict[str, Any]:
-    """The top-level keys Lightning's checkpoints have besides those Cadence writes anyway."""
+def lightning_keys(epoch: int, global_step: int, hparams: dict[str, Any],
+                   hparams_name: str | None = "kwargs") -> dict[str, Any]:
+    """The top-level keys Lightning's checkpoints have besides those Cadence writes anyway;
+    ``hparams_name``: the ``__init__`` argument one dict or Namespace of hyperparameters came from
+    (``"kwargs"``: several arguments), which loading passes them back as."""
     keys = {"epoch": epoch, "global_step": global_step, VERSION_KEY: LIGHTNING_LAYOUT_VERSION}
     if hparams:
-        keys["hparams_name"] = "kwargs"  # what save_hyperparameters() of __init__'s arguments records
+        keys["hparams_name"] = hparams_name
     return keys
 
 

@@ -1,0 +1,117 @@
+"""Hyperparameters and ``load_from_checkpoint`` as Lightning's: ``hparams_initial``, a subclass's
+``ignore``, one config object kept and passed back under its argument's name, a DataModule rebuilt
+from a checkpoint, ``from_datasets`` on a subclass, a DataModule's ``str``."""
+
+from __future__ import annotations
+
+from argparse import Namespace
+
+import pytest
+import torch
+import yaml
+from torch import nn
+from torch.utils.data import DataLoader
+
+from linear_regression import LinearRegression
+from trainer import DataModule, TrainingModule
+
+
+class Base(LinearRegression):
+    def __init__(self, arg1: int, arg2: int, arg3: int) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore="arg1")
+
+
+class Child(Base):
+    def __init__(self, arg1: int, arg2: int, arg3: int) -> None:
+        super().__init__(arg1, arg2, arg3)
+        self.save_hyperparameters(ignore=("arg2", "arg3"))
+
+
+def test_hparams_initial_and_a_subclass_ignore_removing_what_the_base_kept():
+    module = Child(arg1=14, arg2=90, arg3=50)
+    assert dict(module.hparams) == {"arg1": 14}  # the subclass kept arg1 and dropped arg2, arg3
+    module.hparams.arg1 = 1
+    assert module.hparams_initial == {"arg1": 14} and module.hparams.arg1 == 1
+    assert TrainingModule.CHECKPOINT_HYPER_PARAMS_KEY == "hyper_parameters"
+    assert DataModule.CHECKPOINT_HYPER_PARAMS_KEY == "datamodule_hyper_parameters"
+
+
+def test_a_submodule_kept_as_a_hyperparameter_is_warned_about():
+    class WithNet(LinearRegression):
+        def __init__(self, net: nn.Module) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+    with pytest.warns(UserWarning, match=r"'net' is an instance of `nn.Module`.*ignore=\['net'\]"):
+        WithNet(nn.Linear(1, 1))
+
+
+class Configured(LinearRegression):
+    def __init__(self, config: Namespace) -> None:
+        super().__init__(lr=config.lr)
+        self.save_hyperparameters(config)
+
+
+class Data(DataModule):
+    def __init__(self, batch_size: int = 4, num_workers: int = 0, tag: str = "a") -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.epochs_seen = 0
+
+    def state_dict(self):
+        return {"epochs_seen": 7}
+
+    def load_state_dict(self, state_dict):
+        self.epochs_seen = state_dict["epochs_seen"]
+
+
+def test_config_object_and_datamodule_come_back_from_a_checkpoint(make_trainer, regression_data, tmp_path):
+    module = Configured(Namespace(lr=0.05))
+    data = Data.from_datasets(regression_data, batch_size=16, tag="b")
+    assert type(data) is Data and dict(data.hparams) == {"batch_size": 16, "num_workers": 0, "tag": "b"}
+    assert len(data.train_dataloader()) == 4 and data.val_dataloader() is None
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(module, datamodule=data)
+    trainer.save_checkpoint(tmp_path / "run.ckpt")
+    raw = torch.load(tmp_path / "run.ckpt", weights_only=True)
+    assert raw["hparams_name"] == "config" and raw["datamodule_hyper_parameters"]["tag"] == "b"
+
+    loaded = Configured.load_from_checkpoint(tmp_path / "run.ckpt")  # config=... passed back as one object
+    assert loaded.hparams.lr == 0.05 and loaded.lr == 0.05
+    assert torch.equal(loaded.layer.weight, module.layer.weight)
+    rebuilt = Data.load_from_checkpoint(tmp_path / "run.ckpt", tag="c")
+    assert dict(rebuilt.hparams) == {"batch_size": 16, "num_workers": 0, "tag": "c"} and rebuilt.epochs_seen == 7
+
+    (tmp_path / "hparams.yaml").write_text(yaml.safe_dump({"lr": 0.5}))  # as a logger writes it
+    assert Configured.load_from_checkpoint(tmp_path / "run.ckpt", hparams_file=tmp_path / "hparams.yaml").lr == 0.5
+    with pytest.raises(ValueError, match=r"hparams_file=.*a \.yaml file is read"):
+        Configured.load_from_checkpoint(tmp_path / "run.ckpt", hparams_file=tmp_path / "hparams.csv")
+
+
+def test_a_datamodule_prints_its_loaders_sizes(regression_data):
+    data = DataModule.from_datasets(regression_data, test_dataset=[regression_data, regression_data])
+    assert str(data).splitlines() == ["{Train dataloader: size=64}", "{Validation dataloader: None}",
+                                      "{Test dataloader: 1. size=64 ; 2. size=64}", "{Predict dataloader: None}"]
+    data.predict_dataloader = lambda: DataLoader(range(3))  # set on the instance: counts as the hook
+    assert str(data).splitlines()[-1] == "{Predict dataloader: size=3}"
+
+
+def test_lightnings_phrases_are_in_the_messages_about_hyperparameters_and_checkpoint_arguments():
+    class OneNumber(LinearRegression):
+        def __init__(self, arg1: int) -> None:
+            super().__init__()
+            self.save_hyperparameters(arg1)
+
+    with pytest.raises(ValueError, match=r"Primitives \(<class 'bool'>.*Pass the argument's name as a string"):
+        OneNumber(42)
+    from callbacks import ModelCheckpoint
+
+    with pytest.raises(ValueError, match=r"Must be >= -1"):
+        ModelCheckpoint(save_top_k=-3)
+    with pytest.raises(ValueError, match=r"use an int >= 0 \(0: off\) or None \(Lightning's: Must be >= 0\)"):
+        ModelCheckpoint(every_n_epochs=-3)
+    with pytest.raises(ValueError, match=r"give one of them.*Combination of parameters every_n_train_steps"):
+        ModelCheckpoint(every_n_train_steps=1, every_n_epochs=2)
+    with pytest.raises(ValueError, match=r'use "min" or "max" \(`mode` can be min, max but got unknown\)'):
+        ModelCheckpoint(mode="unknown")

@@ -1,0 +1,59 @@
+"""Loggers used as Lightning code uses them: by hand, without a Trainer (their directory and files
+appear at the first call; ``save`` writes), two stateless loggers of one class in one run, and an
+``hparams.yaml`` always written (``load_from_checkpoint(hparams_file=...)`` reads it)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import pytest
+import yaml
+
+from callbacks import CSVLogger, Logger, TensorBoardLogger
+from linear_regression import LinearRegression
+
+
+@pytest.mark.parametrize("kind", [CSVLogger, TensorBoardLogger])
+def test_a_logger_used_by_hand_writes_at_its_first_call(tmp_path, kind):
+    named = kind(save_dir=tmp_path, name="exp", version="2020-02-05-162402")
+    named.log_hyperparams({"a": 1})
+    assert os.listdir(tmp_path / "exp") == ["2020-02-05-162402"] and os.listdir(tmp_path / "exp" / "2020-02-05-162402")
+    unnamed = kind(save_dir=tmp_path / "plain", name=None)
+    unnamed.log_hyperparams({"b": 2})
+    assert unnamed.root_dir == str(tmp_path / "plain") and os.listdir(tmp_path / "plain" / "version_0")
+    unnamed.log_metrics({"loss": 0.5}, step=3)
+    unnamed.save()
+    if kind is CSVLogger:  # written once save returns
+        assert open(tmp_path / "plain" / "version_0" / "metrics.csv").read().splitlines()[1:] == [",3,0.5"]
+    named.finalize("success"), unnamed.finalize("success")
+    assert yaml.safe_load((tmp_path / "exp" / "2020-02-05-162402" / "hparams.yaml").read_text()) == {"a": 1}
+
+
+class Logging(LinearRegression):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("loss", loss)
+        return loss
+
+
+class Recording(Logger):
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def log_metrics(self, metrics, step=None):
+        self.steps.append(step)
+
+
+def test_two_stateless_loggers_of_one_class_run_together_and_an_empty_state_dict_is_warned_about(
+        make_trainer, regression_loader, tmp_path):
+    first, second = Recording(), Recording()
+    trainer = make_trainer(max_epochs=1, logger=[first, second], log_every_n_steps=4)
+    trainer.fit(Logging(), regression_loader)
+    assert first.steps == second.steps == [3, 7]
+    trainer.save_checkpoint(tmp_path / "run.ckpt")
+    checkpoint = torch.load(tmp_path / "run.ckpt", weights_only=True)
+    checkpoint["state_dict"] = {}
+    torch.save(checkpoint, tmp_path / "run.ckpt")
+    with pytest.warns(UserWarning, match="contains no parameters"):
+        Logging.load_from_checkpoint(tmp_path / "run.ckpt", strict=False)

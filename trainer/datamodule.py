@@ -88,8 +88,10 @@ class DataModule(DataHooks):
 
 def overrides(obj: Any, hook: str) -> bool:
     """True when ``obj``'s class defines ``hook`` itself instead of inheriting the base's default."""
+    if getattr(obj, hook, None) is None:  # Lightning's idiom: model.val_dataloader = None turns the hook off
+        return False
     base = DataModule if isinstance(obj, DataModule) else TrainingModule
-    return getattr(type(obj), hook) is not getattr(base, hook)
+    return hook in vars(obj) or getattr(type(obj), hook) is not getattr(base, hook)
 
 
 class _DatasetsDataModule(DataModule):

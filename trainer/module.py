@@ -139,15 +139,15 @@ class TrainingModule(DataHooks, nn.Module):
         floating = (tensor.dtype for tensor in self.parameters() if tensor.is_floating_point())
         return next(floating, torch.get_default_dtype())
 
-    def freeze(self) -> None:
-        """No parameter requires grad, and eval mode (Lightning's ``freeze``, for inference)."""
+    def freeze(self) -> TrainingModule:
+        """No parameter requires grad, and eval mode (Lightning's ``freeze``, for inference); returns the module."""
         self.requires_grad_(False)
-        self.eval()
+        return self.eval()
 
-    def unfreeze(self) -> None:
-        """Undo :meth:`freeze`: every parameter requires grad, and train mode."""
+    def unfreeze(self) -> TrainingModule:
+        """Undo :meth:`freeze`: every parameter requires grad, and train mode; returns the module."""
         self.requires_grad_(True)
-        self.train()
+        return self.train()
 
     @property
     def on_gpu(self) -> bool:
@@ -362,8 +362,8 @@ class TrainingModule(DataHooks, nn.Module):
     def test_step(self, batch: Any, batch_idx: int) -> Any:
         """Optional; as ``validation_step``, for ``Trainer.test``."""
 
-    def predict_step(self, batch: Any, batch_idx: int) -> Any:
-        """Return the prediction for ``batch``; default: ``self(batch)``."""
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        """Return the prediction for ``batch``; default: ``self(batch)`` (``dataloader_idx``: which loader, of several)."""
         return self(batch)
 
     def configure_optimizers(self) -> Any:

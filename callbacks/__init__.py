@@ -128,15 +128,19 @@ def with_module_callbacks(callbacks: list[Callback], module_callbacks: Any, modu
 
 
 def _check_state_keys(callbacks: list[Callback]) -> None:
-    """Callbacks with state (and file loggers, which would write the same files) need their own
-    keys; stateless ones may repeat (two of a user's Logger, say), as in Lightning."""
-    keys = [callback.state_key for callback in callbacks
-            if type(callback).state_dict is not Callback.state_dict or isinstance(callback, AsyncLogger)]
+    """As Lightning's callback connector: two callbacks with state (their class defines state_dict) may not
+    share a checkpoint key, or one's state would be lost; nor may two file loggers (they would write the
+    same files). Callbacks without state (two of a user's Logger, say) may."""
+    stateful = [callback for callback in callbacks
+                if type(callback).state_dict is not Callback.state_dict or isinstance(callback, AsyncLogger)]
+    keys = [callback.state_key for callback in stateful]
     duplicates = sorted({key for key in keys if keys.count(key) > 1})
     if duplicates:
-        raise ValueError(
-            f"Two callbacks share the checkpoint key {duplicates}; give one a different state_key "
-            "(or different monitor/mode for ModelCheckpoint)."
+        kind = next(type(callback).__name__ for callback in stateful if callback.state_key == duplicates[0])
+        raise RuntimeError(
+            f"Found more than one stateful callback of type `{kind}`: two callbacks share the checkpoint key "
+            f"{duplicates}, so one's state would be lost. Give one a different state_key (or different "
+            "monitor/mode for ModelCheckpoint)."
         )
 
 

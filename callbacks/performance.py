@@ -87,7 +87,7 @@ class PerformanceReport(Callback):
             return
         print(self.text, file=sys.stderr, flush=True)
         log_dir = Path(trainer.log_dir) if trainer.log_dir is not None else None
-        if log_dir is not None and (trainer.loggers or log_dir.exists()):
+        if log_dir is not None and trainer.loggers:  # without a logger, log_dir is default_root_dir: nothing there
             log_dir.mkdir(parents=True, exist_ok=True)
             (log_dir / "performance_report.txt").write_text(self.text + "\n")
 

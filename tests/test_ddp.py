@@ -174,7 +174,7 @@ def spawned_fit(tmp_path_factory):
     with stderr_into(out / "stderr.txt"):
         trainer.fit(model, DataLoader(data, batch_size=BATCH_SIZE, shuffle=True), DataLoader(data, batch_size=8))
         records = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
-        csv_after_fit = (trainer.log_dir / "metrics.csv").read_text()
+        csv_after_fit = (Path(trainer.log_dir) / "metrics.csv").read_text()
         validated = trainer.validate(model, DataLoader(data, batch_size=8))
         validate_metrics = dict(trainer.callback_metrics)  # each stage starts without them, as in Lightning
         predicted = trainer.predict(model, datamodule=PredictionData(str(out)))
@@ -274,7 +274,7 @@ def test_the_trained_weights_and_counters_come_back_to_the_caller(spawned_fit):
 
 
 def test_each_rank_writes_its_own_profiler_trace_and_rank_zero_prints_the_table(spawned_fit):
-    traces = sorted(path.name for path in (spawned_fit.trainer.log_dir / "profiler").glob("*.pt.trace.json.gz"))
+    traces = sorted(path.name for path in (Path(spawned_fit.trainer.log_dir) / "profiler").glob("*.pt.trace.json.gz"))
     assert traces == ["rank0-window0.pt.trace.json.gz", "rank1-window0.pt.trace.json.gz"]
     assert spawned_fit.stderr.count("Profiler, rank 0, window 0") == 1 and "Profiler, rank 1" not in spawned_fit.stderr
     assert spawned_fit.stderr.count("Performance report (fit)") == 1
@@ -304,7 +304,7 @@ def test_a_train_time_interval_under_ddp_saves_on_every_rank_at_the_same_steps_a
 def test_save_checkpoint_after_a_spawned_fit_holds_the_state_the_workers_ended_with(spawned_fit):
     # last.ckpt was written by rank zero at the end of the last epoch; the caller's
     # save_checkpoint, after validate and predict, writes the same training state from the handoff.
-    last = torch.load(spawned_fit.trainer.log_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    last = torch.load(Path(spawned_fit.trainer.log_dir) / "checkpoints" / "last.ckpt", weights_only=True)
     after_fit = torch.load(spawned_fit.out / "after_fit.ckpt", weights_only=True)
     for key in ("state_dict", "optimizer_states", "lr_schedulers", "loops", "rng"):
         assert_same(after_fit[key], last[key], key)
@@ -446,7 +446,7 @@ def test_a_sigterm_to_the_launching_process_lets_every_rank_save_and_stop(tmp_pa
         trainer.fit(Misbehaves("signal", str(tmp_path)), DataLoader(IndexedRegression(), batch_size=8))
     assert exited.value.code == 128 + signal.SIGTERM
     assert trainer.global_step == 4  # of 12
-    assert (trainer.log_dir / "checkpoints" / "last.ckpt").is_file()
+    assert (Path(trainer.log_dir) / "checkpoints" / "last.ckpt").is_file()
     assert multiprocessing.active_children() == []
 
 

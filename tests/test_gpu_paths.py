@@ -86,7 +86,8 @@ class OnAnotherDevice(torch.Tensor):
             raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices")
         unwrapped_args, unwrapped_kwargs = tree_map(lambda a: a.on_cpu if isinstance(a, cls) else a, (args, kwargs))
         result = func(*unwrapped_args, **unwrapped_kwargs)
-        if func is torch.ops.aten._to_copy.default and kwargs.get("device") == torch.device("cpu"):
+        # .to("cpu") reaches here as _to_copy, or under inference_mode (evaluation's epoch end) as to.dtype_layout.
+        if func in (torch.ops.aten._to_copy.default, torch.ops.aten.to.dtype_layout) and kwargs.get("device") == torch.device("cpu"):
             return result
         return tree_map(lambda r: cls(r) if isinstance(r, torch.Tensor) else r, result)
 

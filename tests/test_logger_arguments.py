@@ -8,6 +8,7 @@ import argparse
 import csv
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,7 +114,7 @@ def test_sub_dir_holds_the_event_files_and_the_checkpoints_stay_in_the_version_d
     trainer = make_trainer(max_epochs=1, logger=logger, enable_checkpointing=True)
     trainer.fit(Net(), datamodule=Data())
     version = tmp_path / "exp" / "version_0"
-    assert logger.log_dir == str(version / "tb") and trainer.log_dir == version
+    assert logger.log_dir == str(version / "tb") and trainer.log_dir == str(version)
     assert list((version / "tb").glob("events.out.tfevents.*")) and (version / "tb" / "hparams.yaml").exists()
     assert (version / "checkpoints" / "last.ckpt").exists()
 
@@ -154,19 +155,19 @@ def test_flush_logs_every_n_steps_bounds_how_far_the_csv_lags(make_trainer, tmp_
 def test_hyperparameters_saved_with_logger_false_stay_out_of_the_loggers(make_trainer, tmp_path):
     trainer = make_trainer(max_epochs=1, logger=CSVLogger(tmp_path), enable_checkpointing=True)
     trainer.fit(Net(lr=0.02, keep_from_loggers=True), datamodule=Data(batch_size=8, lr=0.02))
-    assert yaml.safe_load((trainer.log_dir / "hparams.yaml").read_text()) == {"batch_size": 8, "lr": 0.02}  # the data's
-    checkpoint = torch.load(trainer.log_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert yaml.safe_load((Path(trainer.log_dir) / "hparams.yaml").read_text()) == {"batch_size": 8, "lr": 0.02}  # the data's
+    checkpoint = torch.load(Path(trainer.log_dir) / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["hyper_parameters"] == {"lr": 0.02, "keep_from_loggers": True}  # kept all the same
-    assert Net.load_from_checkpoint(trainer.log_dir / "checkpoints" / "last.ckpt").hparams.lr == 0.02
+    assert Net.load_from_checkpoint(Path(trainer.log_dir) / "checkpoints" / "last.ckpt").hparams.lr == 0.02
     quiet = make_trainer(max_epochs=1, logger=CSVLogger(tmp_path / "quiet"))
     quiet.fit(Net(keep_from_loggers=True), datamodule=Data(keep_from_loggers=True))
-    assert yaml.safe_load((quiet.log_dir / "hparams.yaml").read_text()) == {}  # empty, as Lightning's
+    assert yaml.safe_load((Path(quiet.log_dir) / "hparams.yaml").read_text()) == {}  # empty, as Lightning's
 
 
 def test_the_module_and_datamodule_hyperparameters_merge_unless_they_disagree(make_trainer, tmp_path):
     trainer = make_trainer(max_epochs=1, logger=CSVLogger(tmp_path))
     trainer.fit(Net(lr=0.05), datamodule=Data(batch_size=4, lr=0.05))
-    assert yaml.safe_load((trainer.log_dir / "hparams.yaml").read_text()) == {
+    assert yaml.safe_load((Path(trainer.log_dir) / "hparams.yaml").read_text()) == {
         "lr": 0.05, "keep_from_loggers": False, "batch_size": 4}
     with pytest.raises(RuntimeError, match=r"Net and Data both save the hyperparameter 'lr', with different values "
                                            r"\(0.05 and 0.1\).* pass logger=False to one's save_hyperparameters"):

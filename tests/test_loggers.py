@@ -100,7 +100,7 @@ def logged_run(tmp_path_factory):
     trainer.fit(module, loader(BATCHES), loader(VAL_BATCHES))
     events = EventAccumulator(str(trainer.log_dir), size_guidance={"scalars": 0, "histograms": 0})
     events.Reload()
-    with open(trainer.log_dir / "metrics.csv", newline="") as file:
+    with open(Path(trainer.log_dir) / "metrics.csv", newline="") as file:
         rows = list(csv.DictReader(file))
     return trainer, module, events, rows
 
@@ -136,7 +136,7 @@ def test_every_logged_value_reaches_the_wide_csv_with_its_epoch(logged_run):
 def test_metrics_csv_rows_are_in_step_order_when_validation_runs_between_log_steps(make_trainer):
     trainer = make_trainer(max_epochs=1, logger=CSVLogger(), log_every_n_steps=2, val_check_interval=3)
     trainer.fit(Validated(), loader(BATCHES), loader(VAL_BATCHES))
-    with open(trainer.log_dir / "metrics.csv", newline="") as file:
+    with open(Path(trainer.log_dir) / "metrics.csv", newline="") as file:
         rows = [(int(row["step"]), bool(row["val/batch"])) for row in csv.DictReader(file) if not row["val/loss_step"]]
     # log steps after batches 2, 4, 6; validation after batches 3 and 6, each after the values logged before
     # it; each at Lightning's step (one less than the optimizer steps taken)
@@ -145,7 +145,7 @@ def test_metrics_csv_rows_are_in_step_order_when_validation_runs_between_log_ste
 
 def test_hyperparameters_reach_hparams_yaml_and_tensorboard_with_the_final_metrics(logged_run):
     trainer, _, events, _ = logged_run
-    assert yaml.safe_load((trainer.log_dir / "hparams.yaml").read_text()) == {"lr": 0.05, "hidden": 8, "note": "tiny"}
+    assert yaml.safe_load((Path(trainer.log_dir) / "hparams.yaml").read_text()) == {"lr": 0.05, "hidden": 8, "note": "tiny"}
     content = events.PluginTagToContent("hparams")
     start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
     assert {key: value.number_value or value.string_value for key, value in start.hparams.items()} == {
@@ -170,7 +170,7 @@ def test_a_csv_logger_follows_lightnings_directory_scheme_and_sets_the_runs_log_
     trainer = make_trainer(max_epochs=1, logger=logger, enable_checkpointing=True, log_every_n_steps=1)
     trainer.fit(Logged(), loader(2))
     run = tmp_path / "logs" / "mnist" / "version_3"
-    assert trainer.log_dir == run and logger.log_dir == str(run) and logger.save_dir == str(tmp_path / "logs")
+    assert trainer.log_dir == str(run) and logger.log_dir == str(run) and logger.save_dir == str(tmp_path / "logs")
     assert (logger.name, logger.version, logger.root_dir) == ("mnist", 3, str(tmp_path / "logs" / "mnist"))
     assert sorted(path.name for path in run.iterdir()) == ["checkpoints", "hparams.yaml", "metrics.csv"]
     assert [CSVLogger(tmp_path / "logs", name="mnist").version, CSVLogger(tmp_path / "logs", name="").log_dir] == [
@@ -182,7 +182,7 @@ def test_loggers_left_to_their_defaults_share_the_next_version(make_trainer, tmp
     csv_logger, tensorboard = CSVLogger(), TensorBoardLogger(version="named")
     trainer = make_trainer(max_epochs=1, logger=[csv_logger, tensorboard, CSVLogger(name="other")])
     trainer.fit(Logged(), loader(2))
-    assert trainer.log_dir == tmp_path / "cadence_logs" / "version_5" and csv_logger.version == 5
+    assert trainer.log_dir == str(tmp_path / "cadence_logs" / "version_5") and csv_logger.version == 5
     assert tensorboard.log_dir == str(tmp_path / "cadence_logs" / "named")
     assert (tmp_path / "other" / "version_0" / "metrics.csv").is_file()
 
@@ -195,9 +195,9 @@ def test_a_run_resumed_from_its_checkpoint_replaces_what_was_logged_after_it(tmp
         return trainer
 
     first = run(max_epochs=2)  # then "killed" after epoch 2: resume from epoch 1's checkpoint
-    resumed = run(max_epochs=2, ckpt_path=first.log_dir / "checkpoints" / f"epoch=0-step={BATCHES}.ckpt")
+    resumed = run(max_epochs=2, ckpt_path=Path(first.log_dir) / "checkpoints" / f"epoch=0-step={BATCHES}.ckpt")
     assert resumed.log_dir == first.log_dir
-    with open(resumed.log_dir / "metrics.csv", newline="") as file:
+    with open(Path(resumed.log_dir) / "metrics.csv", newline="") as file:
         steps = [int(row["step"]) for row in csv.DictReader(file) if row["train/loss"]]
     assert steps == list(range(LOG_EVERY - 1, EPOCHS * BATCHES, LOG_EVERY))  # each once, in order
     events = EventAccumulator(str(resumed.log_dir))
@@ -245,7 +245,7 @@ def test_the_learning_rate_monitor_logs_each_group_in_the_row_of_its_step(make_t
     trainer = make_trainer(max_epochs=1, logger=CSVLogger(), log_every_n_steps=2,
                            callbacks=[LearningRateMonitor(log_momentum=True)])
     trainer.fit(TwoGroups(), loader(4))
-    with open(trainer.log_dir / "metrics.csv", newline="") as file:
+    with open(Path(trainer.log_dir) / "metrics.csv", newline="") as file:
         rows = [row for row in csv.DictReader(file) if row["train/loss"]]
     # Each log step holds the rate its step used (the scheduler halved it once per earlier step), at
     # Lightning's step: 0.05/0.25 at step 1, 0.0125/0.0625 at step 3, as Lightning 2.6.6 writes them (same script).

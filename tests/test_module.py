@@ -146,7 +146,7 @@ def test_step_values_reach_loggers_only_at_log_steps(make_trainer, regression_lo
     [
         ("", 1.0, {}, r"self.log\(name=''\): the name must be a non-empty string"),
         ("x", torch.ones(3), {}, r'self.log\("x", ...\) got a tensor of shape \(3,\); log a scalar'),
-        ("x", "high", {}, r'self.log\("x", ...\) got str; log a number, a one-element tensor or a metric object'),
+        ("x", "high", {}, r"`self.log\(x, high\)` was called, but str values cannot be logged: log a number"),
         ("x", 1.0, {"reduce_fx": "median"}, r"self.log\(\"x\", reduce_fx='median'\): use one of"),
         ("x", 1.0, {"on_step": False, "on_epoch": False}, r"on_step=False, on_epoch=False\) records nothing"),
         ("x", 1.0, {"sync_dist_group": object()}, r"sync_dist_group=...\): Cadence reduces over all processes"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -99,7 +100,7 @@ def test_the_report_is_saved_in_the_run_directory_and_report_false_turns_it_off(
     trainer = make_trainer(max_epochs=1, report=True, logger=True)
     trainer.fit(Net(), fast_loader())
     report = next(callback for callback in trainer.callbacks if isinstance(callback, PerformanceReport))
-    assert (trainer.log_dir / "performance_report.txt").read_text() == report.text + "\n"
+    assert (Path(trainer.log_dir) / "performance_report.txt").read_text() == report.text + "\n"
     assert "Performance report (fit): 8 training batches (8 optimizer steps)" in capsys.readouterr().err
     quiet = make_trainer(max_epochs=1, report=False)
     quiet.fit(Net(), fast_loader())

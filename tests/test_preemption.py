@@ -95,7 +95,7 @@ def test_a_second_ctrl_c_stops_at_once_without_saving_and_without_a_traceback(ma
     assert exited.value.code == 128 + signal.SIGINT and exited.value.__suppress_context__  # no chained traceback
     assert trainer.interrupted and seen == [KeyboardInterrupt]  # as in Lightning: on_exception, then interrupted
     assert trainer.global_step == 2  # the second Ctrl-C came before the end of the step that was to save
-    assert not (trainer.log_dir / "checkpoints").exists()
+    assert not (Path(trainer.log_dir) / "checkpoints").exists()
     err = capfd.readouterr().err  # the first line is written to file descriptor 2 by the signal handler
     assert "press Ctrl-C again to stop now without saving" in err
     assert "fit stopped at once by Ctrl-C (KeyboardInterrupt); nothing was saved" in err
@@ -154,7 +154,7 @@ def test_sigusr1_finishes_the_accumulation_window_then_saves_and_exits(make_trai
     assert trainer.should_stop and trainer.global_step == 2  # batches 3-5 form the window the signal came in
     loops = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["loops"]
     assert (loops["epoch"], loops["batches_done"], loops["global_step"]) == (0, 6, 2)
-    assert "1" in logged_steps(trainer.log_dir / "metrics.csv", "train/loss")  # step 2's, after the last log step
+    assert "1" in logged_steps(Path(trainer.log_dir) / "metrics.csv", "train/loss")  # step 2's, after the last log step
     assert "SIGUSR1 received; stopped after global step 2 (epoch 0, batch 5)" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGUSR1) is handler_before
     assert trainer.interrupted  # as Lightning's Trainer after a SIGTERM
@@ -164,7 +164,7 @@ def test_without_a_model_checkpoint_the_state_goes_to_the_log_directory(make_tra
     trainer = make_trainer(max_epochs=1, callbacks=[SignalAt(signal.SIGTERM, 1)])
     with pytest.raises(SystemExit):
         trainer.fit(Regressor(), regression_loader)
-    assert torch.load(trainer.log_dir / "checkpoints" / "last.ckpt", weights_only=True)["loops"]["global_step"] == 2
+    assert torch.load(Path(trainer.log_dir) / "checkpoints" / "last.ckpt", weights_only=True)["loops"]["global_step"] == 2
 
 
 def test_handlers_are_restored_after_a_failed_fit_and_not_installed_off_the_main_thread(make_trainer, regression_loader):
@@ -220,7 +220,7 @@ def test_under_ddp_a_signal_on_one_rank_stops_every_rank_after_the_same_batch(tm
         trainer.fit(SignalsOnRankOne(), DataLoader(regression_data, batch_size=4))
     assert exited.value.code == 128 + signal.SIGTERM  # the caller's rank zero stopped for another rank's signal
     assert trainer.global_step == 3  # the ranks agreed at the next log step (batch 2 of 8 per rank)
-    saved = torch.load(trainer.log_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    saved = torch.load(Path(trainer.log_dir) / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["loops"]["global_step"] == 3 and len(saved["rng"]) == 2  # every rank's RNG states
 
 

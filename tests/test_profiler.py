@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,7 +44,7 @@ def test_each_window_becomes_one_gzipped_chrome_trace_of_the_models_operators(ma
     profiler = Profiler(wait=1, warmup=1, active=2, repeat=2, profile_memory=False)
     trainer = make_trainer(max_epochs=1, callbacks=[profiler])
     trainer.fit(Net(), loader(12))  # 12 batches, a schedule of 8: only the scheduled windows are kept
-    directory = trainer.log_dir / "profiler"
+    directory = Path(trainer.log_dir) / "profiler"
     assert sorted(path.name for path in directory.iterdir()) == [
         "rank0-window0.pt.trace.json.gz", "rank0-window0.txt", "rank0-window1.pt.trace.json.gz", "rank0-window1.txt"]
     for window in range(2):

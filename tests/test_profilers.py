@@ -4,6 +4,7 @@ Trainer(profiler=...), trainer.profiler, what each records over a fit and where 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch.nn.functional as F
@@ -85,7 +86,7 @@ def test_the_report_goes_to_stderr_without_a_filename_and_to_log_dir_with_one(ma
     trainer.fit(LinearRegression(), regression_loader)
     trainer.validate(Validated(), regression_loader)
     assert profiler.dirpath == str(trainer.log_dir)
-    assert sorted(path.name for path in trainer.log_dir.glob("*-perf.txt")) == ["fit-perf.txt", "validate-perf.txt"]
+    assert sorted(path.name for path in Path(trainer.log_dir).glob("*-perf.txt")) == ["fit-perf.txt", "validate-perf.txt"]
     assert "FIT Profiler Report" not in capsys.readouterr().err
 
 

@@ -170,10 +170,9 @@ def test_an_int_val_check_interval_longer_than_the_epoch_is_an_error(make_traine
 @pytest.mark.parametrize(
     "arguments, match",
     [
-        ({"max_epochs": 0}, r"Trainer\(max_epochs=0\): use an int >= 1 or None"),
+        ({"max_epochs": -100}, r"Trainer\(max_epochs=-100\): `max_epochs` must be a non-negative integer or -1"),
         ({"max_epochs": 2.5}, r"Trainer\(max_epochs=2.5\)"),
-        ({"max_steps": 0}, r"Trainer\(max_steps=0\): use -1 \(no limit\) or an int >= 1"),
-        ({"max_steps": -2}, r"Trainer\(max_steps=-2\)"),
+        ({"max_steps": -2}, r"Trainer\(max_steps=-2\): `max_steps` must be a non-negative integer or -1"),
         ({"accumulate_grad_batches": 0}, r"Trainer\(accumulate_grad_batches=0\): use an int >= 1"),
         ({"log_every_n_steps": 0}, r"Trainer\(log_every_n_steps=0\)"),
         ({"check_val_every_n_epoch": 0}, r"Trainer\(check_val_every_n_epoch=0\)"),

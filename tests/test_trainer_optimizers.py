@@ -99,7 +99,6 @@ def test_reduce_lr_on_plateau_watching_an_unlogged_metric_is_an_error(make_train
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda m: None, "configure_optimizers returned None"),
         (lambda m: "adam", "configure_optimizers returned 'adam'"),
         (lambda m: [sgd(m), "sgd"], "returned str where an optimizer was expected"),
         (lambda m: {"lr_scheduler": None}, "dict 0 has no 'optimizer' key"),
@@ -111,12 +110,22 @@ def test_reduce_lr_on_plateau_watching_an_unlogged_metric_is_an_error(make_train
         (lambda m: {"optimizer": sgd(m), "lr_scheduler": 0.5}, "returned float as an LR scheduler"),
         (lambda m: [sgd(m), sgd(m)], "returned 2 optimizers. Several optimizers need manual optimization"),
     ],
-    ids=["none", "string", "not-an-optimizer", "no-optimizer-key", "no-scheduler-key", "bad-interval",
+    ids=["string", "not-an-optimizer", "no-optimizer-key", "no-scheduler-key", "bad-interval",
          "bad-frequency", "not-a-scheduler", "two-optimizers-automatic"],
 )
 def test_configure_optimizers_returning_something_unknown_is_an_error(make_trainer, regression_loader, make, match):
     with pytest.raises(ValueError, match=match):
         make_trainer(max_epochs=1).fit(Model(make), regression_loader)
+
+
+def test_configure_optimizers_returning_none_trains_nothing_with_a_warning_as_in_lightning(make_trainer,
+                                                                                          regression_loader):
+    module = Model(lambda m: None)
+    before = module.layer.weight.detach().clone()
+    trainer = make_trainer(max_epochs=1)
+    with pytest.warns(UserWarning, match="configure_optimizers returned None: this fit will run with no optimizer"):
+        trainer.fit(module, regression_loader)
+    assert trainer.global_step == 8 and torch.equal(module.layer.weight, before)  # steps counted, nothing moved
 
 
 def test_a_module_without_configure_optimizers_is_told_to_define_it(make_trainer, regression_loader):

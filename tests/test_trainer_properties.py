@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch.nn.functional as F
 
 from callbacks import CSVLogger, EarlyStopping, ModelCheckpoint
@@ -67,26 +69,29 @@ def test_ckpt_path_is_the_checkpoint_the_last_stage_loaded(make_trainer, regress
     trainer.fit(module, regression_loader, regression_loader)
     assert trainer.ckpt_path is None
     trainer.test(module, regression_loader, ckpt_path="best", verbose=False)
-    assert trainer.ckpt_path is not None and str(trainer.ckpt_path) == trainer.checkpoint_callback.best_model_path
+    assert trainer.ckpt_path == trainer.checkpoint_callback.best_model_path  # a str, as in Lightning
     assert str(trainer.ckpt_path).endswith("epoch=0-step=8.ckpt")
 
 
 def test_log_dir_answers_before_fit_with_the_directory_fit_then_uses(make_trainer, regression_loader, tmp_path):
-    # Lightning: trainer.log_dir is the first logger's version directory from construction on.
+    # Lightning: trainer.log_dir (a str) is the first logger's version directory from construction on, and
+    # default_root_dir without a logger (where ModelCheckpoint then writes checkpoints/).
     for case, logger in enumerate((True, CSVLogger(save_dir=tmp_path / "csv"), False)):
-        trainer = make_trainer(max_epochs=1, logger=logger, default_root_dir=tmp_path / str(case))
+        trainer = make_trainer(max_epochs=1, logger=logger, default_root_dir=tmp_path / str(case), enable_checkpointing=True)
         before = trainer.log_dir
         trainer.fit(RecordsStages(), regression_loader)
-        assert before == trainer.log_dir and before.name == "version_0", logger
-    assert trainer.log_dir == tmp_path / "2" / "cadence_logs" / "version_0"  # without a logger: Cadence's layout
+        assert isinstance(before, str) and before == trainer.log_dir, logger
+        assert Path(trainer.checkpoint_callback.best_model_path).parent == Path(before) / "checkpoints"
+    assert Path(trainer.log_dir) == tmp_path / "2"
+    assert sorted(path.name for path in (tmp_path / "2").iterdir()) == ["checkpoints"]  # and nothing else
 
 
 def test_a_second_trainer_previews_the_next_free_version(make_trainer, regression_loader, tmp_path):
     make_trainer(max_epochs=1, logger=True).fit(RecordsStages(), regression_loader)
     trainer = make_trainer(max_epochs=1, logger=True)
-    assert trainer.log_dir.name == "version_1"
+    assert Path(trainer.log_dir).name == "version_1"
     trainer.fit(RecordsStages(), regression_loader)
-    assert trainer.log_dir.name == "version_1"
+    assert Path(trainer.log_dir).name == "version_1"
 
 
 class ValidatesOnSeveral(LinearRegression):

@@ -20,7 +20,8 @@ def check_positive_int(value: Any, name: str, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"Trainer({name}={value!r}): use an int >= 1{' or None' if allow_none else ''}.")
+        raise ValueError(f"Trainer({name}={value!r}): use an int >= 1{' or None' if allow_none else ''} "
+                         f"(`{name}` should be an integer.)")
 
 
 def check_count(value: Any, name: str) -> None:
@@ -41,16 +42,18 @@ def check_trainer_arguments(
 
     ``flags`` are the boolean arguments by name (``inference_mode``, ``sync_batchnorm``, ...).
     """
-    if max_epochs != -1:  # -1: no epoch limit, as in Lightning
-        check_positive_int(max_epochs, "max_epochs", allow_none=True)
+    if max_epochs is not None and (isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < -1):
+        raise ValueError(f"Trainer(max_epochs={max_epochs!r}): `max_epochs` must be a non-negative integer or -1 (no "
+                         "epoch limit), or None (1000 epochs, or no limit with max_steps). 0 trains nothing.")
     for name, value in (("min_epochs", min_epochs), ("min_steps", min_steps),
                         ("reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs)):
         check_count(value, name)
     for name, value in (flags or {}).items():
         if not isinstance(value, bool) and not (name == "benchmark" and value is None):
             raise ValueError(f"Trainer({name}={value!r}): use True or False{' (or None)' if name == 'benchmark' else ''}.")
-    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < -1 or max_steps == 0:
-        raise ValueError(f"Trainer(max_steps={max_steps!r}): use -1 (no limit) or an int >= 1.")
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < -1:
+        raise ValueError(f"Trainer(max_steps={max_steps!r}): `max_steps` must be a non-negative integer or -1 (no "
+                         "limit). 0 trains nothing.")
     check_positive_int(accumulate_grad_batches, "accumulate_grad_batches")
     check_positive_int(log_every_n_steps, "log_every_n_steps")
     check_positive_int(check_val_every_n_epoch, "check_val_every_n_epoch", allow_none=True)
@@ -59,7 +62,8 @@ def check_trainer_arguments(
     ):
         raise ValueError(f"Trainer(gradient_clip_val={gradient_clip_val!r}): use a positive number or None.")
     if gradient_clip_algorithm not in ("norm", "value"):
-        raise ValueError(f'Trainer(gradient_clip_algorithm="{gradient_clip_algorithm}"): use "norm" or "value".')
+        raise ValueError(f'Trainer(gradient_clip_algorithm="{gradient_clip_algorithm}"): use "norm" or "value" '
+                         f"(`gradient_clip_algorithm` {gradient_clip_algorithm} is invalid).")
     if (isinstance(val_check_interval, bool) or not isinstance(val_check_interval, (int, float))
             or val_check_interval <= 0 or (isinstance(val_check_interval, float) and val_check_interval > 1.0)):
         raise ValueError(
@@ -81,12 +85,15 @@ def check_trainer_arguments(
 def loss_of(outputs: Any, batch_idx: int) -> torch.Tensor:
     """The loss in what training_step returned (not None: see :func:`skipped_batch`), checked without
     reading its value."""
-    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs  # any mapping, as in Lightning
     if not isinstance(loss, torch.Tensor):
-        what = "a dict without a 'loss' key" if isinstance(outputs, dict) else type(loss).__name__
+        mapping = isinstance(outputs, Mapping)
+        what = "a dict without a 'loss' key" if mapping else type(loss).__name__
+        rule = ("when `training_step` returns a dict, the 'loss' key needs to be present" if mapping else
+                "`training_step` must return a Tensor, a dict, or None (where the step will be skipped)")
         raise RuntimeError(
             f"training_step returned {what} at batch {batch_idx}. Return the loss tensor, or a dict "
-            'with a "loss" key.'
+            f'with a "loss" key ({rule}).'
         )
     if loss.dim() != 0:
         raise RuntimeError(
@@ -123,6 +130,13 @@ def skipped_batch(world_size: int, batch_idx: int) -> None:
               'warning; otherwise return the loss tensor, or a dict with a "loss" key.')
 
 
+def none_batch() -> None:
+    """The training loader yielded None (a collate_fn that drops a bad batch): as in Lightning, that batch runs
+    no hooks and no step, and on_train_batch_end gets outputs None (Python shows the warning once per line)."""
+    warn("train_dataloader yielded None. If this was on purpose, ignore this warning: the batch is skipped "
+         "(no on_train_batch_start, no training_step; on_train_batch_end gets outputs=None).")
+
+
 def loss_without_grad(batch_idx: int) -> RuntimeError:
     """The error for a loss that cannot be backpropagated (``Trainer.run_backward``)."""
     return RuntimeError(
@@ -148,6 +162,7 @@ def require_training_module(module: Any, stage: str) -> None:
 
     if not isinstance(module, TrainingModule):
         raise TypeError(
-            f"Trainer.{stage} needs a trainer.TrainingModule; got {type(module).__name__}. "
-            "Subclass TrainingModule and define training_step and configure_optimizers."
+            f"Trainer.{stage} needs a trainer.TrainingModule; got {type(module).__name__} (`model` must be a "
+            f"`LightningModule`, got `{type(module).__name__}`). Subclass TrainingModule and define training_step "
+            "and configure_optimizers."
         )

@@ -101,7 +101,7 @@ def default_max_epochs(max_epochs: int | None, max_steps: int, loader: Any, warn
         if warn:
             warn_at_users_line("Neither max_epochs nor max_steps is set; training stops after max_epochs=1000.")
         return 1000
-    return max_epochs
+    return -1 if max_epochs is None else max_epochs  # max_steps ends the run (trainer.max_epochs reads -1, as in Lightning)
 
 
 def prepare_loader(loader: Any, stage: str, *, shuffle: bool, strategy: Any, seed: int | None,

@@ -15,6 +15,8 @@ import types
 import weakref
 from typing import Any
 
+import torch
+
 from callbacks import Callback
 from trainer.batch_transfer import batch_transfer
 from trainer.module import TrainingModule
@@ -291,10 +293,31 @@ def step_without_batch_idx(step: Any) -> Any:
     return step_of_batch
 
 
+def train_modes(model: torch.nn.Module) -> list[tuple[torch.nn.Module, bool]]:
+    """Each submodule's ``training`` flag, for :func:`restore_train_modes` after evaluation (Lightning's
+    ``_ModuleMode``): a submodule the user froze in eval mode stays in eval mode when training resumes."""
+    return [(submodule, submodule.training) for submodule in model.modules()]
+
+
+def restore_train_modes(model: torch.nn.Module, modes: list[tuple[torch.nn.Module, bool]]) -> None:
+    for submodule, training in modes:
+        submodule.training = training
+
+
+def warn_eval_modules(module: TrainingModule) -> None:
+    """Lightning's warning when training starts with submodules in eval mode (fit keeps the user's modes)."""
+    names = [name or type(module).__name__ for name, submodule in module.named_modules() if not submodule.training]
+    if names:
+        warn(f"Found {len(names)} module(s) in eval mode at the start of training ({', '.join(names[:5])}"
+             f"{', ...' if len(names) > 5 else ''}). This may lead to unexpected behavior during training: "
+             "dropout and batch norm act as in evaluation. If this is intentional, you can ignore this warning; "
+             "otherwise call model.train() before fit.")
+
+
 # =============================================================================================
 # Lightning hooks that Cadence does not call
 # =============================================================================================
-_EVAL_MODE = "the Trainer itself puts the model in eval mode (and back in train mode) around evaluation"
+_EVAL_MODE = "the Trainer itself puts the model in eval mode around evaluation, then gives each submodule its mode back"
 _REMOVED = "removed in Lightning 2.0"
 
 #: LightningModule hooks (core/hooks.py and core/module.py), with what to do in Cadence. Those

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from callbacks.console import warn
 from trainer.host_copy import HostCopy, gather_alone
 from trainer.utilities import extract_batch_size
 
@@ -38,6 +39,7 @@ class MetricSpec:
     accumulates: bool = False  # an on_epoch number or tensor, summed on the device per step
     base: str = ""  # the name given to self.log
     suffix: str = ""  # "/dataloader_idx_N" (several evaluation loaders), else ""
+    dataloader_idx: int | None = None  # the evaluation loader it was logged in (of several); None: outside them
 
 
 def is_metric_object(value: Any) -> bool:
@@ -49,19 +51,26 @@ def is_metric_object(value: Any) -> bool:
 class StageMetrics:
     """The metrics of one stage (train, or the current evaluation) between two reads."""
 
-    def __init__(self, default_on_step: bool) -> None:
+    def __init__(self, default_on_step: bool, has_loggers: bool = True) -> None:
         self.default_on_step = default_on_step
+        self.has_loggers = has_loggers  # False: self.log(logger=True) gets Lightning's warning
         self.specs: dict[str, MetricSpec] = {}
         self.step_values: dict[str, Any] = {}
         self.epoch_totals: dict[str, list[Any]] = {}  # name -> [device total, weight]
         self.metric_objects: dict[str, Any] = {}  # name -> the metric object logged under it
         self.objects_logged: set[str] = set()  # metric objects logged since the last read of the epoch values
         self.computed_objects: set[str] = set()  # computed for the epoch end, reset after its hooks
-        #: "/dataloader_idx_N" while evaluation runs loader N of several (Lightning's keys), else "".
+        #: "/dataloader_idx_N" while evaluation runs loader N of several (Lightning's keys), else "" (set_loader).
         self.dataloader_suffix = ""
+        self.dataloader_idx: int | None = None
         #: The running batch, set by the loop (None outside batches): its size weighs epoch means, as in Lightning.
         self.batch: Any = None
         self._sized: tuple[Any, int] = (None, 1)  # (batch, its size): inferred once per batch
+
+    def set_loader(self, dataloader_idx: int | None) -> None:
+        """Evaluation runs loader ``dataloader_idx`` of several (None: one loader, or outside the loaders)."""
+        self.dataloader_idx = dataloader_idx
+        self.dataloader_suffix = "" if dataloader_idx is None else f"/dataloader_idx_{dataloader_idx}"
 
     def log(self, name: str, value: Any, prog_bar: bool, logger: bool | None, on_step: bool | None,
             on_epoch: bool | None, reduce_fx: Any, sync_dist: bool, sync_dist_group: Any,
@@ -74,7 +83,8 @@ class StageMetrics:
         if spec is None:
             if add_dataloader_idx and "/dataloader_idx_" in logged_as:
                 raise ValueError(f'self.log("{logged_as}", ...): with add_dataloader_idx=True the Trainer adds '
-                                 '"/dataloader_idx_N" itself; log the name without it, or pass add_dataloader_idx=False.')
+                                 '"/dataloader_idx_N" itself (you called `self.log` with the key '
+                                 f'`{logged_as}`); log the name without it, or pass add_dataloader_idx=False.')
             spec = self._register(name, logged_as, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist,
                                   sync_dist_group, add_dataloader_idx, rank_zero_only)
         if spec.on_step:
@@ -116,9 +126,10 @@ class StageMetrics:
                     "scalar, e.g. its .mean()."
                 )
         elif not metric and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            shown = str(value) if len(str(value)) <= 200 else f"<{type(value).__name__}>"
             raise ValueError(
-                f'self.log("{name}", ...) got {type(value).__name__}; log a number, a one-element tensor '
-                "or a metric object (update/compute/reset)."
+                f"`self.log({name}, {shown})` was called, but {type(value).__name__} values cannot be logged: log a "
+                "number, a one-element tensor or a metric object (update/compute/reset)."
             )
         # Lightning's defaults: per step in training batches; per epoch elsewhere (on_train_epoch_start/_end too).
         in_steps = self.default_on_step and self.batch is not None
@@ -135,10 +146,15 @@ class StageMetrics:
             metric=metric,
             base=logged_as if name != logged_as else name,
             suffix=name[len(logged_as):] if name != logged_as else "",
+            dataloader_idx=self.dataloader_idx,
         )
         spec.accumulates = spec.on_epoch and not metric
+        if logger and not self.has_loggers:  # once per name and stage: the first call registers it
+            warn(f"You called `self.log({logged_as!r}, ..., logger=True)` but have no logger configured. Enable one "
+                 "with Trainer(logger=True) or a logger callback, or remove `logger=True` to suppress this warning.")
         if not (spec.on_step or spec.on_epoch):
-            raise ValueError(f'self.log("{name}", on_step=False, on_epoch=False) records nothing; set one.')
+            raise ValueError(f'self.log("{name}", on_step=False, on_epoch=False) records nothing (`self.log(on_step=False, '
+                             'on_epoch=False)` is not useful); set one.')
         if metric:
             if spec.on_step and not hasattr(value, "_forward_cache"):
                 raise ValueError(
@@ -214,8 +230,8 @@ def _scalar(name: str, value: Any) -> Any:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
     what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-    raise ValueError(f'The metric object logged as "{name}" computed {what}; self.log takes metrics whose '
-                     "compute() is a scalar. Log each element under its own name.")
+    raise ValueError(f"The `.compute()` return of the metric logged as '{name}' must be a tensor (a scalar): it "
+                     f"computed {what}. Log each element under its own name.")
 
 
 def _key(spec: MetricSpec, fork: str) -> str:
@@ -234,12 +250,14 @@ class MetricStore:
             ``sync_dist`` keys before they are reduced.
     """
 
-    def __init__(self, reduce: Any, gather: Any = None) -> None:
+    def __init__(self, reduce: Any, gather: Any = None, barebones: bool = False) -> None:
         self.reduce = reduce
+        self.barebones = barebones  # Trainer(barebones=True): self.log records nothing, with Lightning's warning
         self.gather = gather if gather is not None else gather_alone
         self.train = StageMetrics(default_on_step=True)
         self.evaluation = StageMetrics(default_on_step=False)
-        self.current = self.train
+        self.has_loggers = True  # the running stage has loggers (start_stage)
+        self.current = self.train if not barebones else _BAREBONES
         self._pending: tuple[int, dict[str, MetricSpec], torch.Tensor, Any, dict[str, float]] | None = None
         self._evaluation_steps: list[tuple[int, dict[str, tuple[Any, MetricSpec]]]] = []  # (batch_idx, values)
         self.evaluation_batches: dict[str, int] = {}  # per stage: the step axis of its on_step values
@@ -252,18 +270,19 @@ class MetricStore:
         self._epoch_end: tuple[dict[str, float], dict[str, MetricSpec]] = ({}, {})
 
     def start_evaluation(self) -> None:
-        self.evaluation = StageMetrics(default_on_step=False)
-        self.current = self.evaluation
+        self.evaluation = StageMetrics(default_on_step=False, has_loggers=self.has_loggers)
+        self.current = self.evaluation if not self.barebones else _BAREBONES
 
     def start_training(self) -> None:
-        self.current = self.train
+        self.current = self.train if not self.barebones else _BAREBONES
 
-    def start_stage(self, stage: str) -> None:
+    def start_stage(self, stage: str, has_loggers: bool = True) -> None:
         """A stage begins: fresh training metrics, so that a second ``fit`` registers its names (and
         metric objects) anew, and, as in Lightning, no published value of an earlier stage (after
         ``test``, ``callback_metrics`` holds the test's values only)."""
-        self.train = StageMetrics(default_on_step=True)
-        self.current = self.train
+        self.has_loggers = has_loggers
+        self.train = StageMetrics(default_on_step=True, has_loggers=has_loggers)
+        self.current = self.train if not self.barebones else _BAREBONES
         self._pending = None
         self.clear_published()
 
@@ -271,6 +290,11 @@ class MetricStore:
         """Forget every published value (a stage starts; the sanity check ends, as in Lightning)."""
         self.callback_metrics, self.progress_bar_metrics, self.logged_metrics = {}, {}, {}
         self._epoch_end = ({}, {})
+
+    def end_sanity_check(self) -> None:
+        """The sanity check is over: forget its values, and ``self.log`` records training's again (on_train_start)."""
+        self.clear_published()
+        self.start_training()
 
     def stop(self) -> None:
         """No stage runs: ``self.log`` (a unit test calling ``training_step`` after fit) records nothing."""
@@ -342,13 +366,15 @@ class MetricStore:
         """After the epoch-end hooks: the epoch's values, the hooks' included, in one record at ``step``."""
         return self.publish(step, *self.read_epoch_end(self.train, final=True))
 
-    def end_evaluation(self, stage: str, step: int, publish: bool) -> tuple[list[tuple[int, dict]], dict[str, float]]:
+    def end_evaluation(self, stage: str, step: int, publish: bool
+                       ) -> tuple[list[tuple[int, dict]], dict[str, float], dict[str, MetricSpec]]:
         """After the evaluation's epoch-end hooks: publish its ``on_step`` values, then its epoch values
-        (at ``step``); returns those and the epoch values. Without ``publish`` (sanity) the loggers get nothing."""
+        (at ``step``); returns those, the epoch values and their specs. Without ``publish`` (sanity) the
+        loggers get nothing."""
         published = [chunk for received in self.read_evaluation_step_values(stage, publish)
                      for chunk in self.publish(*received, callback=False)]
         values, specs = self.read_epoch_end(self.evaluation, final=True)
-        return (published + self.publish(step, values, specs) if publish else []), values
+        return (published + self.publish(step, values, specs) if publish else []), values, specs
 
     # --- the path to the host ------------------------------------------------------------
     def send_step_values(self, step: int) -> None:
@@ -396,18 +422,20 @@ class MetricStore:
         return copy.values(), copy.specs
 
 
-def split_by_dataloader(values: dict[str, float], count: int) -> list[dict[str, float]]:
-    """One dict per evaluation loader, as ``validate``/``test`` return them: loader N's keys (which
-    end in "/dataloader_idx_N" when there are several), and the keys logged outside the loaders
-    (``on_validation_epoch_end``) in every dict."""
+def split_by_dataloader(values: dict[str, float], count: int,
+                        specs: dict[str, MetricSpec] | None = None) -> list[dict[str, float]]:
+    """One dict per evaluation loader, as ``validate``/``test`` return them (Lightning's rule): the keys
+    logged while loader N ran (which end in "/dataloader_idx_N" unless logged with add_dataloader_idx=False)
+    in dict N, and the keys logged outside the loaders (``on_validation_epoch_end``) in every dict."""
     if count == 1:
         return [values]
     pattern = re.compile(r"/dataloader_idx_(\d+)$")
     results: list[dict[str, float]] = [{} for _ in range(count)]
     for key, value in values.items():
-        match = pattern.search(key)
+        spec, match = (specs or {}).get(key), pattern.search(key)
+        owner = spec.dataloader_idx if spec is not None else int(match.group(1)) if match else None
         for index, result in enumerate(results):
-            if match is None or int(match.group(1)) == index:
+            if owner is None or owner == index:
                 result[key] = value
     return results
 
@@ -437,3 +465,14 @@ class _NoStage:
 
 
 _NO_STAGE = _NoStage()
+
+
+class _Barebones:
+    """What ``self.log`` writes to under ``Trainer(barebones=True)``: nothing, with Lightning's warning."""
+
+    def log(self, *args: Any) -> None:
+        warn("`self.log()` was called, but `Trainer(barebones=True)` is configured. Logging can impact raw speed so "
+             "it is disabled under this setting: nothing is recorded.")
+
+
+_BAREBONES = _Barebones()

@@ -151,15 +151,15 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         floating = (tensor.dtype for tensor in self.parameters() if tensor.is_floating_point())
         return next(floating, torch.get_default_dtype())
 
-    def freeze(self) -> None:
-        """No parameter requires grad, and eval mode (Lightning's ``freeze``, for inference)."""
+    def freeze(self) -> TrainingModule:
+        """No parameter requires grad, and eval mode (Lightning's ``freeze``, for inference); returns the module."""
         self.requires_grad_(False)
-        self.eval()
+        return self.eval()
 
-    def unfreeze(self) -> None:
-        """Undo :meth:`freeze`: every parameter requires grad, and train mode."""
+    def unfreeze(self) -> TrainingModule:
+        """Undo :meth:`freeze`: every parameter requires grad, and train mode; returns the module."""
         self.requires_grad_(True)
-        self.train()
+        return self.train()
 
     @property
     def on_gpu(self) -> bool:

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from callbacks.console import warn
+
 ACCEPTED = (
     "Return an optimizer, a list of optimizers, (optimizers, schedulers), or "
     '{"optimizer": ..., "lr_scheduler": ...}.'
@@ -65,6 +67,20 @@ def _scheduler_config(item: Any, where: str, monitor: str | None = None) -> Sche
     return config
 
 
+class NoOptimizer(torch.optim.Optimizer):
+    """What fit steps when ``configure_optimizers`` returns None (Lightning's ``_MockOptimizer``): its
+    step changes no weight (it runs the closure, if given); ``global_step`` still counts the steps."""
+
+    def __init__(self) -> None:
+        super().__init__([torch.zeros(1)], {})
+
+    def step(self, closure: Any = None) -> Any:
+        return closure() if closure is not None else None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        return None
+
+
 def _optimizer(item: Any) -> torch.optim.Optimizer:
     if not isinstance(item, torch.optim.Optimizer):
         raise ValueError(f"configure_optimizers returned {type(item).__name__} where an optimizer was expected. {ACCEPTED}")
@@ -73,8 +89,10 @@ def _optimizer(item: Any) -> torch.optim.Optimizer:
 
 def parse_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
     """Split what ``configure_optimizers`` returned into optimizers and scheduler configs."""
-    if returned is None:
-        raise ValueError(f"configure_optimizers returned None. {ACCEPTED}")
+    if returned is None:  # as in Lightning: a warning, and an optimizer that moves nothing
+        warn("configure_optimizers returned None: this fit will run with no optimizer (training_step and backward "
+             f"run, no weight changes). If that is not what you want: {ACCEPTED}")
+        return [NoOptimizer()], []
     if isinstance(returned, torch.optim.Optimizer):
         return [returned], []
     if isinstance(returned, Mapping):

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 import callbacks as callbacks_package
 from trainer.log_dir import preview_log_dir
@@ -57,8 +60,32 @@ class TrainerProperties:
 
     # --- the callbacks that play a named role, in the order given
     progress_bar_callback = property(lambda self: next(iter(self._callbacks_of(callbacks_package.ProgressBar)), None))
-    loggers = property(lambda self: self._callbacks_of(callbacks_package.Logger))
-    logger = property(lambda self: next(iter(self.loggers), None))
+
+    @property
+    def loggers(self: Trainer) -> list[Any]:
+        """The logger callbacks, in order. Settable, as in Lightning: the list given replaces them."""
+        return self._callbacks_of(callbacks_package.Logger)
+
+    @loggers.setter
+    def loggers(self: Trainer, loggers: Any) -> None:
+        new = list(loggers) if loggers else []
+        for logger in new:
+            if not isinstance(logger, callbacks_package.Logger):
+                raise TypeError(f"trainer.loggers = [...]: {type(logger).__name__} is not a callbacks.Logger.")
+        first = next((i for i, c in enumerate(self.callbacks) if isinstance(c, callbacks_package.Logger)), len(self.callbacks))
+        others = [c for c in self.callbacks if not isinstance(c, callbacks_package.Logger)]
+        at = len([c for c in self.callbacks[:first] if not isinstance(c, callbacks_package.Logger)])
+        self.callbacks = others[:at] + new + others[at:]  # where the old ones were
+
+    @property
+    def logger(self: Trainer) -> Any:
+        """The first logger, or None. Settable, as in Lightning: ``trainer.logger = None`` removes them all."""
+        return next(iter(self.loggers), None)
+
+    @logger.setter
+    def logger(self: Trainer, logger: Any) -> None:
+        self.loggers = [logger] if logger else []
+
     checkpoint_callbacks = property(lambda self: self._callbacks_of(callbacks_package.ModelCheckpoint))
     checkpoint_callback = property(lambda self: next(iter(self.checkpoint_callbacks), None))
     early_stopping_callbacks = property(lambda self: self._callbacks_of(callbacks_package.EarlyStopping))
@@ -96,16 +123,56 @@ class TrainerProperties:
         return [min(steps, count) for count in self.num_val_batches]
 
     @property
-    def log_dir(self: Trainer) -> Path:
-        """The run's directory (``<first logger's save_dir>/<name>/version_<N>``; trainer/log_dir.py): the
-        running or last stage's, and before any, the one the next stage will take."""
-        if self._log_dir is not None:
-            return self._log_dir
-        return preview_log_dir(self.loggers, self.default_root_dir)
+    def log_dir(self: Trainer) -> str:
+        """The run's directory, a str as in Lightning (``<first logger's save_dir>/<name>/version_<N>``;
+        without a logger ``default_root_dir``; trainer/log_dir.py): the running or last stage's, and
+        before any, the one the next stage will take."""
+        return str(self._log_dir if self._log_dir is not None else preview_log_dir(self.loggers, self.default_root_dir))
 
     @log_dir.setter
-    def log_dir(self: Trainer, value: Path | None) -> None:
-        self._log_dir = value
+    def log_dir(self: Trainer, value: str | os.PathLike | None) -> None:
+        self._log_dir = Path(value) if value is not None else None
+
+    @property
+    def ckpt_path(self: Trainer) -> str | None:
+        """The checkpoint the running or last stage loaded (a str, as in Lightning), or None."""
+        return str(self._ckpt_path) if self._ckpt_path is not None else None
+
+    @ckpt_path.setter
+    def ckpt_path(self: Trainer, value: str | os.PathLike | None) -> None:
+        self._ckpt_path = Path(value) if value is not None else None
+
+    # --- what Lightning's accelerator connector and signal connector answer
+    @property
+    def precision(self: Trainer) -> str:
+        """Lightning's precision string: ``"bf16-mixed"`` or ``"16-mixed"`` under an AMP callback (or FSDP's
+        mixed-precision policy), else ``"32-true"``. As in Lightning, ``"16-mixed"`` on the CPU is bf16."""
+        amp = next(iter(self._callbacks_of(callbacks_package.AMP)), None)
+        if amp is not None:
+            on_cpu = amp.cpu_dtype == "bfloat16" and getattr(getattr(self.strategy, "device", None), "type", "cpu") == "cpu"
+            return "bf16-mixed" if amp.requested == "bfloat16" or on_cpu else "16-mixed"
+        policy = getattr(self.strategy, "mp_policy", None)
+        if policy is not None and getattr(policy, "param_dtype", None) in (torch.bfloat16, torch.float16):
+            return "bf16-mixed" if policy.param_dtype == torch.bfloat16 else "16-mixed"
+        return "32-true"
+
+    @property
+    def accelerator(self: Trainer) -> Any:
+        """Refused: Lightning's Accelerator object, which Cadence does not have (where the run is, is the strategy's)."""
+        raise AttributeError(
+            "trainer.accelerator is Lightning's Accelerator object; Cadence has none. Where the run is, is the "
+            "strategy's: trainer.strategy.device (torch.device; .type is 'cpu', 'cuda' or 'mps'), trainer.num_devices, "
+            "trainer.device_ids.")
+
+    @property
+    def received_sigterm(self: Trainer) -> bool:
+        """Whether SIGTERM arrived during this fit (Cadence then saves last.ckpt at the end of the step and stops)."""
+        return self._preemption.signal_number == signal.SIGTERM
+
+    def print(self: Trainer, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the first process of each machine only (local rank 0), as Lightning's ``trainer.print``."""
+        if self.local_rank == 0:
+            print(*args, **kwargs)
 
 
 def _limit(value: int | float | None) -> int | float:

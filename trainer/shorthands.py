@@ -27,7 +27,6 @@ import difflib
 import inspect
 import os
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
 import callbacks as callbacks_package
@@ -50,7 +49,6 @@ LIGHTNING_ONLY = {
     "hpus": "nothing: Cadence runs on CPUs, CUDA GPUs and Apple GPUs, not HPUs",
     "plugins": "callbacks for what plugins did (callbacks.AMP for mixed precision); the cluster environment "
                "is torchrun's variables, and checkpoint files are written by the Trainer",
-    "barebones": "enable_progress_bar=False, enable_checkpointing=False, logger=False, enable_model_summary=False",
     "resume_from_checkpoint": "trainer.fit(model, ..., ckpt_path=path)",
     "replace_sampler_ddp": "use_distributed_sampler",
     "reload_dataloaders_every_epoch": "reload_dataloaders_every_n_epochs=1",
@@ -107,7 +105,7 @@ class Translated:
     num_sanity_val_steps: int
     val_check_interval: int | float
     check_val_every_n_epoch: int | None
-    default_root_dir: Path
+    default_root_dir: str
     log_every_n_steps: int = 50
     gradient_clip_algorithm: str = "norm"
     fast_dev_run: bool | int = False  # as in Lightning, 1 is True
@@ -122,8 +120,26 @@ LIGHTNING_NONE_DEFAULTS = {
 }
 
 
+#: ``Trainer(barebones=True)``: Lightning's features that cost speed, each refused when asked for, and why.
+BAREBONES_OFF = {
+    "enable_checkpointing": "Checkpointing", "logger": "Logging", "enable_progress_bar": "The progress bar",
+    "log_every_n_steps": "Logging", "enable_model_summary": "Model summary", "num_sanity_val_steps": "Sanity checking",
+    "fast_dev_run": "Development run", "detect_anomaly": "Anomaly detection", "profiler": "Profiling",
+}
+
+
 def with_lightning_defaults(arguments: dict[str, Any]) -> dict[str, Any]:
-    """The Trainer's ``arguments`` with each None of :data:`LIGHTNING_NONE_DEFAULTS` replaced by what it means."""
+    """The Trainer's ``arguments`` with each None of :data:`LIGHTNING_NONE_DEFAULTS` replaced by what it means,
+    and, with ``barebones=True``, Lightning's speed-costing features off (each refused if asked for)."""
+    if arguments.get("barebones"):
+        for name, what in BAREBONES_OFF.items():
+            value = arguments[name]
+            if value is not None and value is not False and not (isinstance(value, int) and value == 0):
+                raise ValueError(f"`Trainer(barebones=True, {name}={value!r})` was passed. {what} can impact raw speed "
+                                 f"so it is disabled in barebones mode: leave {name} out, or drop barebones=True.")
+        arguments = arguments | {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
+                                 "enable_model_summary": False, "num_sanity_val_steps": 0, "report": False,
+                                 "log_every_n_steps": None}  # the loop's default: its checks run at log steps
     return {name: LIGHTNING_NONE_DEFAULTS[name] if value is None and name in LIGHTNING_NONE_DEFAULTS else value
             for name, value in arguments.items()}
 
@@ -136,7 +152,8 @@ def translate(*, max_epochs: Any, max_steps: Any, strategy: Any, devices: Any, p
               deterministic: Any, on_nonfinite_loss: Any, accelerator: Any, num_nodes: Any, fast_dev_run: Any,
               min_epochs: Any, min_steps: Any, max_time: Any, overfit_batches: Any, enable_model_summary: Any,
               benchmark: Any, detect_anomaly: Any, inference_mode: Any, use_distributed_sampler: Any,
-              sync_batchnorm: Any, reload_dataloaders_every_n_epochs: Any, profiler: Any, report: Any) -> Translated:
+              sync_batchnorm: Any, reload_dataloaders_every_n_epochs: Any, profiler: Any, report: Any,
+              barebones: Any = False) -> Translated:
     """Check every ``Trainer`` argument (each keyword is the Trainer's), then translate the
     shorthands (see the module's docstring). Plain arguments come back unchanged unless
     ``fast_dev_run`` or ``overfit_batches`` overrides them.
@@ -161,6 +178,11 @@ def translate(*, max_epochs: Any, max_steps: Any, strategy: Any, devices: Any, p
         flags={"benchmark": benchmark, "detect_anomaly": detect_anomaly, "inference_mode": inference_mode,
                "use_distributed_sampler": use_distributed_sampler, "sync_batchnorm": sync_batchnorm},
     )
+    if not isinstance(barebones, bool):
+        raise ValueError(f"Trainer(barebones={barebones!r}): use True or False.")
+    if barebones and os.environ.get("RANK", "0") == "0":
+        print("Trainer(barebones=True): no checkpoints, loggers, self.log, progress bar, model summary, sanity check, "
+              "profiler or performance report (Lightning's barebones mode).", file=sys.stderr)
     if seed is not None:
         seed_generators(seed)  # validates; seeded again at the start of each stage
     if deterministic:
@@ -170,8 +192,8 @@ def translate(*, max_epochs: Any, max_steps: Any, strategy: Any, devices: Any, p
         callbacks=[], max_epochs=max_epochs, max_steps=max_steps, limits=dict(limits),
         num_sanity_val_steps=num_sanity_val_steps, val_check_interval=val_check_interval,
         check_val_every_n_epoch=check_val_every_n_epoch,
-        # "~/runs" is the home directory's, as in Lightning (os.path.expanduser), never a directory named "~".
-        default_root_dir=Path(default_root_dir).expanduser() if default_root_dir is not None else Path.cwd(),
+        # A str, as Lightning's; "~/runs" is the home directory's (os.path.expanduser), never a directory named "~".
+        default_root_dir=os.path.normpath(os.path.expanduser(default_root_dir)) if default_root_dir is not None else os.getcwd(),
         log_every_n_steps=log_every_n_steps, gradient_clip_algorithm=gradient_clip_algorithm, deterministic=deterministic,
     )
     batches = _fast_dev_run_batches(fast_dev_run)

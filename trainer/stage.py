@@ -21,7 +21,7 @@ import callbacks as callbacks_package
 from strategies import checkpoint as checkpoint_io
 from trainer.data_source import prepare_data
 from trainer.hooks import step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks
-from trainer.log_dir import choose_log_dir, versions_root
+from trainer.log_dir import choose_log_dir, versions_root, without_file_logger
 from trainer.seed import reset_seed, seed_generators, use_deterministic_algorithms
 from trainer.stage_loaders import end_workers
 from trainer.utilities import rank_zero_only, set_rank
@@ -50,6 +50,8 @@ def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_pa
     if ckpt_path is not None:  # before anything starts, so a wrong path costs nothing
         checkpoints = [c for c in callbacks if isinstance(c, callbacks_package.ModelCheckpoint)]
         directories = [Path(c.dirpath) for c in checkpoints if c.dirpath is not None]
+        if not directories and not any(isinstance(c, callbacks_package.AsyncLogger) for c in loggers):
+            directories = [without_file_logger(loggers, trainer.default_root_dir) / "checkpoints"]  # no versions
         best = checkpoints[0].best_model_path if checkpoints else None
         versions = versions_root(loggers, trainer.default_root_dir)
         ckpt_path = checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, versions,
@@ -82,9 +84,11 @@ def enter_stage(trainer: Trainer, stage: str, module: TrainingModule, data: Data
     trainer.log_dir = trainer.strategy.broadcast_object(trainer.log_dir)  # torchrun ranks each chose one; use rank zero's
     trainer.module = module
     module.trainer = trainer
+    for callback in trainer.callbacks:  # as Lightning's: self.log in a callback logs through the running module
+        callback.log, callback.log_dict = module.log, module.log_dict
     if data.datamodule is not None:
         data.datamodule.trainer = trainer
-    trainer.metrics.start_stage(stage)  # validate, test, predict: an empty progress bar
+    trainer.metrics.start_stage(stage, has_loggers=bool(trainer.loggers))  # validate, test, predict: an empty progress bar
     if stage == "fit" and not takes_batch_idx(module.training_step):
         # training_step(self, batch) without batch_idx, as Lightning allows: the strategy (and
         # DDP's forward) call module.training_step(batch, batch_idx), so this stage's module
@@ -108,11 +112,11 @@ def setup_stage(trainer: Trainer, stage: str, module: TrainingModule, data: Data
             print(description, file=sys.stderr)
             described = description
     prepare_data(data, trainer.strategy)  # local rank zero; the other processes wait
-    if data.datamodule is not None:
-        data.datamodule.setup(stage)
+    if data.datamodule is not None:  # stage= by keyword, as Lightning calls them (an override may rename the rest)
+        data.datamodule.setup(stage=stage)
     for callback in trainer.callbacks:
-        callback.setup(trainer, module, stage)
-    module.setup(stage)
+        callback.setup(trainer, module, stage=stage)
+    module.setup(stage=stage)
     return described
 
 
@@ -121,14 +125,16 @@ def teardown_stage(trainer: Trainer, stage: str, module: TrainingModule, data: D
     """Also after an error: the teardown hooks (datamodule, callbacks, module), the strategy's, what
     the stage attached to the module and the optimizers (``plan``'s step hooks), and the workers of
     the ``loaders`` it made."""
-    if data.datamodule is not None:
-        data.datamodule.teardown(stage)
+    if data.datamodule is not None:  # stage= by keyword, as in setup_stage
+        data.datamodule.teardown(stage=stage)
     for callback in trainer.callbacks:
-        callback.teardown(trainer, module, stage)
-    module.teardown(stage)
+        callback.teardown(trainer, module, stage=stage)
+    module.teardown(stage=stage)
     trainer.strategy.teardown(trainer.optimizers)  # the module and the optimizers' states back to the CPU
     for handle in plan.step_hook_handles if plan is not None else ():
         handle.remove()  # manual optimization's optimizer hooks
     vars(module).pop("training_step", None)  # enter_stage's batch_idx adapter, if any
+    for callback in trainer.callbacks:  # enter_stage's self.log: the callbacks keep no module alive
+        vars(callback).pop("log", None), vars(callback).pop("log_dict", None)
     trainer.metrics.stop()
     end_workers(loaders)

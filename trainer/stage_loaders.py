@@ -18,6 +18,7 @@ import dataclasses
 import itertools
 import operator
 import math
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -127,6 +128,22 @@ def limit_reached(max_epochs: int | None, max_steps: int, epoch: int, step: int)
     if max_epochs not in (None, -1) and epoch >= max_epochs:
         return f"max_epochs={max_epochs} reached (current_epoch={epoch}). Raise max_epochs"
     return None
+
+
+def say_min_not_met(min_epochs: int | None, min_steps: int | None, say: bool) -> bool:
+    """should_stop was set before ``min_epochs``/``min_steps`` were met: say so (``say``: rank zero), in
+    Lightning's words; returns True (said)."""
+    if say:
+        print(f"Cadence: trainer.should_stop was set, but the required `min_epochs={min_epochs}` or "
+              f"`min_steps={min_steps}` has not been met. Training will continue until they are.", file=sys.stderr)
+    return True
+
+
+def say_trained_nothing(limit: str | None) -> None:
+    """fit found nothing to train (a second fit to the same limit, a resume from the end): why (``limit``,
+    from :func:`limit_reached`; None: should_stop was set already) and how to train more."""
+    why = limit or "trainer.should_stop was already set. Set trainer.should_stop = False"
+    print(f"Trainer.fit trained nothing: {why} to train more.", file=sys.stderr, flush=True)
 
 
 def reload_due(every: int, epoch: int, loaded_at: int, data: DataSource) -> bool:

@@ -143,14 +143,14 @@ def fitted_module(trainer: Trainer, stage: str, ckpt_path: Any) -> tuple[Trainin
     """``validate/test/predict(model=None)``: the last module run, and the checkpoint to load into
     it: ``ckpt_path``, or (as in Lightning, with a warning) the ModelCheckpoint's best one."""
     if trainer.lightning_module is None:
-        raise TypeError(f"Trainer.{stage}() got no model, and this Trainer has run none yet. Pass the module: "
-                        f"trainer.{stage}(model, ...).")
+        raise TypeError(f"Trainer.{stage}() got no model, and this Trainer has run none yet (`trainer.{stage}()` "
+                        f"requires a `LightningModule`, a TrainingModule). Pass the module: trainer.{stage}(model, ...).")
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback is not None else ""
     if ckpt_path is None and best:
         if trainer.is_global_zero:
             warn(f"Trainer.{stage}() got no model and no ckpt_path, so it loads the best checkpoint of the "
-                 f"last fit ({best}). Pass ckpt_path=\"best\", \"last\" or a path to choose (and silence "
-                 "this warning).")
+                 f"last fit ({best}): the best model of the previous `fit` call will be used. Pass "
+                 "ckpt_path=\"best\", \"last\" or a path to choose (and silence this warning).")
         ckpt_path = "best"
     return trainer.lightning_module, ckpt_path
 

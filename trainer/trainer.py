@@ -14,7 +14,6 @@ import datetime
 import functools
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,11 +23,11 @@ import torch
 
 from callbacks import Callback
 from strategies import Strategy
-from trainer.arguments import batch_end_outputs, loss_of, loss_without_grad, no_training_batches, skipped_batch
+from trainer.arguments import batch_end_outputs, loss_of, loss_without_grad, no_training_batches, none_batch, skipped_batch
 from trainer.data_source import STAGE_KIND, DataSource, collect_data
 from trainer.datamodule import DataModule
 from trainer.guards import LossGuard
-from trainer.hooks import evaluation_hooks, step_hooks
+from trainer.hooks import evaluation_hooks, restore_train_modes, step_hooks, train_modes, warn_eval_modules
 from trainer.metrics import MetricStore, format_results, split_by_dataloader
 from trainer.module import TrainingModule
 from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_window, step_schedulers
@@ -41,11 +40,10 @@ from trainer.shorthands import reject_unknown_arguments, translate, with_lightni
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
     NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_batches, evaluation_loaders, gather_predictions,
-    limit_reached, load_fit_data, one_or_list, reload_due, train_batches, validation_schedule,
+    limit_reached, load_fit_data, one_or_list, reload_due, say_min_not_met, say_trained_nothing, train_batches, validation_schedule,
 )
 from trainer.state import (
-    Progress, fitted_module, handoff_state, logger_step, read_checkpoint, receive_handoff, restore, training_state,
-    write_checkpoint,
+    Progress, fitted_module, handoff_state, logger_step, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
 )
 from trainer.timing import PhaseTimes, measured
 
@@ -85,15 +83,15 @@ class Trainer(TrainerProperties, SearchSeams):
         val_check_interval: int | float | None = None, check_val_every_n_epoch: int | None = 1,
         limit_train_batches: int | float | None = None, limit_val_batches: int | float | None = None,
         limit_test_batches: int | float | None = None, limit_predict_batches: int | float | None = None,
-        num_sanity_val_steps: int = 2, log_every_n_steps: int = 50, default_root_dir: str | os.PathLike | None = None,
-        enable_progress_bar: bool = True, enable_checkpointing: bool = True, logger: bool | Callback | list[Callback] = True,
+        num_sanity_val_steps: int | None = None, log_every_n_steps: int | None = None, default_root_dir: str | os.PathLike | None = None,
+        enable_progress_bar: bool | None = None, enable_checkpointing: bool | None = None, logger: bool | Callback | list[Callback] | None = None,
         seed: int | None = None, deterministic: bool = False, on_nonfinite_loss: str = "raise",
         accelerator: str = "auto", num_nodes: int = 1, fast_dev_run: bool | int = False,
         min_epochs: int | None = None, min_steps: int | None = None, max_time: str | datetime.timedelta | dict[str, int] | None = None,
-        overfit_batches: int | float = 0.0, enable_model_summary: bool = True,
+        overfit_batches: int | float = 0.0, enable_model_summary: bool | None = None,
         benchmark: bool | None = None, detect_anomaly: bool = False,
         inference_mode: bool = True, use_distributed_sampler: bool = True, sync_batchnorm: bool = False,
-        reload_dataloaders_every_n_epochs: int = 0, profiler: Any = None, report: bool = True,
+        reload_dataloaders_every_n_epochs: int = 0, profiler: Any = None, report: bool = True, barebones: bool = False,
         **unknown: Any,
     ) -> None:
         arguments = dict(locals())  # exactly this signature's: nothing else is bound yet
@@ -111,7 +109,7 @@ class Trainer(TrainerProperties, SearchSeams):
         self.use_distributed_sampler, self.inference_mode = use_distributed_sampler, inference_mode
         self.accumulate_grad_batches = accumulate_grad_batches
         self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, run.gradient_clip_algorithm
-        self.seed, self.deterministic, self.on_nonfinite_loss = seed, run.deterministic, on_nonfinite_loss
+        self.seed, self.deterministic, self.on_nonfinite_loss, self.barebones = seed, run.deterministic, on_nonfinite_loss, barebones
 
         # Public loop state (Lightning names); batch_idx: of the running training batch, -1 before the first.
         self.current_epoch, self.global_step, self.batch_idx = 0, 0, -1
@@ -123,7 +121,7 @@ class Trainer(TrainerProperties, SearchSeams):
         self.datamodule: DataModule | None = None  # the DataModule of the latest stage given one
         self._data: DataSource | None = None  # where the running stage's loaders come from
         self._log_dir: Path | None = None  # the running or last stage's (trainer.log_dir: trainer/properties.py)
-        self.ckpt_path: Path | None = None  # the checkpoint the running or last stage loaded, if any
+        self.ckpt_path = None  # the checkpoint the running or last stage loaded, if any (a str: trainer/properties.py)
         self._evaluation_stage: str | None = None  # the evaluation loop running: "validate", "test" or "predict"
         self.module: TrainingModule | None = None  # the user's module while a stage runs
         self.model: torch.nn.Module | None = None  # what the strategy wrapped (DDP), or the module
@@ -131,7 +129,7 @@ class Trainer(TrainerProperties, SearchSeams):
         self.train_dataloader: Any = None  # the training loader as fit runs it (sharded, seeded); then, as in
         self.val_dataloaders = self.test_dataloaders = self.predict_dataloaders = None  # Lightning, one or a list
         self.lr_scheduler_configs: list[SchedulerConfig] = []
-        self.metrics = MetricStore(self.strategy.all_reduce, self.strategy.all_gather_object)
+        self.metrics = MetricStore(self.strategy.all_reduce, self.strategy.all_gather_object, barebones=barebones)
         self._progress = Progress()  # where fit is, for checkpoints and resuming (trainer/state.py)
         self._plan: StagePlan | None = None  # what setup decided for the running stage (trainer/setup.py)
         self._guard = LossGuard(on_nonfinite_loss)  # the losses since the last check (trainer/guards.py)
@@ -158,7 +156,7 @@ class Trainer(TrainerProperties, SearchSeams):
         self._launch("fit", model, data, ckpt_path)
 
     def validate(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
-                 datamodule: DataModule | None = None, verbose: bool = True, **unknown: Any) -> list[dict[str, float]]:
+                 verbose: bool = True, datamodule: DataModule | None = None, **unknown: Any) -> list[dict[str, float]]:
         """Run ``validation_step`` over ``dataloaders`` (one loader, or a list or dict of them);
         return one dict of epoch metrics per loader, ``[{metric: value}]``. Without ``model``: the
         module of the last ``fit``, with the weights of ``ckpt_path`` (``"best"``, ``"last"`` or a
@@ -166,14 +164,13 @@ class Trainer(TrainerProperties, SearchSeams):
         return self._evaluate("validate", model, dataloaders, ckpt_path, datamodule, verbose, unknown)
 
     def test(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
-             datamodule: DataModule | None = None, verbose: bool = True, **unknown: Any) -> list[dict[str, float]]:
+             verbose: bool = True, datamodule: DataModule | None = None, **unknown: Any) -> list[dict[str, float]]:
         """Run ``test_step`` over ``dataloaders``; return one dict of epoch metrics per loader
         (see :meth:`validate` for ``model``, ``ckpt_path`` and ``verbose``)."""
         return self._evaluate("test", model, dataloaders, ckpt_path, datamodule, verbose, unknown)
 
-    def predict(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
-                datamodule: DataModule | None = None, return_predictions: bool | None = None,
-                **unknown: Any) -> list[Any] | None:
+    def predict(self, model: TrainingModule | None = None, dataloaders: Any = None, datamodule: DataModule | None = None,
+                return_predictions: bool | None = None, ckpt_path: CheckpointPath = None, **unknown: Any) -> list[Any] | None:
         """Run ``predict_step`` over ``dataloaders``; return the outputs, one per batch, in order (a list of
         such lists for several loaders; None with ``return_predictions=False``). Under DDP every rank's come
         back on the CPU: the whole dataset, in order, each sample once. See :meth:`validate`."""
@@ -183,13 +180,12 @@ class Trainer(TrainerProperties, SearchSeams):
     @measured("checkpointing")
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool | None = None,
                         storage_options: Any = None, *, background: BackgroundWriter | None = None) -> None:
-        """Write the whole training state to ``filepath`` atomically in the strategy's layout (one file,
-        or FSDP's shards), callbacks' state included, after on_save_checkpoint (callbacks', then module's).
-        ``weights_only=True``: the weights and hyperparameters only (``load_from_checkpoint`` and
-        ``validate/test(ckpt_path=...)`` read it; ``fit`` cannot resume from it). During a stage, call it
-        on every rank; one written at the end of a batch resumes after it. After ``fit`` returns (a spawned
-        one too) it writes the state that fit ended with (the weights as they are now), so that
-        ``fit(model, ckpt_path=filepath)`` with a larger ``max_epochs`` continues exactly. ``background``
+        """Write the whole training state to ``filepath`` atomically in the strategy's layout (one file, or FSDP's
+        shards), callbacks' state included, after on_save_checkpoint (callbacks', then module's). ``weights_only``:
+        weights and hyperparameters only (``load_from_checkpoint``, ``validate/test(ckpt_path=...)``; fit cannot
+        resume from it). During a stage, call it on every rank; one written at the end of a batch resumes after
+        it. After ``fit`` returns (a spawned one too) it writes the state fit ended with (the weights as they are
+        now): ``fit(model, ckpt_path=filepath)`` with a larger ``max_epochs`` continues exactly. ``background``
         (``ModelCheckpoint(async_save=True)``'s): wait for a snapshot only, and write it in that writer's thread."""
         if self.module is not None:  # a stage runs: never write weights a NaN/inf loss produced
             self._guard.check(self.strategy, self.current_epoch)
@@ -213,7 +209,7 @@ class Trainer(TrainerProperties, SearchSeams):
 
     def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any, search: Any = None) -> Any:
         self.callbacks, self.ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path, self._log_dir)
-        ckpt_path = self.ckpt_path  # resolved ("last", "best": the file; trainer/stage.py)
+        ckpt_path = self._ckpt_path  # resolved ("last", "best": the file; trainer/stage.py)
         module.trainer, self.lightning_module = self, module  # both answer after the stage too (test(model=None))
         self.datamodule = data.datamodule if data.datamodule is not None else self.datamodule
         with self._preemption.interruptible(stage, self.is_global_zero):  # KeyboardInterrupt: status 130, one line
@@ -227,8 +223,7 @@ class Trainer(TrainerProperties, SearchSeams):
 
     def _run_stage(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any,
                    search: Callable[[Trainer, TrainingModule], Any] | None) -> tuple[Any, Any]:
-        """Everything one process does for one stage (or ``search`` in place of its loop: run_search);
-        returns (output, handoff for the caller)."""
+        """Everything one process does for one stage (or ``search`` in its loop's place); returns (output, handoff)."""
         enter_stage(self, stage, module, data)  # this process's rank, rank zero's log_dir (trainer/stage.py)
         self._data = data
         try:
@@ -283,15 +278,15 @@ class Trainer(TrainerProperties, SearchSeams):
         val_loaders = self._fit_loaders.val  # read after on_fit_start: a search there may have made new loaders
         if val_loaders is not None and self._progress.resumed is None and self.num_sanity_val_steps != 0:
             self._run_sanity_check(val_loaders)
+        if self.is_global_zero:  # Lightning's warning: fit keeps the user's train/eval modes
+            warn_eval_modules(module)
         for callback in self.callbacks:
             callback.on_train_start(self, module)
         module.on_train_start()
         self.strategy.check_placement(module)  # once, before the first step
         loaded_at = self.current_epoch
         if self._finished() and self.is_global_zero:  # a second fit to the same limit, a resume from the end
-            why = (limit_reached(self.max_epochs, self.max_steps, self.current_epoch, self.global_step)
-                   or "trainer.should_stop was already set. Set trainer.should_stop = False")
-            print(f"Trainer.fit trained nothing: {why} to train more.", file=sys.stderr, flush=True)
+            say_trained_nothing(limit_reached(self.max_epochs, self.max_steps, self.current_epoch, self.global_step))
         while not self._finished():
             if reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, loaded_at, data):
                 self._make_loaders("fit", data)
@@ -321,25 +316,21 @@ class Trainer(TrainerProperties, SearchSeams):
             setattr(self, f"{STAGE_KIND[stage]}_dataloaders", one_or_list(loaders))
 
     def _finished(self) -> bool:
-        limit = limit_reached(self.max_epochs, self.max_steps, self.current_epoch, self.global_step)
-        return (self.should_stop and self._may_stop()) or limit is not None
+        return (self.should_stop and self._may_stop()) or limit_reached(
+            self.max_epochs, self.max_steps, self.current_epoch, self.global_step) is not None
 
     def _may_stop(self) -> bool:
         """should_stop is set: stop, unless min_epochs/min_steps are not met (said once; as in Lightning)."""
         met = (self.min_epochs or 0) <= self.current_epoch and (self.min_steps or 0) <= self.global_step
         if met or self._preemption.stop_now:  # early stopping waits for them; a preemption signal does not
             return True
-        if not self._said_min_not_met and self.is_global_zero:
-            self._said_min_not_met = True
-            print(f"Cadence: should_stop was set, but min_epochs={self.min_epochs} / min_steps={self.min_steps} are "
-                  "not met yet; training continues until they are.", file=sys.stderr)
+        self._said_min_not_met = self._said_min_not_met or say_min_not_met(self.min_epochs, self.min_steps, self.is_global_zero)
         return False
 
     def _run_train_epoch(self) -> None:
         module, strategy, hooks, progress = self.module, self.strategy, self._plan.hooks, self._progress
         train_metrics = self.metrics.train  # it weighs epoch means by the running batch's size
-        self.model.train()
-        self.metrics.start_training()
+        self.metrics.start_training()  # as in Lightning, the modules' train/eval modes are the user's
         for callback in self.callbacks:
             callback.on_train_epoch_start(self, module)
         module.on_train_epoch_start()
@@ -360,13 +351,16 @@ class Trainer(TrainerProperties, SearchSeams):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
             times.data_wait += clock() - times.ready
             self.batch_idx, train_metrics.batch = batch_idx, batch
-            for hook in hooks.batch_start:
-                hook(self, module, batch, batch_idx)
-            for hook in hooks.module_batch_start:
-                hook(batch, batch_idx)
-            outputs = self._training_step(module, batch, batch_idx, num_batches)
-            if hooks.batch_end or hooks.module_batch_end:  # Lightning's {"loss": detached, ...}: no graph kept alive
-                outputs = batch_end_outputs(outputs, self.accumulate_grad_batches)
+            if batch is None:  # as in Lightning: no hooks, no step (said once); on_train_batch_end gets outputs None
+                outputs = none_batch()
+            else:
+                for hook in hooks.batch_start:
+                    hook(self, module, batch, batch_idx)
+                for hook in hooks.module_batch_start:
+                    hook(batch, batch_idx)
+                outputs = self._training_step(module, batch, batch_idx, num_batches)
+                if hooks.batch_end or hooks.module_batch_end:  # Lightning's {"loss": detached, ...}: no graph kept alive
+                    outputs = batch_end_outputs(outputs, self.accumulate_grad_batches)
             progress.batches_seen += 1  # first: a checkpoint written in on_train_batch_end counts this batch
             progress.validation_pending = schedule is not None and schedule.due(batch_idx, progress.batches_seen)
             for hook in hooks.batch_end:
@@ -527,7 +521,7 @@ class Trainer(TrainerProperties, SearchSeams):
                 self._evaluation_loop("validate", val_loaders, [min(steps, count) for count in self.num_val_batches])
             for callback in self.callbacks:
                 callback.on_sanity_check_end(self, self.module)
-            self.metrics.clear_published()  # the sanity check's values are not the run's (as in Lightning)
+            self.metrics.end_sanity_check()  # its values are not the run's (as in Lightning); self.log trains again
         finally:
             self.sanity_checking = False
 
@@ -538,55 +532,61 @@ class Trainer(TrainerProperties, SearchSeams):
         # It draws from the global RNG (the val loader's iter(), a validation_step's own draws), as in
         # Lightning: the same seed gives Lightning's data order in the epochs after it.
         self._evaluation_loop("validate", val_loaders, self.num_val_batches)
-        self.model.train()
         self.metrics.start_training()
 
     def _evaluation_loop(self, stage: str, loaders: list[Any], limits: list[int | float]) -> Any:
-        """One pass of validation, test or predict over each loader in turn, under
-        ``torch.inference_mode`` (``torch.no_grad`` with ``Trainer(inference_mode=False)``)."""
+        """One pass of validation, test or predict over each loader in turn, hooks included (as in Lightning),
+        under ``torch.inference_mode`` (``torch.no_grad`` with ``Trainer(inference_mode=False)``); in eval
+        mode, after which each submodule gets back its own mode (a frozen one stays in eval mode)."""
         several = len(loaders) > 1  # then steps and batch hooks get dataloader_idx, metrics a suffix
         hooks = evaluation_hooks(stage, self, self.callbacks, self.module, several)
-        self._evaluation_stage = stage
+        self._evaluation_stage, modes = stage, train_modes(self.model)
         self.model.eval()
         self.metrics.start_evaluation()
-        for hook in hooks.start:
-            hook()
-        if stage == self.stage:  # validate, test, predict: a search in on_<stage>_start may have made new loaders
-            loaders, limits = self._evaluation_loaders
-        for hook in hooks.epoch_start:
-            hook()
-        predictions: list[list[Any]] = []
         with self.strategy.evaluation_context(self.inference_mode):  # no_grad under FSDP
-            for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
-                self.metrics.evaluation.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
-                step_index = (dataloader_idx,) if hooks.step_takes_dataloader_idx else ()
-                hook_index = (dataloader_idx,) if several else ()
-                predictions.append([])
-                batches = evaluation_batches(loader, limit, self._plan.hooks.transfer, dataloader_idx)
-                for batch_idx, batch in self.strategy.batches_on_device(batches):
-                    self.metrics.evaluation.batch = batch  # its size weighs epoch means
-                    for hook in hooks.batch_start:
-                        hook(batch, batch_idx, *hook_index)
-                    with self._plan.hooks.forward_context_manager():
-                        outputs = hooks.step(batch, batch_idx, *step_index)
-                    if stage == "predict":
-                        predictions[-1].append(outputs)
-                    for hook in hooks.batch_end:
-                        hook(outputs, batch, batch_idx, *hook_index)
-                    self.metrics.keep_evaluation_step_values(batch_idx)  # the batch's on_step values, read at the end
-        self.metrics.evaluation.dataloader_suffix = ""
-        self.metrics.read_epoch_end(self.metrics.evaluation)  # this epoch's values, for the hooks reading callback_metrics
-        for hook in hooks.epoch_end:
-            hook()
-        published, values = self.metrics.end_evaluation(stage, self._logger_step(), publish=not self.sanity_checking)
-        self._log(published)
-        for hook in hooks.end:
-            hook()
+            for hook in hooks.start:
+                hook()
+            if stage == self.stage:  # validate, test, predict: a search in on_<stage>_start may have made new loaders
+                loaders, limits = self._evaluation_loaders
+            for hook in hooks.epoch_start:
+                hook()
+            predictions = self._evaluation_batches(stage, hooks, loaders, limits, several)
+            self.metrics.read_epoch_end(self.metrics.evaluation)  # this epoch's values, for the hooks reading callback_metrics
+            for hook in hooks.epoch_end:
+                hook()
+            published, values, specs = self.metrics.end_evaluation(stage, self._logger_step(), publish=not self.sanity_checking)
+            self._log(published)
+            for hook in hooks.end:
+                hook()
+        restore_train_modes(self.model, modes)
         self._evaluation_stage = None
         if stage != "predict":
-            return split_by_dataloader(values, len(loaders))
+            return split_by_dataloader(values, len(loaders), specs)
         predictions = gather_predictions(predictions, self.strategy)  # every rank's, in the dataset's order
         return predictions if several else predictions[0]
+
+    def _evaluation_batches(self, stage: str, hooks: Any, loaders: list[Any], limits: list[int | float],
+                            several: bool) -> list[list[Any]]:
+        predictions: list[list[Any]] = []
+        for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
+            self.metrics.evaluation.set_loader(dataloader_idx if several else None)  # metric keys get its suffix
+            step_index = (dataloader_idx,) if hooks.step_takes_dataloader_idx else ()
+            hook_index = (dataloader_idx,) if several else ()
+            predictions.append([])
+            batches = evaluation_batches(loader, limit, self._plan.hooks.transfer, dataloader_idx)  # shielded workers
+            for batch_idx, batch in self.strategy.batches_on_device(batches):
+                self.metrics.evaluation.batch = batch  # its size weighs epoch means
+                for hook in hooks.batch_start:
+                    hook(batch, batch_idx, *hook_index)
+                with self._plan.hooks.forward_context_manager():
+                    outputs = hooks.step(batch, batch_idx, *step_index)
+                if stage == "predict":
+                    predictions[-1].append(outputs)
+                for hook in hooks.batch_end:
+                    hook(outputs, batch, batch_idx, *hook_index)
+                self.metrics.keep_evaluation_step_values(batch_idx)  # the batch's on_step values, read at the end
+        self.metrics.evaluation.set_loader(None)
+        return predictions
 
     @property
     def estimated_stepping_batches(self) -> int | float:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 STAGE_HELP = {
@@ -74,7 +75,9 @@ def run_stage_command(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `cadence --help` and `cadence diagnose` stay fast.
     from trainer.cli.config import BuildError, load_run, stage_arguments, to_yaml
     from trainer.cli.config_files import ConfigError
+    from callbacks import AsyncLogger
     from trainer.cli.runs import SaveConfig, checkpoint_for, note
+    from trainer.log_dir import versioned_run_dir
 
     stage = args.stage
     if not args.config and not args.overrides:
@@ -92,6 +95,9 @@ def run_stage_command(args: argparse.Namespace) -> int:
         save_config = SaveConfig({}, stage, run.seed_drawn)
         model, data, trainer = run.build(extra_callbacks=[save_config])
         ckpt_path = checkpoint_for(run.ckpt_path, stage, trainer, run.model.class_path)
+        if not any(isinstance(logger, AsyncLogger) for logger in trainer.loggers):  # one directory per run, still
+            resumed = Path(ckpt_path) if ckpt_path is not None and stage == "fit" else None
+            trainer.log_dir = versioned_run_dir(trainer.default_root_dir, resumed)  # not default_root_dir itself
         save_config.config = run.resolved() | {"ckpt_path": ckpt_path}
         loaders = stage_arguments(stage, model, data, run.data)
     except (ConfigError, BuildError, FileNotFoundError) as error:  # the message, not a traceback
@@ -117,7 +123,7 @@ def report(stage: str, trainer: Any, output: Any) -> None:
     elif stage == "predict":
         from strategies.checkpoint import save_atomic
 
-        path = save_atomic({"predictions": output}, trainer.log_dir / "predictions.pt")
+        path = save_atomic({"predictions": output}, Path(trainer.log_dir) / "predictions.pt")
         print(f"Predictions ({len(output)} batches; torch.load(path)['predictions']): {path}", file=sys.stderr)
     elif output and any(output):
         for values in output:  # one dict per loader; several loaders' names end in /dataloader_idx_N

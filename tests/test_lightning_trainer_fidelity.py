@@ -1,0 +1,296 @@
+"""The Trainer's members, arguments and loop as Lightning 2.6 has them (issue 17): each expected value
+is what Lightning answers for the same script (its source named where the rule comes from)."""
+
+from __future__ import annotations
+
+import inspect
+import signal
+
+import pytest
+import torch
+from torch import nn
+
+from callbacks import AMP, Callback
+from linear_regression import LinearRegression
+from trainer import DataModule, Trainer
+
+
+class Frozen(LinearRegression):
+    """A submodule frozen in eval mode (a pretrained backbone); records the modes and grad modes it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = nn.Linear(2, 2).eval().requires_grad_(False)
+        self.seen: list[tuple] = []
+
+    def note(self, where: str) -> None:
+        self.seen.append((where, self.layer.training, self.frozen.training, torch.is_grad_enabled(),
+                          torch.is_inference_mode_enabled()))
+
+    def training_step(self, batch, batch_idx):
+        self.note("train")
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        self.note("val")
+
+    def on_validation_start(self):
+        self.note("val_start")
+
+    def on_validation_end(self):
+        self.note("val_end")
+
+    def on_test_start(self):
+        self.note("test_start")
+
+    def test_step(self, batch, batch_idx):
+        self.note("test")
+
+
+def test_evaluation_hooks_run_without_grad_and_each_submodule_keeps_its_mode(make_trainer, regression_loader):
+    # Lightning: the evaluation loop's run() (its hooks included) is under inference_mode (no_grad with
+    # inference_mode=False); _ModuleMode gives every submodule its own mode back; fit never calls .train().
+    module = Frozen()
+    trainer = make_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0)
+    with pytest.warns(UserWarning, match=r"Found 1 module\(s\) in eval mode at the start of training \(frozen\)"):
+        trainer.fit(module, regression_loader, regression_loader)
+    make_trainer(inference_mode=False, limit_test_batches=1).test(module, regression_loader, verbose=False)
+    assert module.seen == [
+        ("train", True, False, True, False), ("train", True, False, True, False),
+        ("val_start", False, False, False, True), ("val", False, False, False, True), ("val_end", False, False, False, True),
+        ("test_start", False, False, False, False), ("test", False, False, False, False),
+    ]
+    assert module.layer.training and not module.frozen.training  # as before fit
+
+
+class RecordsSetup(Callback):
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def setup(self, trainer, pl_module, stage):
+        self.calls.append(("setup", stage))
+
+    def teardown(self, trainer, pl_module, stage):
+        self.calls.append(("teardown", stage))
+
+
+class NamedStage(DataModule):
+    """Hooks with a ``stage`` keyword only (``*args`` would get nothing): Lightning passes stage= by name."""
+
+    def __init__(self, loader) -> None:
+        super().__init__()
+        self.loader, self.stages = loader, []
+
+    def setup(self, *, stage):
+        self.stages.append(stage)
+
+    def teardown(self, *, stage):
+        self.stages.append(f"teardown {stage}")
+
+    def train_dataloader(self):
+        return self.loader
+
+
+def test_setup_and_teardown_get_stage_by_keyword_and_max_steps_leaves_max_epochs_at_minus_one(make_trainer,
+                                                                                                regression_loader):
+    recorder, data = RecordsSetup(), NamedStage(regression_loader)
+    trainer = make_trainer(max_steps=1, callbacks=[recorder])
+    assert (trainer.max_epochs, trainer.max_steps) == (None, 1)
+    trainer.fit(LinearRegression(), datamodule=data)
+    assert data.stages == ["fit", "teardown fit"] and recorder.calls == [("setup", "fit"), ("teardown", "fit")]
+    assert trainer.max_epochs == -1  # Lightning: max_steps ends the run (loops/utilities.py _parse_loop_limits)
+
+
+def test_max_epochs_or_max_steps_zero_trains_nothing(make_trainer, regression_loader):
+    for limits in ({"max_epochs": 0}, {"max_steps": 0}):
+        module = LinearRegression()
+        before = module.layer.weight.detach().clone()
+        trainer = make_trainer(**limits)
+        trainer.fit(module, regression_loader)
+        assert trainer.global_step == 0 and torch.equal(module.layer.weight, before), limits
+
+
+def test_validate_test_and_predict_take_their_arguments_in_lightnings_order():
+    # A positional call written for Lightning must bind the same parameters here.
+    assert list(inspect.signature(Trainer.validate).parameters)[1:6] == [
+        "model", "dataloaders", "ckpt_path", "verbose", "datamodule"]
+    assert list(inspect.signature(Trainer.test).parameters)[1:6] == [
+        "model", "dataloaders", "ckpt_path", "verbose", "datamodule"]
+    assert list(inspect.signature(Trainer.predict).parameters)[1:6] == [
+        "model", "dataloaders", "datamodule", "return_predictions", "ckpt_path"]
+
+
+def test_the_precision_print_and_sigterm_members_answer_as_lightnings(make_trainer, capsys):
+    assert make_trainer().precision == "32-true"
+    assert make_trainer(precision="bf16-mixed").precision == "bf16-mixed"
+    assert make_trainer(precision="16-mixed").precision == "bf16-mixed"  # on the CPU, as Lightning's
+    assert make_trainer(callbacks=[AMP("bf16")]).precision == "bf16-mixed"
+    trainer = make_trainer()
+    assert trainer.received_sigterm is False
+    trainer.print("rank zero prints", end="!")
+    assert capsys.readouterr().out == "rank zero prints!"
+    with pytest.raises(AttributeError, match=r"trainer.accelerator is Lightning's Accelerator object.*trainer.strategy.device"):
+        trainer.accelerator  # noqa: B018
+    assert not hasattr(trainer, "accelerator")
+
+
+class SigtermAware(LinearRegression):
+    def __init__(self) -> None:
+        super().__init__()
+        self.received: list[bool] = []
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.received.append(self.trainer.received_sigterm)
+        signal.raise_signal(signal.SIGTERM)  # Python runs the handler before the next line
+        self.received.append(self.trainer.received_sigterm)
+
+
+def test_received_sigterm_turns_true_once_sigterm_arrives_during_fit(make_trainer, regression_loader):
+    module = SigtermAware()
+    with pytest.raises(SystemExit):  # Cadence saves last.ckpt at the end of the step and ends the process
+        make_trainer(max_epochs=1, limit_train_batches=3).fit(module, regression_loader)
+    assert module.received == [False, True]  # then fit stopped at the end of that step
+
+
+class NoValidationHook(LinearRegression):
+    def val_dataloader(self):
+        raise AssertionError("not called: the instance's None turns the hook off")
+
+    def validation_step(self, batch, batch_idx):
+        raise AssertionError("no validation without loaders")
+
+
+def test_a_hook_set_to_none_on_the_instance_is_off_and_freeze_returns_the_module(make_trainer, regression_loader):
+    module = NoValidationHook()
+    module.val_dataloader = None  # Lightning's idiom (is_overridden: an attribute that is None is not a hook)
+    module.train_dataloader = lambda: regression_loader  # and one set on the instance is
+    make_trainer(max_epochs=1).fit(module)
+    assert module.freeze() is module and not module.training
+    assert module.unfreeze() is module and module.training
+
+
+class PredictsTwo(LinearRegression):
+    def forward(self, x):
+        return self.layer(x)
+
+    def predict_step(self, batch, batch_idx, dataloader_idx):
+        return super().predict_step(batch[0], batch_idx, dataloader_idx)  # the default takes dataloader_idx
+
+
+def test_the_default_predict_step_takes_dataloader_idx(make_trainer, regression_loader):
+    predictions = make_trainer().predict(PredictsTwo(), [regression_loader, regression_loader])
+    assert [len(per_loader) for per_loader in predictions] == [8, 8]
+
+
+class EvaluatesTwo(LinearRegression):
+    def test_step(self, batch, batch_idx, dataloader_idx):
+        self.log("common", 1.0)
+        self.log(f"only_{dataloader_idx}", 10.0 * (dataloader_idx + 1), add_dataloader_idx=False)
+
+    def on_test_epoch_end(self):
+        self.log("outside", 3.0)
+
+
+def test_a_metric_logged_in_one_loader_without_its_suffix_is_in_that_loaders_results_only(make_trainer,
+                                                                                          regression_loader):
+    results = make_trainer(limit_test_batches=1).test(EvaluatesTwo(), [regression_loader, regression_loader],
+                                                        verbose=False)
+    assert results == [{"common/dataloader_idx_0": 1.0, "only_0": 10.0, "outside": 3.0},
+                       {"common/dataloader_idx_1": 1.0, "only_1": 20.0, "outside": 3.0}]
+
+
+class LogsThroughACallback(Callback):
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.log("from_callback", 2.0)  # Lightning gives every callback the running module's log and log_dict
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.log_dict({"also": 5.0})
+
+
+class AsksForALogger(LinearRegression):
+    def training_step(self, batch, batch_idx):
+        self.log("asked", 1.0, logger=True)
+        return super().training_step(batch, batch_idx)
+
+
+def test_callbacks_log_through_the_module_and_logger_true_without_a_logger_warns(make_trainer, regression_loader):
+    callback = LogsThroughACallback()
+    trainer = make_trainer(max_epochs=1, limit_train_batches=2, callbacks=[callback])
+    with pytest.warns(UserWarning, match=r"`self.log\('asked', ..., logger=True\)` but have no logger configured"):
+        trainer.fit(AsksForALogger(), regression_loader)
+    assert {key: float(value) for key, value in trainer.callback_metrics.items()} == {
+        "from_callback": 2.0, "also": 5.0, "asked": 1.0}
+    assert "log" not in vars(callback)  # the module is not kept alive by the callback after the stage
+
+
+def test_logger_and_loggers_are_settable_as_in_lightning(tmp_path):
+    from callbacks import CSVLogger, Logger
+
+    class Quiet(Logger):
+        def log_metrics(self, metrics, step=None):
+            pass
+
+    first, second = Quiet(), Quiet()  # two loggers of one class: no state to keep apart
+    trainer = Trainer(strategy="cpu", default_root_dir=tmp_path, logger=[first, second], enable_progress_bar=False)
+    assert trainer.loggers == [first, second] and trainer.logger is first
+    trainer.logger = None
+    assert trainer.loggers == [] and trainer.logger is None
+    csv = CSVLogger(tmp_path)
+    trainer.loggers = [csv]
+    assert trainer.logger is csv and csv in trainer.callbacks
+
+
+class SkipsNoneBatches(LinearRegression):
+    def __init__(self) -> None:
+        super().__init__()
+        self.outputs: list = []
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.outputs.append(None if outputs is None else sorted(outputs))
+
+
+def test_a_none_batch_from_the_loader_is_skipped_with_a_warning(make_trainer, regression_data):
+    from torch.utils.data import DataLoader, default_collate
+
+    def every_other(samples, seen=[]):  # noqa: B006 (counts the calls)
+        seen.append(1)
+        return None if len(seen) % 2 else default_collate(samples)
+
+    module, trainer = SkipsNoneBatches(), make_trainer(max_epochs=1, limit_train_batches=4)
+    with pytest.warns(UserWarning, match="train_dataloader yielded None"):
+        trainer.fit(module, DataLoader(regression_data, batch_size=8, collate_fn=every_other))
+    assert module.outputs == [None, ["loss"], None, ["loss"]] and trainer.global_step == 2
+
+
+class LogsALoss(LinearRegression):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("loss", loss)
+        return loss
+
+
+def test_barebones_turns_off_what_costs_speed_and_refuses_it_when_asked(tmp_path, regression_loader):
+    for argument, value in (("enable_checkpointing", True), ("logger", True), ("enable_progress_bar", True),
+                            ("log_every_n_steps", 1), ("num_sanity_val_steps", 1), ("profiler", "simple")):
+        with pytest.raises(ValueError, match=rf"`Trainer\(barebones=True, {argument}={value!r}\)` was passed"):
+            Trainer(barebones=True, **{argument: value})
+    trainer = Trainer(barebones=True, strategy="cpu", max_epochs=1, default_root_dir=tmp_path)
+    assert trainer.barebones and trainer.callbacks == [] and trainer.num_sanity_val_steps == 0
+    with pytest.warns(UserWarning, match=r"`self.log\(\)` was called, but `Trainer\(barebones=True\)` is configured"):
+        trainer.fit(LogsALoss(), regression_loader)
+    assert trainer.global_step == 8 and trainer.callback_metrics == {} and list(tmp_path.iterdir()) == []
+
+
+class LogsAtTrainStart(Callback):
+    def on_train_start(self, trainer, pl_module):
+        self.log("on_train_start", 1.0)
+
+
+def test_a_value_logged_in_on_train_start_after_the_sanity_check_is_kept(make_trainer, regression_loader):
+    class Validates(LinearRegression):
+        def validation_step(self, batch, batch_idx):
+            pass
+
+    trainer = make_trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, callbacks=[LogsAtTrainStart()])
+    trainer.fit(Validates(), regression_loader, regression_loader)
+    assert float(trainer.callback_metrics["on_train_start"]) == 1.0

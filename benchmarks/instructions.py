@@ -12,8 +12,12 @@ seed), for ``--short`` and ``--long`` steps; the difference divided by the extra
 instructions per step, start-up and fixed costs cancelled. Overhead = contender minus its hand loop
 (``workloads.baseline_of``: the plain one, or the one under the same autocast for ``cadence-bf16-lean``).
 The loggers' writer threads get the values at the end of the run, not once a second of valgrind's
-slowed-down clock (``run_steps`` says why; ``--raw-handover`` counts as before). Repeated runs agree
-to about 0.2% of a step. Instructions are not time: Python interpreter code
+slowed-down clock (``run_steps`` says why; ``--raw-handover`` counts as before). A step is about a
+tenth of what a 600-step run executes (importing torch and the rest is the other nine tenths), so the
+fixed part must be the same in the short and the long run to a few million instructions: every run
+gets the same minimal environment and reads the same bytecode, written before the runs
+(:func:`measured_environment`, :func:`compile_sources`). Runs of the same code agree to about
+0.2k instructions a step. Instructions are not time: Python interpreter code
 runs fewer instructions per microsecond than PyTorch's kernels, so read the microseconds from
 ``overhead.py`` and use this table to compare versions of Cadence and to see what an edit saved.
 """

@@ -12,8 +12,12 @@ seed), for ``--short`` and ``--long`` steps; the difference divided by the extra
 instructions per step, start-up and fixed costs cancelled. Overhead = contender minus its hand loop
 (``workloads.baseline_of``: the plain one, or the one under the same autocast for ``cadence-bf16-lean``).
 The loggers' writer threads get the values at the end of the run, not once a second of valgrind's
-slowed-down clock (``run_steps`` says why; ``--raw-handover`` counts as before). Repeated runs agree
-to about 0.2% of a step. Instructions are not time: Python interpreter code
+slowed-down clock (``run_steps`` says why; ``--raw-handover`` counts as before). A step is about a
+tenth of what a 600-step run executes (importing torch and the rest is the other nine tenths), so the
+fixed part must be the same in the short and the long run to a few million instructions: every run
+gets the same minimal environment and reads the same bytecode, written before the runs
+(:func:`measured_environment`, :func:`compile_sources`). Runs of the same code agree to about
+0.2k instructions a step. Instructions are not time: Python interpreter code
 runs fewer instructions per microsecond than PyTorch's kernels, so read the microseconds from
 ``overhead.py`` and use this table to compare versions of Cadence and to see what an edit saved.
 """
@@ -21,6 +25,7 @@ runs fewer instructions per microsecond than PyTorch's kernels, so read the micr
 from __future__ import annotations
 
 import argparse
+import compileall
 import concurrent.futures
 import os
 import re
@@ -56,14 +61,39 @@ def run_steps(name: str, steps: int, raw_handover: bool = False) -> None:
     run_once(contenders(variants=True)[name], workload, make_loader(workload))
 
 
-def count(name: str, steps: int, raw_handover: bool = False) -> int:
-    """Instructions of a whole process that runs ``steps`` steps of ``name``."""
-    env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+def measured_environment() -> dict[str, str]:
+    """The measured process's whole environment, the same in every run and session.
+
+    Only what it needs is passed on: the size of the environment moves the stack, and a variable
+    one shell has and another lacks (``PYTHONDONTWRITEBYTECODE``, say) changes what Python does.
+    No bytecode is written during the runs: :func:`compile_sources` wrote it before them.
+    """
+    env = {name: os.environ[name] for name in ("PATH", "HOME", "PYTHONPATH") if name in os.environ}
+    return dict(env, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1",
+                OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
+def compile_sources() -> None:
+    """Write the bytecode of every module of the checkout before the runs, so that none of them
+    compiles one (a module compiled in one run and read from ``__pycache__`` in the next moved a
+    contender by millions of instructions: tens of thousands a step)."""
+    for path in (HERE.parent, HERE):
+        compileall.compile_dir(path, maxlevels=0 if path == HERE.parent else 10, quiet=1)
+    for package in ("trainer", "callbacks", "strategies"):
+        compileall.compile_dir(HERE.parent / package, quiet=1)
+
+
+def count(name: str, steps: int, raw_handover: bool = False, keep: Path | None = None) -> int:
+    """Instructions of a whole process that runs ``steps`` steps of ``name``; with ``keep``, its
+    cachegrind file is kept there as ``<name>-<steps>.out`` (per function: ``cg_annotate``, ``cg_diff``)."""
+    env = measured_environment()
     with tempfile.TemporaryDirectory() as scratch:
         command = ["setarch", "-R", "valgrind", "--tool=cachegrind", "--cache-sim=no",
                    f"--cachegrind-out-file={scratch}/out", sys.executable, str(Path(__file__).resolve()),
                    "--run", name, str(steps), *(["--raw-handover"] if raw_handover else [])]
         done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=HERE.parent, check=True)
+        if keep is not None:
+            shutil.copy(f"{scratch}/out", keep / f"{name}-{steps}.out")
     found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
     if found is None:
         raise RuntimeError(f"valgrind printed no instruction count for {name}:\n{done.stderr[-2000:]}")
@@ -78,6 +108,8 @@ def main() -> None:
     parser.add_argument("--raw-handover", action="store_true",
                         help="hand logged values to the writer threads once a second of valgrind's slow time "
                              "(see run_steps), not at the end")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="keep each run's cachegrind file in DIR, for cg_annotate/cg_diff per function")
     parser.add_argument("--run", nargs=2, metavar=("NAME", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
@@ -92,8 +124,11 @@ def main() -> None:
     chosen = args.contenders or [name for name in contenders() if name not in ("hand", "hand-again")]
     names = list(dict.fromkeys(["hand", *(baseline_of(name) for name in chosen), *chosen]))
     jobs = [(name, steps) for name in names for steps in (args.short, args.long)]
+    compile_sources()
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        counts = dict(zip(jobs, pool.map(lambda job: count(*job, args.raw_handover), jobs)))
+        counts = dict(zip(jobs, pool.map(lambda job: count(*job, args.raw_handover, args.keep), jobs)))
     per_step = {name: (counts[name, args.long] - counts[name, args.short]) / (args.long - args.short) for name in names}
     print(f"## instructions per step: tiny, {args.long} - {args.short} steps, valgrind cachegrind\n")
     print("| contender | instructions/step | over its hand loop | share of a hand-loop step |")

@@ -27,6 +27,7 @@ elsewhere the loop records the detached loss itself (the copy would cost a step 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -50,9 +51,16 @@ def check_nonfinite_mode(mode: Any) -> None:
 def first_nonfinite(losses: list[RecordedLoss]) -> tuple[float, int, int] | None:
     """``(value, batch_idx, global_step)`` of the first NaN or infinite loss in ``losses``, or None.
 
-    One host sync for the whole list (two when one is found).
+    One host sync for the whole list (two when one is found). Losses on the CPU are read one by one:
+    there is no device to wait for, and stacking 0-d tensors costs a view apiece (~15x the reads).
     """
     if not losses:
+        return None
+    if all(loss.is_cpu for loss, _, _ in losses):
+        for loss, batch_idx, global_step in losses:
+            value = loss.item()
+            if not math.isfinite(value):
+                return value, batch_idx, global_step
         return None
     finite = torch.isfinite(torch.stack([loss for loss, _, _ in losses]))
     if bool(finite.all()):

@@ -19,7 +19,7 @@ class HostCopy:
     """Metric values on their way to the host: one stacked tensor per device, copied without blocking.
 
     Values logged on different devices (a CUDA loss beside a CPU tensor such as a learning rate)
-    are stacked per device: a CPU stack is read as it is, a CUDA stack is copied into pinned
+    are grouped per device: CPU values are read as they are, a CUDA stack is copied into pinned
     memory with ``non_blocking=True`` and an event that says when it has arrived. No value moves
     between devices, and nothing waits for the GPU before :meth:`values`.
     """
@@ -30,7 +30,7 @@ class HostCopy:
         check_same_sync_keys(named, gather)
         self.numbers = {key: float(value) for key, (value, _) in named.items() if not isinstance(value, torch.Tensor)}
         tensor_keys = [key for key, (value, _) in named.items() if isinstance(value, torch.Tensor)]
-        self.copies: list[tuple[list[str], torch.Tensor, Any]] = []  # (keys, host tensor, ready event or None)
+        self.copies: list[tuple[list[str], Any, Any]] = []  # (keys, host tensor or CPU floats, ready event or None)
         # Reduced in sorted key order, so every rank's collectives pair up with the same key's.
         for key in sorted(self.numbers):
             if self.specs[key].sync_dist:
@@ -41,10 +41,13 @@ class HostCopy:
                    for key in sorted(tensor_keys) if self.specs[key].sync_dist}
         by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
         for key in tensor_keys:
-            value = reduced[key] if key in reduced else named[key][0].detach().reshape(()).float()
+            value = reduced[key] if key in reduced else named[key][0]
             by_device.setdefault(value.device, []).append((key, value))
         for device, pairs in by_device.items():
-            stacked = torch.stack([value for _, value in pairs])
+            if device.type == "cpu":  # host values: read each now (a stack of 0-d tensors costs a view apiece)
+                self.copies.append(([key for key, _ in pairs], [value.float().item() for _, value in pairs], None))
+                continue
+            stacked = torch.stack([value.detach().reshape(()).float() for _, value in pairs])
             ready = None
             if device.type == "cuda":
                 host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
@@ -52,7 +55,7 @@ class HostCopy:
                 ready = torch.cuda.Event()
                 ready.record(torch.cuda.current_stream(device))
             else:
-                host = stacked if device.type == "cpu" else stacked.to("cpu")
+                host = stacked.to("cpu")
             self.copies.append(([key for key, _ in pairs], host, ready))
 
     def values(self) -> dict[str, float]:
@@ -61,7 +64,7 @@ class HostCopy:
         for keys, host, ready in self.copies:
             if ready is not None:
                 ready.synchronize()
-            values.update(zip(keys, host.tolist()))
+            values.update(zip(keys, host.tolist() if isinstance(host, torch.Tensor) else host))
         values.update(self.numbers)
         return values
 

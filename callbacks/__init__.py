@@ -157,8 +157,10 @@ def observability_callbacks(callbacks: list[Callback], *, profiler: Any, report:
     if isinstance(profiler, str) and profiler.lower() in PROFILERS:
         profiler = PROFILERS[profiler.lower()]()
     if not (profiler is None or isinstance(profiler, (LightningProfiler, Profiler))):
+        lightning = ("When passing string value for the `profiler` parameter of `Trainer`, it can only be one of "
+                     f"{sorted(PROFILERS)}. " if isinstance(profiler, str) else "")  # Lightning's words first
         raise ValueError(
-            f"Trainer(profiler={profiler!r}): use None, \"simple\" (time per hook), \"advanced\" (cProfile per hook), "
+            f"{lightning}Trainer(profiler={profiler!r}): use None, \"simple\" (time per hook), \"advanced\" (cProfile per hook), "
             "\"pytorch\" (torch.profiler), a callbacks.SimpleProfiler/AdvancedProfiler/PyTorchProfiler (or your subclass "
             "of callbacks.profilers.Profiler), or a callbacks.Profiler (scheduled traces with a verdict)."
             + (" Cadence runs on CPUs, CUDA GPUs and Apple GPUs, not XLA." if profiler == "xla" else "")

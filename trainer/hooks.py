@@ -205,7 +205,8 @@ def _takes_dataloader_idx(step: Any, several: bool) -> bool:
     parameters = signature(step).parameters
     takes = "dataloader_idx" in parameters or any(p.kind == p.VAR_POSITIONAL for p in parameters.values())
     name = f"{type(getattr(step, '__self__', None)).__name__}.{step.__name__}"
-    overridden = getattr(step, "__func__", step) is not getattr(TrainingModule, step.__name__, None)
+    original = inspect.unwrap(step)  # a profiler's timed step wraps the method
+    overridden = getattr(original, "__func__", original) is not getattr(TrainingModule, step.__name__, None)
     if several and not takes and overridden:
         raise TypeError(f"{name} runs over several loaders but takes no dataloader_idx. Add it to the signature: "
                         f"def {step.__name__}(self, batch, batch_idx, dataloader_idx=0).")

@@ -10,6 +10,7 @@ their module's code), not at Cadence's internals, however deep the hook was call
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import sysconfig
@@ -31,6 +32,19 @@ def write_line(trainer: Trainer, text: str) -> None:
     bar = trainer.progress_bar_callback
     if bar is not None:
         bar.print(text, file=sys.stderr)
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
+def info(text: str, logger: str = "cadence") -> None:
+    """An informational line for the user, as Lightning's ``rank_zero_info``: through Python's logging
+    (the ``logger`` named, at INFO) when the program configured logging (a handler on it or an
+    ancestor: ``logging.basicConfig``, a file, pytest's caplog); on stderr otherwise, so it is seen."""
+    target = logging.getLogger(logger)
+    if target.hasHandlers():
+        if target.level == logging.getLogger("cadence").level == logging.NOTSET:
+            target.setLevel(logging.INFO)  # no level chosen for Cadence's lines: the root's WARNING would drop them
+        target.info(text)
     else:
         print(text, file=sys.stderr, flush=True)
 

@@ -30,12 +30,10 @@ import contextlib
 import functools
 import inspect
 import io
-import logging
 import math
 import os
 import pstats
 import re
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -43,13 +41,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from callbacks.base import Callback
+from callbacks.console import info
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
-
-
-log = logging.getLogger("cadence.profilers")
-log.setLevel(logging.INFO)  # a report is asked for: shown wherever the program's logging sends INFO
 
 
 class Profiler(abc.ABC):
@@ -149,10 +144,7 @@ class Profiler(abc.ABC):
 
     def _print_on_rank_zero(self, text: str) -> None:
         if self._local_rank in (None, 0):
-            if log.hasHandlers():  # the program configured logging (basicConfig, a file handler, pytest's caplog)
-                log.info(text)
-            else:
-                print(text, file=sys.stderr, flush=True)
+            info(text, "cadence.profilers")
 
     def _stats_to_str(self, stats: dict[str, str]) -> str:
         stage = f"{self._stage.upper()} " if self._stage is not None else ""

@@ -122,3 +122,21 @@ def test_a_prediction_loader_of_two_batches_hands_the_writer_two_batches(make_tr
     writer = Writer("epoch")
     make_trainer(callbacks=[writer]).predict(Predicting(), DataLoader(regression_loader.dataset, batch_size=32))
     assert [prediction.shape for prediction in writer.epochs[0]] == [torch.Size([32, 2])] * 2
+
+
+def test_a_users_checkpoint_subclass_is_the_trainers_checkpointing_callback(make_trainer, regression_loader, tmp_path):
+    class EveryEpoch(callbacks.Checkpoint):
+        def on_train_epoch_end(self, trainer, module):
+            trainer.save_checkpoint(tmp_path / f"epoch{trainer.current_epoch}.ckpt")
+
+    class Other(Callback):
+        pass
+
+    assert isinstance(callbacks.ModelCheckpoint(), callbacks.Checkpoint)
+    own, other = EveryEpoch(), Other()
+    trainer = make_trainer(max_epochs=2, enable_checkpointing=True, callbacks=[own, other])
+    # As in Lightning: no default ModelCheckpoint beside it, and it runs after the other callbacks
+    assert trainer.checkpoint_callbacks == [own] and trainer.checkpoint_callback is own
+    assert trainer.callbacks.index(own) > trainer.callbacks.index(other)
+    trainer.fit(LinearRegression(), regression_loader)
+    assert sorted(path.name for path in tmp_path.glob("*.ckpt")) == ["epoch0.ckpt", "epoch1.ckpt"]

@@ -59,7 +59,7 @@ class TrainerProperties:
     progress_bar_callback = property(lambda self: next(iter(self._callbacks_of(callbacks_package.ProgressBar)), None))
     loggers = property(lambda self: self._callbacks_of(callbacks_package.Logger))
     logger = property(lambda self: next(iter(self.loggers), None))
-    checkpoint_callbacks = property(lambda self: self._callbacks_of(callbacks_package.ModelCheckpoint))
+    checkpoint_callbacks = property(lambda self: self._callbacks_of(callbacks_package.Checkpoint))
     checkpoint_callback = property(lambda self: next(iter(self.checkpoint_callbacks), None))
     early_stopping_callbacks = property(lambda self: self._callbacks_of(callbacks_package.EarlyStopping))
     early_stopping_callback = property(lambda self: next(iter(self.early_stopping_callbacks), None))

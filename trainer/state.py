@@ -140,7 +140,7 @@ def fitted_module(trainer: Trainer, stage: str, ckpt_path: Any) -> tuple[Trainin
     if trainer.lightning_module is None:
         raise TypeError(f"Trainer.{stage}() got no model, and this Trainer has run none yet. Pass the module: "
                         f"trainer.{stage}(model, ...).")
-    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback is not None else ""
+    best = getattr(trainer.checkpoint_callback, "best_model_path", "")  # "": none, or a user's own Checkpoint
     if ckpt_path is None and best:
         if trainer.is_global_zero:
             warn(f"Trainer.{stage}() got no model and no ckpt_path, so it loads the best checkpoint of the "

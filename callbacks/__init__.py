@@ -89,7 +89,8 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
                          "callback or an iterable of them (a list, a tuple, Hydra's ListConfig).")
     bars = [c for c in callbacks if isinstance(c, ProgressBar)]
     if len(bars) > 1:
-        raise ValueError(f"Trainer(callbacks=[...]) holds {len(bars)} progress bars "
+        raise ValueError(f"You added multiple progress bar callbacks to the Trainer: Trainer(callbacks=[...]) holds "
+                         f"{len(bars)} progress bars "
                          f"({', '.join(type(bar).__name__ for bar in bars)}); only one is supported: pass one.")
     if bars and enable_progress_bar is False:
         raise ValueError(f"Trainer(enable_progress_bar=False) but callbacks holds a {type(bars[0]).__name__}; remove "

@@ -55,7 +55,8 @@ def test_prediction_writer_writes_each_batch_or_the_whole_pass(make_trainer, reg
 
 
 def test_prediction_writer_refuses_an_unknown_interval_and_says_what_to_implement(make_trainer, regression_loader):
-    with pytest.raises(ValueError, match=r"write_interval='step'\): use one of batch, epoch, batch_and_epoch"):
+    with pytest.raises(ValueError, match=r"`write_interval` should be one of \['batch', 'epoch', 'batch_and_epoch'\]: "
+                                         r"BasePredictionWriter\(write_interval='step'\)"):
         BasePredictionWriter("step")
     with pytest.raises(NotImplementedError, match=r"BasePredictionWriter writes each batch .* implement write_on_batch_end"):
         make_trainer(callbacks=[BasePredictionWriter()]).predict(Predicting(), regression_loader)
@@ -74,11 +75,23 @@ def test_gradient_accumulation_scheduler_changes_the_window_by_epoch(make_traine
     scheduler = GradientAccumulationScheduler({1: 4, 2: 2})
     make_trainer(max_epochs=3, callbacks=[scheduler, counts]).fit(LinearRegression(), regression_loader)
     assert counts.steps_by_epoch == {0: 8, 1: 8 + 2, 2: 8 + 2 + 4}  # 8 batches an epoch: windows of 1, 4, 2
-    with pytest.raises(ValueError, match=r"Trainer\(accumulate_grad_batches=2\) and a GradientAccumulationScheduler"):
+    with pytest.raises(ValueError, match=r"You have set `accumulate_grad_batches` and are using the "
+                                         r"`GradientAccumulationScheduler` callback: Trainer\(accumulate_grad_batches=2\)"):
         make_trainer(max_epochs=1, accumulate_grad_batches=2, callbacks=[GradientAccumulationScheduler({0: 4})]).fit(
             LinearRegression(), regression_loader)
-    with pytest.raises(ValueError, match=r"the values are numbers of batches to accumulate, ints >= 1"):
+    with pytest.raises(ValueError, match=r"Accumulation factor should be an int >= 1: .*the values are numbers of "
+                                         r"batches to accumulate"):
         GradientAccumulationScheduler({0: 0})
+    with pytest.raises(ValueError, match=r"Epoch should be an int >= 0: .*the keys are epochs"):
+        GradientAccumulationScheduler({"1": 2})
+
+    class OwnStep(LinearRegression):  # Lightning's warning: the hook runs once per window, not per batch
+        def optimizer_step(self, *args, **kwargs):
+            super().optimizer_step(*args, **kwargs)
+
+    with pytest.warns(UserWarning, match=r"the hooks will not be called on every batch .*OwnStep.optimizer_step runs "
+                                         r"once per accumulation window"):
+        make_trainer(max_epochs=1, callbacks=[GradientAccumulationScheduler({0: 2})]).fit(OwnStep(), regression_loader)
     with pytest.raises(TypeError, match=r"use a non-empty dict"):
         GradientAccumulationScheduler({})
 

@@ -283,8 +283,8 @@ def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> 
             callback.load_state_dict(states[callback.state_key])
     unused = sorted(key for key, value in states.items() if value and key not in {c.state_key for c in trainer.callbacks})
     if unused and trainer.is_global_zero:
-        warn(f"Checkpoint {path} holds the state of callbacks this Trainer does not have: {unused}. "
-             "It is not restored; pass the same callbacks (same monitor, mode and trigger) to continue them.")
+        warn(f"Checkpoint {path} holds the state of callbacks this Trainer does not have, which is not restored. "
+             f"Please add the following callbacks: {unused} (the same monitor, mode and trigger) to continue them.")
 
 
 def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodule: DataModule | None,

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from callbacks.amp import AMP
-from callbacks.base import Callback
+from callbacks.base import Callback, Checkpoint
 from callbacks.batch_size_finder import BatchSizeFinder
 from callbacks.checkpointing import GradientCheckpointing
 from callbacks.compile import Compile
@@ -57,7 +57,8 @@ from callbacks.torch_flags import TorchFlags
 
 __all__ = [
     "AMP", "AdvancedProfiler", "AsyncLogger", "AutoMicrobatch", "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter",
-    "BatchSizeFinder", "CSVLogger", "Callback", "Compile", "DeviceStatsMonitor", "EarlyStopping", "GradientAccumulationScheduler",
+    "BatchSizeFinder", "CSVLogger", "Callback", "Checkpoint", "Compile", "DeviceStatsMonitor", "EarlyStopping",
+    "GradientAccumulationScheduler",
     "GradientCheckpointing", "LRFinder", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "Logger",
     "ModelCheckpoint", "ModelPruning", "ModelSummary", "OnExceptionCheckpoint", "PassThroughProfiler", "PerformanceReport",
     "ProfiledHooks", "Profiler", "ProgressBar", "PyTorchProfiler", "SimpleProfiler", "TQDMProgressBar", "profiler_of",
@@ -81,8 +82,8 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
                 f"Trainer(callbacks=[...]) item {index} is {type(callback).__name__}, not a "
                 "callbacks.Callback. Subclass Callback and pass an instance."
             )
-    callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)] + [
-        c for c in callbacks if isinstance(c, ModelCheckpoint)]
+    callbacks = [c for c in callbacks if not isinstance(c, Checkpoint)] + [  # checkpoints last, as in Lightning
+        c for c in callbacks if isinstance(c, Checkpoint)]
     if logger is True:
         callbacks += default_loggers()
     elif isinstance(logger, Callback):
@@ -94,14 +95,15 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
                          "callback or an iterable of them (a list, a tuple, Hydra's ListConfig).")
     bars = [c for c in callbacks if isinstance(c, ProgressBar)]
     if len(bars) > 1:
-        raise ValueError(f"Trainer(callbacks=[...]) holds {len(bars)} progress bars "
+        raise ValueError(f"You added multiple progress bar callbacks to the Trainer: Trainer(callbacks=[...]) holds "
+                         f"{len(bars)} progress bars "
                          f"({', '.join(type(bar).__name__ for bar in bars)}); only one is supported: pass one.")
     if bars and enable_progress_bar is False:
         raise ValueError(f"Trainer(enable_progress_bar=False) but callbacks holds a {type(bars[0]).__name__}; remove "
                          "one of them (ProgressBar(refresh_rate=0) keeps the bar object and draws nothing).")
     if enable_progress_bar and not bars:
         callbacks.append(ProgressBar())
-    if enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
+    if enable_checkpointing and not any(isinstance(c, Checkpoint) for c in callbacks):
         callbacks.append(ModelCheckpoint())
     _check_state_keys(callbacks)
     return callbacks
@@ -110,7 +112,7 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
 def with_module_callbacks(callbacks: list[Callback], module_callbacks: Any, module_name: str) -> list[Callback]:
     """``callbacks`` with those the module's ``configure_callbacks`` returned, as Lightning merges them:
     a module callback replaces the Trainer's of the same class (or a base class of it), and every
-    ``ModelCheckpoint`` moves to the end, so it saves after the other callbacks updated their state."""
+    ``Checkpoint`` (``ModelCheckpoint``) moves to the end, so it saves after the other callbacks updated their state."""
     if module_callbacks is None:
         return callbacks
     extra = [module_callbacks] if isinstance(module_callbacks, Callback) else list(module_callbacks)
@@ -122,7 +124,7 @@ def with_module_callbacks(callbacks: list[Callback], module_callbacks: Any, modu
         return callbacks
     replaced = {type(c) for c in callbacks if type(c) is not Callback and any(isinstance(e, type(c)) for e in extra)}
     merged = [c for c in callbacks if type(c) not in replaced] + extra
-    merged = [c for c in merged if not isinstance(c, ModelCheckpoint)] + [c for c in merged if isinstance(c, ModelCheckpoint)]
+    merged = [c for c in merged if not isinstance(c, Checkpoint)] + [c for c in merged if isinstance(c, Checkpoint)]
     _check_state_keys(merged)
     return merged
 
@@ -169,8 +171,10 @@ def observability_callbacks(callbacks: list[Callback], *, profiler: Any, report:
     if isinstance(profiler, str) and profiler.lower() in PROFILERS:
         profiler = PROFILERS[profiler.lower()]()
     if not (profiler is None or isinstance(profiler, (LightningProfiler, Profiler))):
+        lightning = ("When passing string value for the `profiler` parameter of `Trainer`, it can only be one of "
+                     f"{sorted(PROFILERS)}. " if isinstance(profiler, str) else "")  # Lightning's words first
         raise ValueError(
-            f"Trainer(profiler={profiler!r}): use None, \"simple\" (time per hook), \"advanced\" (cProfile per hook), "
+            f"{lightning}Trainer(profiler={profiler!r}): use None, \"simple\" (time per hook), \"advanced\" (cProfile per hook), "
             "\"pytorch\" (torch.profiler), a callbacks.SimpleProfiler/AdvancedProfiler/PyTorchProfiler (or your subclass "
             "of callbacks.profilers.Profiler), or a callbacks.Profiler (scheduled traces with a verdict)."
             + (" Cadence runs on CPUs, CUDA GPUs and Apple GPUs, not XLA." if profiler == "xla" else "")

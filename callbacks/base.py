@@ -247,3 +247,17 @@ class Callback:
         "compile_seconds": {"training": 41.0, "validation": 6.5}}`` (Compile: one-time work the
         report keeps apart from the steady state). Empty by default."""
         return {}
+
+
+class Checkpoint(Callback):
+    """The base class of checkpointing callbacks (Lightning's ``callbacks.Checkpoint``): ``ModelCheckpoint``
+    is one. Subclass it for a checkpointing callback of your own, and the Trainer treats it as one, as
+    Lightning does: it is in ``trainer.checkpoint_callbacks``, runs after the other callbacks (so it saves
+    their updated state), and no default ``ModelCheckpoint`` is added beside it.
+
+    Example::
+
+        class EveryEpoch(Checkpoint):
+            def on_train_epoch_end(self, trainer, module):
+                trainer.save_checkpoint(f"epoch{trainer.current_epoch}.ckpt")
+    """

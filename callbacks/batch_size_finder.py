@@ -64,12 +64,11 @@ class BatchSizeFinder(Callback):
         self._init_val, self._max_trials = init_val, max_trials
         self._batch_arg_name, self._margin, self._max_val = batch_arg_name, margin, max_val
 
-    def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
+    def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str | None = None) -> None:
         if trainer.world_size > 1:
-            raise ValueError("The batch size finder is not supported with distributed strategies: a process that ran "
+            raise ValueError("Batch size finder is not supported with distributed strategies: a process that ran "
                              "out of memory would leave the others waiting. Find the batch size on one device "
                              "(Trainer(devices=1)), then pass it to the distributed run.")
-        self.check_attribute(pl_module)
         name = self._batch_arg_name
         if hasattr(pl_module, name) and name in getattr(pl_module, "hparams", {}):
             warnings.warn(f"Field `model.{name}` and `model.hparams.{name}` are mutually exclusive! "
@@ -104,16 +103,20 @@ class BatchSizeFinder(Callback):
             warnings.warn("Skipping batch size scaler since `fast_dev_run` is enabled.", stacklevel=2)
             self.optimal_batch_size = None
             return
+        if trainer.stage == "fit":  # the train loader's hook reads it; evaluation checks its loaders first (Lightning)
+            self.check_attribute(pl_module)
         try:
             loaders = trainer.reload_dataloaders()
         except ValueError as error:
-            raise ValueError(f"The batch size finder cannot be used with dataloaders passed directly to "
+            raise ValueError(f"Batch size finder cannot be used with dataloaders passed directly to "
                              f"Trainer.{trainer.stage}(): it sets {self._batch_arg_name} and makes the loaders again "
                              f"from their hooks. Return the loaders from the module's or a DataModule's hooks "
                              f"(train_dataloader(), ...), reading {self._batch_arg_name}.") from error
         if len(loaders) > 1:
-            raise ValueError(f"The batch size finder cannot be used with multiple {trainer.stage} dataloaders "
+            prefix = {"fit": "train", "validate": "val"}.get(trainer.stage, trainer.stage)  # Lightning's word
+            raise ValueError(f"Batch size finder cannot be used with multiple {prefix} dataloaders "
                              f"({len(loaders)}); it tunes one loader's batch size.")
+        self.check_attribute(pl_module)
         search = _Search(trainer, pl_module, self._batch_arg_name, self._steps_per_trial, self._max_val, loaders,
                          SearchProgress(trainer, "Finding the largest batch size", self._max_trials))
         try:

@@ -46,6 +46,19 @@ def cadence_logger() -> logging.Logger:
     return logger
 
 
+def info(text: str, logger: str = "cadence") -> None:
+    """An informational line for the user, as Lightning's ``rank_zero_info``: through Python's logging
+    (the ``logger`` named, at INFO) when the program configured logging (a handler on it or an
+    ancestor: ``logging.basicConfig``, a file, pytest's caplog); on stderr otherwise, so it is seen."""
+    target = logging.getLogger(logger)
+    if target.hasHandlers():
+        if target.level == logging.getLogger("cadence").level == logging.NOTSET:
+            target.setLevel(logging.INFO)  # no level chosen for Cadence's lines: the root's WARNING would drop them
+        target.info(text)
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
 def rank_prefixed(trainer: Trainer, text: str) -> str:
     """``text`` prefixed with ``[rank: N]`` when several processes run (Lightning's format)."""
     return f"[rank: {trainer.global_rank}] {text}" if trainer.world_size > 1 else text

@@ -67,7 +67,7 @@ class EarlyStopping(Callback):
         if not isinstance(monitor, str) or not monitor:
             raise ValueError(f"EarlyStopping(monitor={monitor!r}): use the name of a logged metric, e.g. \"val_loss\".")
         if mode not in self.mode_dict:
-            raise ValueError(f'EarlyStopping(mode="{mode}"): use "min" or "max".')
+            raise ValueError(f'EarlyStopping(mode="{mode}"): use "min" or "max" (`mode` can be min, max, got {mode}).')
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
             raise ValueError(f"EarlyStopping(patience={patience!r}): use an int >= 0.")
         for name, value in (("min_delta", min_delta), ("stopping_threshold", stopping_threshold),

@@ -52,6 +52,7 @@ class LearningRateMonitor(Callback):
         self.log_weight_decay = log_weight_decay
         self._per_step: list[tuple[torch.optim.Optimizer, list[str]]] = []
         self._per_epoch: list[tuple[torch.optim.Optimizer, list[str]]] = []
+        self._names: set[str] = set()  # the rates' names (lrs' keys) now
         self.lrs: dict[str, list[float]] = {}
         self.last_momentum_values: dict[str, float | None] = {}
         self.last_weight_decay_values: dict[str, float | None] = {}
@@ -59,23 +60,20 @@ class LearningRateMonitor(Callback):
     def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
         if not trainer.loggers:
             raise ValueError(
-                "LearningRateMonitor writes to the loggers, and this Trainer has none (logger=False). "
-                "Use Trainer(logger=True), pass a logger, or remove the LearningRateMonitor."
+                "Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger. LearningRateMonitor writes "
+                "to the loggers, and this Trainer has none (logger=False). Use Trainer(logger=True), pass a logger, or "
+                "remove the LearningRateMonitor."
             )
-        epoch_interval = {id(config.scheduler.optimizer) for config in trainer.lr_scheduler_configs
-                          if config.interval == "epoch"}
-        if self.log_momentum and any("momentum" not in optimizer.defaults and "betas" not in optimizer.defaults
-                                     for optimizer in trainer.optimizers):
-            warnings.warn("You have set log_momentum=True, but some optimizers do not have momentum. This will log a "
-                          "value 0 for the momentum.", RuntimeWarning, stacklevel=2)
-        self._per_step, self._per_epoch = [], []
-        all_names = [name for names in optimizer_names(trainer.optimizers) for name in names]
-        self.lrs = {name: [] for name in all_names}
-        self.last_momentum_values = {f"{name}-momentum": None for name in all_names}
-        self.last_weight_decay_values = {f"{name}-weight_decay": None for name in all_names}
-        for optimizer, names in zip(trainer.optimizers, optimizer_names(trainer.optimizers)):
-            by_epoch = self.logging_interval == "epoch" or (self.logging_interval is None and id(optimizer) in epoch_interval)
-            (self._per_epoch if by_epoch else self._per_step).append((optimizer, names))
+        if self.log_momentum:  # Lightning's check: the optimizers with a scheduler when there are schedulers
+            optimizers = [config.scheduler.optimizer for config in trainer.lr_scheduler_configs] or trainer.optimizers
+            if all(any(key not in optimizer.defaults for optimizer in optimizers) for key in ("momentum", "betas")):
+                warnings.warn("You have set log_momentum=True, but some optimizers do not have momentum. This will log "
+                              "a value 0 for the momentum.", RuntimeWarning, stacklevel=2)
+        groups = self._name_groups(trainer)
+        names = [name for _, group_names, _ in groups for name in group_names]
+        self.lrs = {name: [] for name in names}
+        self.last_momentum_values = {f"{name}-momentum": None for name in names}
+        self.last_weight_decay_values = {f"{name}-weight_decay": None for name in names}
 
     def on_train_batch_start(self, trainer: Trainer, module: TrainingModule, batch: Any, batch_idx: int) -> None:
         # Every batch, before its step, without a sync: the metric store keeps the last value before a log step.
@@ -87,6 +85,8 @@ class LearningRateMonitor(Callback):
         self._remember(metrics)  # what reached the loggers
 
     def on_train_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        groups = self._name_groups(trainer)  # a callback may have added parameter groups (BaseFinetuning)
+        self._remap([name for _, names, _ in groups for name in names])
         stats = {name: float(value) for optimizer, names in self._per_epoch
                  for name, value in self._stats(optimizer, names).items()}
         if stats:
@@ -95,13 +95,36 @@ class LearningRateMonitor(Callback):
                 logger.log_metrics({**stats, "epoch": trainer.current_epoch}, step=trainer.global_step)
             trainer.callback_metrics.update({name: torch.tensor(value) for name, value in stats.items()})
 
+    def _name_groups(self, trainer: Trainer) -> list[tuple[torch.optim.Optimizer, list[str], str | None]]:
+        """Each optimizer's names, and when they are logged: Lightning's names and order (the optimizers with
+        a scheduler first, named by its ``"name"`` when it has one, then the others); the per-step and the
+        per-epoch lists."""
+        groups = lightning_names(trainer.lr_scheduler_configs, trainer.optimizers)
+        self._names = {name for _, names, _ in groups for name in names}
+        self._per_step, self._per_epoch = [], []
+        for optimizer, names, interval in groups:  # interval None: no scheduler, logged at steps and epochs alike
+            if self.logging_interval == "step" or (self.logging_interval is None and interval in ("step", None)):
+                self._per_step.append((optimizer, names))
+            if self.logging_interval == "epoch" or (self.logging_interval is None and interval in ("epoch", None)):
+                self._per_epoch.append((optimizer, names))
+        return groups
+
+    def _remap(self, names: list[str]) -> None:
+        """Lightning's renaming when an optimizer gains parameter groups: ``lr-SGD`` goes on as ``lr-SGD/pg1``."""
+        for name in names:
+            old = name.replace("/pg1", "")
+            if "/pg1" in name and old in self.lrs:
+                self.lrs[name] = self.lrs.pop(old)
+            elif name not in self.lrs:
+                self.lrs[name] = []
+
     def _remember(self, metrics: dict[str, float]) -> None:
         for name, value in metrics.items():
-            if name in self.lrs:
-                self.lrs[name].append(value)
-            elif name in self.last_momentum_values:
+            if name in self._names:
+                self.lrs.setdefault(name, []).append(value)
+            elif name.endswith("-momentum") and name[:-9] in self._names:
                 self.last_momentum_values[name] = value
-            elif name in self.last_weight_decay_values:
+            elif name.endswith("-weight_decay") and name[:-13] in self._names:
                 self.last_weight_decay_values[name] = value
 
     def _stats(self, optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, Any]:
@@ -116,17 +139,37 @@ class LearningRateMonitor(Callback):
         return stats
 
 
-def optimizer_names(optimizers: list[torch.optim.Optimizer]) -> list[list[str]]:
-    """Lightning's names for each optimizer's parameter groups."""
+def lightning_names(configs: list[Any], optimizers: list[torch.optim.Optimizer],
+                    ) -> list[tuple[torch.optim.Optimizer, list[str], str | None]]:
+    """``(optimizer, names of its parameter groups, its scheduler's interval or None)``, as Lightning names them.
+
+    The optimizers with a scheduler come first, in the schedulers' order, named by the scheduler's
+    ``"name"`` or ``lr-<class>``; then the others, ``lr-<class>``. A second optimizer of a class gets
+    ``-1`` (a named scheduler's does not count); several groups ``/pg1``, ``/pg2`` or their ``"name"``.
+    """
     seen: Counter = Counter()
-    names = []
-    for optimizer in optimizers:
-        kind = type(optimizer).__name__
-        seen[kind] += 1
-        base = f"lr-{kind}" + (f"-{seen[kind] - 1}" if seen[kind] > 1 else "")
+    named: list[tuple[torch.optim.Optimizer, str, str | None, bool]] = []  # (..., whether the name is the user's)
+    for config in configs:
+        optimizer = config.scheduler.optimizer
+        named.append((optimizer, config.name or f"lr-{type(optimizer).__name__}", config.interval, bool(config.name)))
+    with_scheduler = [optimizer for optimizer, *_ in named]
+    named += [(optimizer, f"lr-{type(optimizer).__name__}", None, False) for optimizer in optimizers
+              if not any(optimizer is other for other in with_scheduler)]
+    result = []
+    for optimizer, name, interval, users in named:
+        kind = type(optimizer)
+        if not users:
+            seen[kind] += 1
+        if seen[kind] > 1:
+            name += f"-{seen[kind] - 1}"
         groups = optimizer.param_groups
-        if len(groups) == 1:
-            names.append([f"{base}/{groups[0]['name']}" if groups[0].get("name") else base])
+        group_names = [group.get("name", f"pg{index}") for index, group in enumerate(groups, start=1)]
+        duplicates = sorted({group for group in group_names if group_names.count(group) > 1})
+        if duplicates:
+            raise ValueError(f"A single `Optimizer` cannot have multiple parameter groups with identical `name` values. "
+                             f"{name} has duplicated parameter group names {duplicates}: give each group its own name.")
+        if len(groups) > 1:
+            result.append((optimizer, [f"{name}/{group}" for group in group_names], interval))
         else:
-            names.append([f"{base}/{group.get('name', f'pg{index}')}" for index, group in enumerate(groups, start=1)])
-    return names
+            result.append((optimizer, [f"{name}/{groups[0]['name']}" if groups[0].get("name") else name], interval))
+    return result

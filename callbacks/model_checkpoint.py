@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from callbacks.base import Callback
+from callbacks.base import Callback, Checkpoint
 from callbacks.checkpoint_names import CheckpointNames, TrainTimeClock, check_arguments, resolve_triggers
 from callbacks.console import epoch_label, warn, write_line
 from strategies.checkpoint import link_checkpoint, remove_checkpoint, symlink_checkpoint
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
 
 
-class ModelCheckpoint(CheckpointNames, Callback):
+class ModelCheckpoint(CheckpointNames, Checkpoint):
     """Save checkpoints during ``fit``; arguments, defaults and file names as in Lightning 2.6.
 
     Args:

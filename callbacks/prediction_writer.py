@@ -37,8 +37,8 @@ class BasePredictionWriter(Callback):
 
     def __init__(self, write_interval: str = "batch") -> None:
         if write_interval not in WRITE_INTERVALS:
-            raise ValueError(f"BasePredictionWriter(write_interval={write_interval!r}): use one of "
-                             f"{', '.join(WRITE_INTERVALS)}.")
+            raise ValueError(f"`write_interval` should be one of {list(WRITE_INTERVALS)}: "
+                             f"BasePredictionWriter(write_interval={write_interval!r}).")
         self.interval = write_interval
         self._predictions: list[list[Any]] = []
 

@@ -1,24 +1,25 @@
 """Lightning's profilers by their names: time each hook and phase of a stage, report it at the end.
 
 ``Trainer(profiler="simple")`` (or ``"advanced"``, ``"pytorch"``, or a profiler object) times every
-hook a callback or the module implements, each step method, and two phases, under Lightning's
-action names::
+hook of the callbacks and the module, each step method, and two phases, under Lightning's action
+names::
 
     [Callback]ModelCheckpoint{'monitor': ...}.on_train_epoch_end   (the callback's state_key)
-    [TrainingModule]Net.training_step, [TrainingModule]Net.on_validation_epoch_end, ...
+    [TrainingModule]Net.on_validation_epoch_end, [TrainingModule]Net.configure_optimizers, ...
+    [Strategy]SingleDeviceStrategy.training_step (Lightning calls the steps through its strategy)
     run_training_epoch, run_training_batch (on_train_batch_start to on_train_batch_end)
 
 and writes its report when the stage ends: to ``<dirpath>/<stage>-<filename>[-<rank>].txt`` with
-a ``filename`` (``dirpath`` defaults to ``trainer.log_dir``), else to stderr on rank zero.
-``trainer.profiler`` is the profiler (a :class:`PassThroughProfiler` when none is set), so a
+a ``filename`` (``dirpath`` defaults to ``trainer.log_dir``), else to stderr on rank zero
+(through Python's ``logging``, the ``"cadence.profilers"`` logger, when the program configured logging, as
+Lightning's does). ``trainer.profiler`` is the profiler (a :class:`PassThroughProfiler` when none is set), so a
 module or callback can time its own code: ``with self.trainer.profiler.profile("augment"): ...``.
 
 A :class:`Profiler` is not a callback; :class:`ProfiledHooks` is the callback that runs one. At the
 stage's ``setup`` it gives the callbacks and the module, for that stage only, a timed version of
-each hook they implement (an instance attribute that calls the method between ``profiler.start``
-and ``profiler.stop``), and takes them away at ``teardown``. So a run without a profiler pays
-nothing, and a hook that nobody implements stays uncalled (Lightning's table also lists hooks that
-do nothing).
+each hook (an instance attribute that calls the method between ``profiler.start`` and
+``profiler.stop``), and takes them away at ``teardown``. So a run without a profiler pays nothing;
+with one, as in Lightning, the hooks that do nothing are called and listed too.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ import abc
 import cProfile
 import contextlib
 import functools
+import inspect
 import io
 import math
 import os
 import pstats
 import re
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from callbacks.base import Callback
+from callbacks.console import info
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -142,7 +144,7 @@ class Profiler(abc.ABC):
 
     def _print_on_rank_zero(self, text: str) -> None:
         if self._local_rank in (None, 0):
-            print(text, file=sys.stderr, flush=True)
+            info(text, "cadence.profilers")
 
     def _stats_to_str(self, stats: dict[str, str]) -> str:
         stage = f"{self._stage.upper()} " if self._stage is not None else ""
@@ -282,18 +284,24 @@ class AdvancedProfiler(Profiler):
         return state
 
 
-#: The module's methods timed besides its hooks (the ``on_*`` methods it overrides).
-MODULE_METHODS = ("training_step", "validation_step", "test_step", "predict_step", "configure_optimizers",
-                  "optimizer_step", "optimizer_zero_grad", "setup", "teardown")
+#: The module's methods timed, when it overrides them, besides its ``on_*`` hooks (all of which are timed).
+MODULE_METHODS = ("configure_optimizers", "optimizer_step", "optimizer_zero_grad", "setup", "teardown")
+#: The step methods, timed under Lightning's name for them: the strategy's.
+STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 #: The callbacks' methods timed besides their ``on_*`` hooks.
 CALLBACK_METHODS = ("setup", "teardown")
+#: Lightning's strategy class for each of Cadence's: Lightning calls the steps through its strategy and
+#: names their actions after it (``[Strategy]SingleDeviceStrategy.training_step``); Cadence keeps the names.
+LIGHTNING_STRATEGIES = {"SingleDevice": "SingleDeviceStrategy", "MPS": "SingleDeviceStrategy", "DDP": "DDPStrategy",
+                        "FSDP": "FSDPStrategy"}
 
 
 class ProfiledHooks(Callback):
     """Run ``profiler`` over each stage: time the hooks, the steps and the phases; report at the end.
 
     ``Trainer(profiler=...)`` adds it first among the callbacks, so that the other callbacks'
-    hooks, ``setup`` included, are timed.
+    hooks, ``setup`` included, are timed. As in Lightning, every hook is timed, also those that do
+    nothing (so a per-batch hook nobody implements is called while a profiler runs).
     """
 
     def __init__(self, profiler: Profiler) -> None:
@@ -306,13 +314,14 @@ class ProfiledHooks(Callback):
         self.profiler._module = module
         for callback in trainer.callbacks:
             if callback is not self:
-                names = [n for n in dir(Callback) if n.startswith("on_") or n in CALLBACK_METHODS]
-                self._time(callback, [n for n in names if _overrides(callback, Callback, n)],
-                           f"[Callback]{callback.state_key}")
+                self._time(callback, _hooks(Callback, CALLBACK_METHODS), f"[Callback]{callback.state_key}")
         # TrainingModule: the last class of the module's that defines training_step (callbacks do not import trainer)
         base = [cls for cls in type(module).__mro__ if "training_step" in vars(cls)][-1]
-        names = [n for n in dir(base) if n.startswith("on_") or n in MODULE_METHODS]
-        self._time(module, [n for n in names if _overrides(module, base, n)], f"[{base.__name__}]{type(module).__name__}")
+        self._time(module, [n for n in _hooks(base, MODULE_METHODS) if n.startswith("on_") or _overrides(module, base, n)],
+                   f"[{base.__name__}]{type(module).__name__}")
+        strategy = type(trainer.strategy).__name__
+        self._time(module, [n for n in STEP_METHODS if callable(getattr(module, n, None))],
+                   f"[Strategy]{LIGHTNING_STRATEGIES.get(strategy, strategy)}")
 
     def teardown(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
         for obj, name, before in reversed(self._timed):
@@ -347,6 +356,12 @@ class ProfiledHooks(Callback):
 
 
 _MISSING = object()
+
+
+def _hooks(base: type, methods: tuple[str, ...]) -> list[str]:
+    """The methods of ``base`` named ``on_*`` or in ``methods``: its hooks (functions, not properties)."""
+    return [name for name in dir(base) if (name.startswith("on_") or name in methods)
+            and inspect.isfunction(getattr(base, name, None))]
 
 
 def _overrides(obj: Any, base: type, name: str) -> bool:

@@ -5,8 +5,12 @@ starts ``torch.profiler.profile``; each action becomes a ``record_function`` ran
 ``[pl][profile]<action>`` (Lightning's names, so tools that look for them find them), each
 submodule's forward a ``[pl][module]<class>: <name>`` range, and each step method
 (``training_step``, ``validation_step``, ...) one step of the schedule (default: wait 1, warmup 1,
-active 3, as in Lightning). Each recorded window is written as a Chrome trace under ``dirpath``
-(``trainer.log_dir`` by default); the report at the end of the stage is the ``key_averages`` table.
+active 3, as in Lightning). As in Lightning, each kind of step counts its own steps and records its
+first window only; ``schedule=None`` records everything; a stage with fewer than 5 steps of a kind
+records everything, with a warning, instead of the default schedule. Each recorded window is
+written as a Chrome trace under ``dirpath`` (``trainer.log_dir`` by default), named
+``<stage>-<filename>-<step action>.<time>.pt.trace.json``; the report at the end of the stage is
+the ``key_averages`` table of the last window (``function_events``).
 For bounded traces of training batches with a verdict in words, use ``callbacks.Profiler``.
 """
 
@@ -14,7 +18,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,9 +28,52 @@ from typing import Any
 import torch
 from torch.autograd.profiler import record_function
 
+from callbacks.console import warn
 from callbacks.profilers import Profiler
 
 STEP_FUNCTIONS = ("training_step", "validation_step", "test_step", "predict_step")
+#: Lightning's default schedule: little overhead over a long run.
+DEFAULT_SCHEDULE = torch.profiler.schedule(wait=1, warmup=1, active=3)
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warn(message)
+
+
+class StepSchedule:
+    """A ``torch.profiler`` schedule counted per kind of step, each kind through its first window only.
+
+    As Lightning's: training, validation, test and predict steps each count their own steps (so the
+    validation inside fit does not advance training's window; the sanity check's steps count), and
+    after a kind's window is saved its steps record nothing. The profiler calls it with its own step
+    number, which it ignores.
+    """
+
+    def __init__(self, schedule: Any) -> None:
+        self.schedule = schedule
+        self.reset()
+
+    def reset(self) -> None:
+        self.kind: str | None = None  # the kind of the step that just ended (set before profiler.step())
+        self.counts = dict.fromkeys(STEP_FUNCTIONS, 0)
+        self.done: set[str] = set()
+        self.previous = torch.profiler.ProfilerAction.NONE
+
+    def __call__(self, step_num: int) -> Any:
+        kind, actions = self.kind, torch.profiler.ProfilerAction
+        if kind is None or kind in self.done:
+            return actions.NONE
+        self.counts[kind] += 1
+        action = self.schedule(self.counts[kind])
+        if self.previous == actions.RECORD and action == actions.WARMUP:
+            action = actions.RECORD  # a kind that starts inside another's window: torch refuses RECORD -> WARMUP
+        if action == actions.RECORD_AND_SAVE:
+            self.done.add(kind)
+        self.previous = action
+        return action
 
 
 class PyTorchProfiler(Profiler):
@@ -70,18 +119,19 @@ class PyTorchProfiler(Profiler):
                              f"{', '.join(sorted(self.AVAILABLE_SORT_KEYS))}.")
         table_kwargs = dict(table_kwargs or {})
         table_keys = set(inspect.signature(torch.autograd.profiler_util.EventList.table).parameters) - {"self"}
-        for key in table_kwargs:
+        for key in table_kwargs:  # Lightning's words first: scripts match them
             if key in ("sort_by", "row_limit"):
-                raise KeyError(f"PyTorchProfiler(table_kwargs={{{key!r}: ...}}): {key} has its own argument "
+                raise KeyError(f"Found invalid table_kwargs key: {key}. This is already a positional argument of the "
+                               f"Profiler. PyTorchProfiler(table_kwargs={{{key!r}: ...}}): {key} has its own argument "
                                "(sort_by_key, row_limit).")
             if key not in table_keys:
-                raise KeyError(f"PyTorchProfiler(table_kwargs={{{key!r}: ...}}): use keys of EventList.table: "
-                               f"{', '.join(sorted(table_keys - {'sort_by', 'row_limit'}))}.")
-        schedule = profiler_kwargs.pop("schedule", None)
+                raise KeyError(f"Found invalid table_kwargs key: {key}. PyTorchProfiler(table_kwargs={{{key!r}: ...}}): "
+                               f"use keys of EventList.table: {', '.join(sorted(table_keys - {'sort_by', 'row_limit'}))}.")
+        schedule = profiler_kwargs.pop("schedule", DEFAULT_SCHEDULE)  # given as None: record every step (Lightning's)
         if schedule is not None and (not callable(schedule) or not isinstance(schedule(0), torch.profiler.ProfilerAction)):
             raise ValueError(f"PyTorchProfiler(schedule={schedule!r}): use torch.profiler.schedule(...), a function of "
-                             "the step number that returns a torch.profiler.ProfilerAction.")
-        self._schedule = schedule or torch.profiler.schedule(wait=1, warmup=1, active=3)
+                             "the step number that returns a torch.profiler.ProfilerAction, or None to record every step.")
+        self._schedule = None if schedule is None else StepSchedule(schedule)
         self._group_by_input_shapes = group_by_input_shapes and profiler_kwargs.get("record_shapes", False)
         self._export_to_chrome, self._row_limit = export_to_chrome, row_limit
         self._record_module_names, self._table_kwargs = record_module_names, table_kwargs
@@ -90,10 +140,14 @@ class PyTorchProfiler(Profiler):
         self.function_events: Any = None  # the events of the last recorded window
         self._recording: dict[str, Any] = {}  # action -> its open record_function
         self._module_hooks: list[Any] = []
+        self._step_action: str | None = None  # the step action that last ended (names the trace file)
 
     def start(self, action_name: str) -> None:
         if self.profiler is None:
-            self.profiler = torch.profiler.profile(schedule=self._schedule, on_trace_ready=self._on_trace_ready,
+            if self._schedule is not None:
+                self._schedule.reset()
+            schedule = self._schedule if self._schedule is not None else None
+            self.profiler = torch.profiler.profile(schedule=schedule, on_trace_ready=self._on_trace_ready,
                                                    **self._profiler_kwargs)
             self.profiler.start()
             if self._record_module_names and self._module is not None:
@@ -108,16 +162,41 @@ class PyTorchProfiler(Profiler):
         if recording is not None:
             recording.__exit__(None, None, None)
         if self.profiler is not None and action_name.endswith(STEP_FUNCTIONS):
+            kind = next(step for step in STEP_FUNCTIONS if action_name.endswith(step))
+            if self._schedule is not None and self._schedule.schedule is DEFAULT_SCHEDULE and self._steps_of(kind) < 5:
+                warn_once(f"The PyTorch Profiler default schedule will be overridden as there is not enough steps to "
+                          f"properly record traces: this {self._stage} runs fewer than 5 {kind}s (wait 1, warmup 1, "
+                          "record 3), so every step is recorded. Give PyTorchProfiler(schedule=...) to choose.")
+                self._schedule = None
+                self.profiler.schedule = torch.profiler.profiler._default_schedule_fn  # record from here on
+            if self._schedule is not None:
+                self._schedule.kind = kind
+            self._step_action = action_name
             with warnings.catch_warnings():  # each window is written when it ends: that the next starts empty is the point
                 warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
                 self.profiler.step()
 
+    def _steps_of(self, kind: str) -> float:
+        """How many ``kind`` steps the running stage takes (validation: with the sanity check's), as Lightning counts."""
+        trainer = getattr(self._module, "trainer", None)
+        if trainer is None:
+            return math.inf
+        if kind == "training_step":
+            return trainer.num_training_batches
+        if kind == "validation_step":
+            return sum(trainer.num_val_batches) + (sum(trainer.num_sanity_val_batches) if self._stage == "fit" else 0)
+        return sum(trainer.num_test_batches if kind == "test_step" else trainer.num_predict_batches)
+
     def _on_trace_ready(self, profile: Any) -> None:
-        self.function_events = profile.events()
-        if self._export_to_chrome and self.dirpath is not None:
-            Path(self.dirpath).mkdir(parents=True, exist_ok=True)
-            name = self._prepare_filename(extension="")
-            profile.export_chrome_trace(os.path.join(self.dirpath, f"{name}.{profile.step_num}.pt.trace.json"))
+        if not self._export_to_chrome:
+            return
+        if self.dirpath is None:
+            warn_once("The PyTorchProfiler failed to export trace as `dirpath` is None: give PyTorchProfiler(dirpath=...), "
+                      "or run it under a Trainer (its log_dir).")
+            return
+        Path(self.dirpath).mkdir(parents=True, exist_ok=True)
+        name = self._prepare_filename(action_name=self._step_action, extension="")
+        profile.export_chrome_trace(os.path.join(self.dirpath, f"{name}.{time.time_ns()}.pt.trace.json"))
 
     def summary(self) -> str:
         self._stop_profiler()
@@ -136,7 +215,7 @@ class PyTorchProfiler(Profiler):
         profiler, self.profiler = self.profiler, None
         if profiler is not None:
             profiler.stop()  # a window cut short by the end of the stage is kept
-            if self.function_events is None and profiler.profiler is not None:
+            if profiler.profiler is not None:  # the last window's events (None when no step was recorded)
                 self.function_events = profiler.events()
 
     def teardown(self, stage: str | None) -> None:

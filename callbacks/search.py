@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from callbacks.console import info
+
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
 
@@ -117,13 +119,13 @@ class SearchProgress:
             self._bar.update(count)
 
     def say(self, message: str) -> None:
-        """Print ``message`` on rank zero, through the bar when one is drawn."""
+        """Say ``message`` on rank zero: through the bar when one is drawn, else as :func:`callbacks.console.info`."""
         if not self.speaks:
             return
         if self._bar is not None:
             self._bar.write(message, file=sys.stderr)
         else:
-            print(message, file=sys.stderr, flush=True)
+            info(message, "cadence.tuner")
 
     def close(self) -> None:
         if self._bar is not None:

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import datetime
 import re
-import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
+from callbacks.console import info
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -36,8 +36,8 @@ def parse_duration(duration: Any, argument: str = "Timer(duration") -> datetime.
     elif isinstance(duration, str):
         match = re.fullmatch(r"(\d+):(\d\d):(\d\d):(\d\d)", duration.strip())
         if match is None:
-            raise ValueError(f"{argument}={duration!r}) is not a duration. Use \"DD:HH:MM:SS\" (\"00:12:00:00\" is "
-                             "12 hours), a dict such as {\"hours\": 12}, or a datetime.timedelta.")
+            raise ValueError(f"{argument}={duration!r}) is not a duration: a string is in the format DD:HH:MM:SS "
+                             "(\"00:12:00:00\" is 12 hours). Or use a dict such as {\"hours\": 12}, or a datetime.timedelta.")
         days, hours, minutes, seconds = (int(part) for part in match.groups())
         parsed = datetime.timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
     elif isinstance(duration, dict):
@@ -73,7 +73,7 @@ class Timer(Callback):
     def __init__(self, duration: str | datetime.timedelta | dict[str, int] | None = None, interval: str = "step",
                  verbose: bool = True) -> None:
         if interval not in ("step", "epoch"):
-            raise ValueError(f'Timer(interval={interval!r}): use "step" or "epoch".')
+            raise ValueError(f'Unsupported parameter value Timer(interval={interval!r}): use "step" or "epoch".')
         self.duration = parse_duration(duration).total_seconds() if duration is not None else None
         self.interval, self.verbose = interval, verbose
         self._start: dict[str, float | None] = dict.fromkeys(STAGES)
@@ -149,8 +149,8 @@ class Timer(Callback):
         trainer.should_stop = True
         if self.verbose and trainer.is_global_zero:  # Lightning's words, then the limit and the step
             elapsed, limit = (datetime.timedelta(seconds=int(seconds)) for seconds in (self.time_elapsed(), self.duration))
-            print(f"Time limit reached. Elapsed time is {elapsed}. Signaling Trainer to stop (Timer: limit {limit}, at "
-                  f"global step {trainer.global_step}).", file=sys.stderr)
+            info(f"Time limit reached. Elapsed time is {elapsed}. Signaling Trainer to stop. (Timer: limit {limit}, at "
+                 f"global step {trainer.global_step}.)", "cadence.timer")
 
     # --- checkpoint state -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -8,6 +8,8 @@ the weights, counters and RNG as they were.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -157,17 +159,20 @@ def test_no_trials_keep_the_size(make_trainer):
     assert model.batch_sizes == []
 
 
-def test_max_val_caps_the_size_and_is_itself_tried(make_trainer, capsys):
+def test_max_val_caps_the_size_and_is_itself_tried(make_trainer, caplog):
     model = Net()
-    assert Tuner(make_trainer(max_epochs=1)).scale_batch_size(model, max_trials=10, steps_per_trial=1, max_val=6) == 6
+    with caplog.at_level(logging.INFO):  # the program configured logging: the messages go there, as Lightning's
+        assert Tuner(make_trainer(max_epochs=1)).scale_batch_size(model, max_trials=10, steps_per_trial=1, max_val=6) == 6
     assert model.batch_sizes == [2, 4, 6]
-    assert "Reached the maximum batch size limit of 6" in capsys.readouterr().err
+    assert "Reached the maximum batch size limit of 6" in caplog.text
+    assert caplog.text.count("trying batch size") == 2  # 2 -> 4, 4 -> 6
 
 
-def test_the_dataset_length_ends_the_search(make_trainer, capsys):
+def test_the_dataset_length_ends_the_search(make_trainer, caplog):
     model = Net(samples=20)
-    assert Tuner(make_trainer(max_epochs=1)).scale_batch_size(model, steps_per_trial=1) == 32
-    assert "greater or equal than the length of your dataset: 20" in capsys.readouterr().err
+    with caplog.at_level(logging.INFO):
+        assert Tuner(make_trainer(max_epochs=1)).scale_batch_size(model, steps_per_trial=1) == 32
+    assert "greater or equal than the length of your dataset: 20" in caplog.text
 
 
 def test_an_error_other_than_memory_propagates_and_restores_the_model(make_trainer):

@@ -347,7 +347,7 @@ def test_a_class_path_typo_lists_only_the_modules_own_classes_and_functions(part
     with pytest.raises(SystemExit) as raised:
         main(["fit", "--config", str(path)])
     message = str(raised.value)
-    assert ("did you mean ModelCheckpoint or GradientCheckpointing? It also has: AMP, AdvancedProfiler, AsyncLogger, "
+    assert ("did you mean ModelCheckpoint or Checkpoint or GradientCheckpointing? It also has: AMP, AdvancedProfiler, AsyncLogger, "
             "AutoMicrobatch, BackboneFinetuning, BaseFinetuning, BasePredictionWriter, BatchSizeFinder, CSVLogger") in message
     assert not any(name in message for name in ("Any", "annotations", "base", "model_checkpoint", "typing",
                                                 "cadence_shadowing", "tensorboard_available", "search", "lr_finder"))

@@ -187,7 +187,7 @@ def test_the_patience_count_survives_a_restart(make_trainer, regression_loader, 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"monitor": ""}, r"EarlyStopping\(monitor=''\): use the name of a logged metric"),
-    ({"mode": "up"}, r'EarlyStopping\(mode="up"\): use "min" or "max"'),
+    ({"mode": "up"}, r'EarlyStopping\(mode="up"\): use "min" or "max" \(`mode` can be min, max, got up\)'),
     ({"patience": -1}, r"EarlyStopping\(patience=-1\): use an int >= 0"),
     ({"min_delta": "0.1"}, r"EarlyStopping\(min_delta='0.1'\): use a number"),
     ({"stopping_threshold": math.nan}, r"EarlyStopping\(stopping_threshold=nan\): use a number or None"),

@@ -55,7 +55,8 @@ def test_prediction_writer_writes_each_batch_or_the_whole_pass(make_trainer, reg
 
 
 def test_prediction_writer_refuses_an_unknown_interval_and_says_what_to_implement(make_trainer, regression_loader):
-    with pytest.raises(ValueError, match=r"write_interval='step'\): use one of batch, epoch, batch_and_epoch"):
+    with pytest.raises(ValueError, match=r"`write_interval` should be one of \['batch', 'epoch', 'batch_and_epoch'\]: "
+                                         r"BasePredictionWriter\(write_interval='step'\)"):
         BasePredictionWriter("step")
     with pytest.raises(NotImplementedError, match=r"BasePredictionWriter writes each batch .* implement write_on_batch_end"):
         make_trainer(callbacks=[BasePredictionWriter()]).predict(Predicting(), regression_loader)
@@ -74,11 +75,23 @@ def test_gradient_accumulation_scheduler_changes_the_window_by_epoch(make_traine
     scheduler = GradientAccumulationScheduler({1: 4, 2: 2})
     make_trainer(max_epochs=3, callbacks=[scheduler, counts]).fit(LinearRegression(), regression_loader)
     assert counts.steps_by_epoch == {0: 8, 1: 8 + 2, 2: 8 + 2 + 4}  # 8 batches an epoch: windows of 1, 4, 2
-    with pytest.raises(ValueError, match=r"Trainer\(accumulate_grad_batches=2\) and a GradientAccumulationScheduler"):
+    with pytest.raises(ValueError, match=r"You have set `accumulate_grad_batches` and are using the "
+                                         r"`GradientAccumulationScheduler` callback: Trainer\(accumulate_grad_batches=2\)"):
         make_trainer(max_epochs=1, accumulate_grad_batches=2, callbacks=[GradientAccumulationScheduler({0: 4})]).fit(
             LinearRegression(), regression_loader)
-    with pytest.raises(ValueError, match=r"the values are numbers of batches to accumulate, ints >= 1"):
+    with pytest.raises(ValueError, match=r"Accumulation factor should be an int >= 1: .*the values are numbers of "
+                                         r"batches to accumulate"):
         GradientAccumulationScheduler({0: 0})
+    with pytest.raises(ValueError, match=r"Epoch should be an int >= 0: .*the keys are epochs"):
+        GradientAccumulationScheduler({"1": 2})
+
+    class OwnStep(LinearRegression):  # Lightning's warning: the hook runs once per window, not per batch
+        def optimizer_step(self, *args, **kwargs):
+            super().optimizer_step(*args, **kwargs)
+
+    with pytest.warns(UserWarning, match=r"the hooks will not be called on every batch .*OwnStep.optimizer_step runs "
+                                         r"once per accumulation window"):
+        make_trainer(max_epochs=1, callbacks=[GradientAccumulationScheduler({0: 2})]).fit(OwnStep(), regression_loader)
     with pytest.raises(TypeError, match=r"use a non-empty dict"):
         GradientAccumulationScheduler({})
 
@@ -134,3 +147,21 @@ def test_a_prediction_loader_of_two_batches_hands_the_writer_two_batches(make_tr
     writer = Writer("epoch")
     make_trainer(callbacks=[writer]).predict(Predicting(), DataLoader(regression_loader.dataset, batch_size=32))
     assert [prediction.shape for prediction in writer.epochs[0]] == [torch.Size([32, 2])] * 2
+
+
+def test_a_users_checkpoint_subclass_is_the_trainers_checkpointing_callback(make_trainer, regression_loader, tmp_path):
+    class EveryEpoch(callbacks.Checkpoint):
+        def on_train_epoch_end(self, trainer, module):
+            trainer.save_checkpoint(tmp_path / f"epoch{trainer.current_epoch}.ckpt")
+
+    class Other(Callback):
+        pass
+
+    assert isinstance(callbacks.ModelCheckpoint(), callbacks.Checkpoint)
+    own, other = EveryEpoch(), Other()
+    trainer = make_trainer(max_epochs=2, enable_checkpointing=True, callbacks=[own, other])
+    # As in Lightning: no default ModelCheckpoint beside it, and it runs after the other callbacks
+    assert trainer.checkpoint_callbacks == [own] and trainer.checkpoint_callback is own
+    assert trainer.callbacks.index(own) > trainer.callbacks.index(other)
+    trainer.fit(LinearRegression(), regression_loader)
+    assert sorted(path.name for path in tmp_path.glob("*.ckpt")) == ["epoch0.ckpt", "epoch1.ckpt"]

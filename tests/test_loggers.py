@@ -16,7 +16,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import CSVLogger, LearningRateMonitor, Logger, ModelCheckpoint, TensorBoardLogger
+from callbacks import Callback, CSVLogger, LearningRateMonitor, Logger, ModelCheckpoint, TensorBoardLogger
 from trainer import Trainer, TrainingModule
 
 EPOCHS, BATCHES, VAL_BATCHES, LOG_EVERY = 2, 6, 3, 2
@@ -258,6 +258,41 @@ def test_the_learning_rate_monitor_logs_each_group_in_the_row_of_its_step(make_t
     assert monitor.last_weight_decay_values == {"lr-SGD/pg1-weight_decay": None, "lr-SGD/pg2-weight_decay": None}
 
 
+def test_the_learning_rate_monitor_names_rates_as_lightning_does(make_trainer):
+    class Named(Logged):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD([{"params": [self.layer.weight]}, {"params": [self.layer.bias]}], lr=0.1)
+            return {"optimizer": optimizer,
+                    "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.5), "name": "my_lr"}}
+
+    class Growing(Logged):  # one group, then a second added at epoch 1 (as BaseFinetuning does)
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD([self.layer.weight], lr=0.1)
+            return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.5)]
+
+    class AddGroup(Callback):
+        def on_train_epoch_start(self, trainer, module):
+            if trainer.current_epoch == 1:
+                trainer.optimizers[0].add_param_group({"params": [module.layer.bias], "lr": 0.3})
+
+    monitor = LearningRateMonitor()
+    make_trainer(max_epochs=1, logger=CSVLogger(), callbacks=[monitor]).fit(Named(), loader(2))
+    assert list(monitor.lrs) == ["my_lr/pg1", "my_lr/pg2"]  # the scheduler's "name"
+    monitor = LearningRateMonitor()
+    make_trainer(max_epochs=2, logger=CSVLogger(), callbacks=[AddGroup(), monitor]).fit(Growing(), loader(2))
+    # Lightning goes on with lr-SGD's values as lr-SGD/pg1 once the optimizer has two groups
+    assert monitor.lrs == {"lr-SGD/pg1": [0.1, 0.05], "lr-SGD/pg2": [0.3]}
+
+    class SameNames(Logged):
+        def configure_optimizers(self):
+            return torch.optim.SGD([{"params": [self.layer.weight], "name": "a"}, {"params": [self.layer.bias], "name": "a"}],
+                                   lr=0.1)
+
+    with pytest.raises(ValueError, match=r"A single `Optimizer` cannot have multiple parameter groups with identical "
+                                         r"`name` values. lr-SGD has duplicated parameter group names \['a'\]"):
+        make_trainer(max_epochs=1, logger=CSVLogger(), callbacks=[LearningRateMonitor()]).fit(SameNames(), loader(2))
+
+
 def test_the_learning_rate_monitor_warns_when_asked_for_a_momentum_the_optimizer_lacks(make_trainer):
     class Adagrad(Logged):
         def configure_optimizers(self):
@@ -296,7 +331,8 @@ def test_bad_logger_arguments_are_refused_with_the_fix():
 
 
 def test_a_learning_rate_monitor_without_a_logger_says_so(make_trainer):
-    with pytest.raises(ValueError, match=r"LearningRateMonitor writes to the loggers, and this Trainer has none"):
+    with pytest.raises(ValueError, match=r"Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger. "
+                                         r"LearningRateMonitor writes to the loggers, and this Trainer has none"):
         make_trainer(max_epochs=1, callbacks=[LearningRateMonitor()]).fit(Logged(), loader(2))
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import sys
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -163,11 +165,12 @@ def test_no_learning_rate_attribute_fails_before_anything_runs(make_trainer):
         Tuner(make_trainer()).lr_find(Nameless(), attr_name="speed")
 
 
-def test_a_diverging_loss_stops_the_search_and_says_so(make_trainer, capsys):
+def test_a_diverging_loss_stops_the_search_and_says_so(make_trainer, caplog):
     model = Net(optimizer="sgd")
-    finder = Tuner(make_trainer(max_epochs=1)).lr_find(model, min_lr=1e-4, max_lr=100.0, num_training=60)
+    with caplog.at_level(logging.INFO):
+        finder = Tuner(make_trainer(max_epochs=1)).lr_find(model, min_lr=1e-4, max_lr=100.0, num_training=60)
     assert 3 < len(finder.results["lr"]) == len(finder.results["loss"]) < 60
-    assert "LR finder stopped early after" in capsys.readouterr().err
+    assert "LR finder stopped early after" in caplog.text
     losses = finder.results["loss"]
     assert losses[-1] > 4 * min(losses)
 
@@ -313,3 +316,20 @@ def test_fast_dev_run_skips_the_search(make_trainer):
     with pytest.warns(UserWarning, match="Skipping learning rate finder since `fast_dev_run` is enabled"):
         assert Tuner(make_trainer(fast_dev_run=True)).lr_find(model) is None
     assert model.hparams.lr == 0.01 and model.steps == 0
+
+
+def test_lr_find_leaves_the_global_rng_as_it_was_so_a_second_search_gives_the_same_results(make_trainer):
+    """As in Lightning, calling lr_find again gives the same curve: here a dataset drawn from the global RNG
+    in the loader hook (Lightning's BoringModel does that) is drawn again from the same state."""
+
+    class RandomData(Net):
+        def train_dataloader(self):
+            x = torch.randn(64, 4)
+            return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+
+    torch.manual_seed(1)
+    model, tuner = RandomData(), Tuner(make_trainer(max_epochs=1))
+    before = torch.get_rng_state()
+    first = tuner.lr_find(model, num_training=20, early_stop_threshold=None).results
+    assert torch.equal(torch.get_rng_state(), before)
+    assert tuner.lr_find(model, num_training=20, early_stop_threshold=None).results == first

@@ -3,6 +3,7 @@ Trainer(profiler=...), trainer.profiler, what each records over a fit and where 
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -54,33 +55,40 @@ def test_an_unknown_profiler_is_refused_with_the_choices():
         Trainer(strategy="cpu", profiler="fast")
 
 
-def test_simple_profiler_times_each_implemented_hook_step_and_phase_of_fit(make_trainer, regression_loader, tmp_path):
+def test_simple_profiler_times_every_hook_step_and_phase_of_fit_by_lightnings_names(make_trainer, regression_loader,
+                                                                                      tmp_path):
     profiler = SimpleProfiler(dirpath=tmp_path / "perf", filename="profile")
     trainer = make_trainer(max_epochs=2, profiler=profiler, callbacks=[Counting(), EarlyStopping("val_loss")])
     module = Validated()
     trainer.fit(module, regression_loader, regression_loader)
     calls = {action: len(durations) for action, durations in profiler.recorded_durations.items()}
     stopping = "[Callback]EarlyStopping{'monitor': 'val_loss', 'mode': 'min'}"
-    assert calls["[TrainingModule]Validated.training_step"] == 16  # 8 batches, 2 epochs
-    assert calls["[TrainingModule]Validated.validation_step"] == 2 + 16  # the sanity check's 2, then 8 a epoch
+    # Lightning calls the steps through its strategy, and names them after it
+    assert calls["[Strategy]SingleDeviceStrategy.training_step"] == 16  # 8 batches, 2 epochs
+    assert calls["[Strategy]SingleDeviceStrategy.validation_step"] == 2 + 16  # the sanity check's 2, then 8 a epoch
     assert calls["[TrainingModule]Validated.on_train_epoch_end"] == 2
     assert calls["[TrainingModule]Validated.configure_optimizers"] == 1
     assert calls["[Callback]Counting.on_train_batch_end"] == 16
     assert calls[f"{stopping}.on_validation_end"] == 3 and calls[f"{stopping}.setup"] == 1
     assert calls["run_training_batch"] == 16 and calls["run_training_epoch"] == 2
-    assert not any(".on_fit_start" in action and "Counting" in action for action in calls)  # not implemented: not called
+    # As in Lightning, also the hooks that do nothing are timed
+    assert calls["[Callback]Counting.on_fit_start"] == 1 and calls[f"{stopping}.on_validation_start"] == 3
+    assert calls["[TrainingModule]Validated.on_train_batch_start"] == 16
     report = (tmp_path / "perf" / "fit-profile.txt").read_text()
     assert report.startswith("FIT Profiler Report")
     for column in ("Action", "Mean duration (s)", "Num calls", "Total time (s)", "Percentage %"):
         assert column in report
     assert "[Callback]Counting.on_train_batch_end" in report
     assert not any(name in vars(module) for name in ("training_step", "validation_step", "on_train_epoch_end"))
+    assert "on_fit_start" not in vars(trainer.callbacks[1])  # taken away at teardown
 
 
-def test_the_report_goes_to_stderr_without_a_filename_and_to_log_dir_with_one(make_trainer, regression_loader, capsys):
+def test_the_report_goes_to_logging_without_a_filename_and_to_log_dir_with_one(make_trainer, regression_loader, capsys,
+                                                                               caplog):
     trainer = make_trainer(max_epochs=1, profiler="simple")
-    trainer.fit(LinearRegression(), regression_loader)
-    assert "FIT Profiler Report" in capsys.readouterr().err
+    with caplog.at_level(logging.INFO):  # pytest configures logging: the report goes there, as Lightning's
+        trainer.fit(LinearRegression(), regression_loader)
+    assert caplog.text.count("FIT Profiler Report") == 1
     profiler = SimpleProfiler(filename="perf")
     trainer = make_trainer(max_epochs=1, profiler=profiler)
     trainer.fit(LinearRegression(), regression_loader)
@@ -142,7 +150,7 @@ def test_a_subclass_of_the_profiler_interface_sees_every_action(make_trainer, re
 
     names = Names()
     make_trainer(max_epochs=1, profiler=names).fit(LinearRegression(), DataLoader(regression_loader.dataset, batch_size=32))
-    assert names.started.count("[TrainingModule]LinearRegression.training_step") == 2
+    assert names.started.count("[Strategy]SingleDeviceStrategy.training_step") == 2
     assert sorted(names.started) == sorted(names.stopped)
 
 
@@ -150,22 +158,43 @@ def test_advanced_profiler_writes_cprofile_stats_per_action(make_trainer, regres
     profiler = AdvancedProfiler(dirpath=tmp_path, filename="cprofile", dump_stats=True)
     make_trainer(max_epochs=1, profiler=profiler).fit(LinearRegression(), regression_loader)
     report = (tmp_path / "fit-cprofile.txt").read_text()
-    assert "Profile stats for: [TrainingModule]LinearRegression.training_step" in report
+    assert "Profile stats for: [Strategy]SingleDeviceStrategy.training_step" in report
     assert "mse_loss" in report and "Ordered by: cumulative time" in report
-    assert (tmp_path / "fit-cprofile-[TrainingModule]LinearRegression.training_step.prof").stat().st_size > 0
+    assert (tmp_path / "fit-cprofile-[Strategy]SingleDeviceStrategy.training_step.prof").stat().st_size > 0
     with pytest.raises(ValueError, match=r"Attempting to stop recording an action \(x\) which was never started"):
         AdvancedProfiler().stop("x")
 
 
-def test_pytorch_profiler_records_the_actions_and_the_modules_in_chrome_traces(make_trainer, regression_loader, tmp_path):
+def test_pytorch_profiler_records_each_kind_of_step_in_its_own_first_window_as_lightning(make_trainer,
+                                                                                          regression_loader, tmp_path):
     profiler = PyTorchProfiler(dirpath=tmp_path, filename="torch", row_limit=200, table_kwargs={"max_name_column_width": 100})
-    make_trainer(max_epochs=1, profiler=profiler).fit(LinearRegression(), regression_loader)
+    make_trainer(max_epochs=1, profiler=profiler).fit(Validated(), regression_loader, regression_loader)
     report = (tmp_path / "fit-torch.txt").read_text()
-    assert "[pl][profile][TrainingModule]LinearRegression.training_step" in report
+    # The default schedule (wait 1, warmup 1, record 3) runs once per kind of step: training's window, then
+    # validation's (the sanity check's 2 steps count); the report and function_events are the last window's
+    traces = sorted(path.name.split(".")[0] + "." + path.name.split(".")[1] for path in tmp_path.glob("*.pt.trace.json"))
+    assert traces == ["fit-torch-[Strategy]SingleDeviceStrategy.training_step",
+                      "fit-torch-[Strategy]SingleDeviceStrategy.validation_step"]
+    names = [event.name for event in profiler.function_events]
+    assert names.count("[pl][profile][Strategy]SingleDeviceStrategy.validation_step") == 2  # as Lightning's
+    assert "[pl][profile][Strategy]SingleDeviceStrategy.training_step" not in names
+    assert "[pl][profile][Strategy]SingleDeviceStrategy.validation_step" in report
     assert "[pl][module]torch.nn.modules.linear.Linear: layer" in report and "aten::mse_loss" in report
-    traces = sorted(path.name for path in tmp_path.glob("*.pt.trace.json"))
-    # The default schedule (wait 1, warmup 1, record 3, again): batches 3-5, then the 8th, cut short by the end
-    assert traces == ["fit-torch.5.pt.trace.json", "fit-torch.8.pt.trace.json"]
+
+
+def test_pytorch_profiler_records_every_step_of_a_short_stage_or_without_a_schedule(make_trainer, regression_data,
+                                                                                     tmp_path):
+    two_batches = DataLoader(regression_data, batch_size=32)
+    profiler = PyTorchProfiler(dirpath=tmp_path, filename="torch")
+    with pytest.warns(UserWarning, match="default schedule will be overridden as there is not enough steps.*fewer "
+                                         "than 5 validation_steps"):
+        make_trainer(profiler=profiler).validate(Validated(), two_batches)
+    names = [event.name for event in profiler.function_events]
+    assert names.count("[pl][profile][Strategy]SingleDeviceStrategy.validation_step") == 1  # from the 2nd on, as Lightning
+    everything = PyTorchProfiler(dirpath=tmp_path, filename="all", schedule=None)
+    make_trainer(profiler=everything).validate(Validated(), DataLoader(regression_data, batch_size=8))
+    names = [event.name for event in everything.function_events]
+    assert names.count("[pl][profile][Strategy]SingleDeviceStrategy.validation_step") == 8
 
 
 def test_pytorch_profiler_refuses_what_it_cannot_do_with_the_way():

@@ -174,7 +174,7 @@ def test_max_time_stops_after_an_optimizer_step_and_checkpoints_like_a_normal_en
 
 
 @pytest.mark.parametrize("max_time, match", [
-    ("1:00", r"Trainer\(max_time='1:00'\) is not a duration. Use \"DD:HH:MM:SS\""),
+    ("1:00", r"Trainer\(max_time='1:00'\) is not a duration: a string is in the format DD:HH:MM:SS"),
     ({"hour": 1}, r"Trainer\(max_time=\{'hour': 1\}\): .*the keys are datetime.timedelta's"),
     (datetime.timedelta(seconds=-1), r"is a negative duration; use 0 \(stop at the first check\) or more"),
 ])

@@ -59,6 +59,8 @@ def test_attribute_dict_and_lightning_enum():
         config.momentum
     assert GradClipAlgorithmType.NORM == "Norm" and GradClipAlgorithmType.from_str("VALUE") is GradClipAlgorithmType.VALUE
     assert issubclass(GradClipAlgorithmType, LightningEnum)
+    assert GradClipAlgorithmType.supported_types() == ["value", "norm"]  # Lightning's order
+    assert GradClipAlgorithmType.supported_type("norm") and not GradClipAlgorithmType.supported_type("norm2")
     with pytest.raises(ValueError, match=r"GradClipAlgorithmType: no member named 'max'; use one of value, norm"):
         GradClipAlgorithmType.from_str("max")
 

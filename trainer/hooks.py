@@ -241,7 +241,8 @@ def _check_dataloader_idx(hook: Any, kind: str, several: bool) -> bool:
 
 
 def _takes_dataloader_idx(step: Any, several: bool) -> bool:
-    overridden = getattr(step, "__func__", step) is not getattr(TrainingModule, step.__name__, None)
+    original = inspect.unwrap(step)  # a profiler's timed step wraps the method
+    overridden = getattr(original, "__func__", original) is not getattr(TrainingModule, step.__name__, None)
     if not overridden:  # the default predict_step takes it
         return False
     return _check_dataloader_idx(step, _LOADER_KIND.get(step.__name__, "val"), several)

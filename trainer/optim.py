@@ -32,6 +32,7 @@ class SchedulerConfig:
     frequency: int = 1
     monitor: str | None = None
     strict: bool = True  # False: a missing monitored metric skips the step with a warning (Lightning's)
+    name: str | None = None  # the name LearningRateMonitor logs its rates under (Lightning's)
 
     @property
     def needs_metric(self) -> bool:
@@ -47,7 +48,7 @@ def _scheduler_config(item: Any, where: str, monitor: str | None = None) -> Sche
                 f"takes only scheduler, interval, frequency, monitor, name, strict (got {sorted(item)})."
             )
         config = SchedulerConfig(item["scheduler"], item.get("interval", "epoch"), item.get("frequency", 1),
-                                 item.get("monitor"), bool(item.get("strict", True)))
+                                 item.get("monitor"), bool(item.get("strict", True)), item.get("name"))
     else:  # a bare scheduler watches the dict's top-level "monitor", as in Lightning
         config = SchedulerConfig(item, monitor=monitor)
     if not hasattr(config.scheduler, "step") or not hasattr(config.scheduler, "state_dict"):

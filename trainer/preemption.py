@@ -151,7 +151,7 @@ class Preemption:
 def save_for_preemption(trainer: Trainer, reason: str) -> None:
     """A stop signal arrived (``reason``) and the accumulation window has ended: write last.ckpt
     (through the ModelCheckpoint, if any), stop the loop, say so on rank zero in one line."""
-    if trainer.checkpoint_callback is not None:
+    if hasattr(trainer.checkpoint_callback, "write_last"):  # a ModelCheckpoint (not a user's own Checkpoint)
         path = trainer.checkpoint_callback.write_last(trainer)
     else:
         path = Path(trainer.log_dir) / "checkpoints" / "last.ckpt"

@@ -86,7 +86,7 @@ class TrainerProperties:
     def logger(self: Trainer, logger: Any) -> None:
         self.loggers = [logger] if logger else []
 
-    checkpoint_callbacks = property(lambda self: self._callbacks_of(callbacks_package.ModelCheckpoint))
+    checkpoint_callbacks = property(lambda self: self._callbacks_of(callbacks_package.Checkpoint))
     checkpoint_callback = property(lambda self: next(iter(self.checkpoint_callbacks), None))
     early_stopping_callbacks = property(lambda self: self._callbacks_of(callbacks_package.EarlyStopping))
     early_stopping_callback = property(lambda self: next(iter(self.early_stopping_callbacks), None))

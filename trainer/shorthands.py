@@ -32,6 +32,7 @@ from typing import Any, Callable
 import callbacks as callbacks_package
 import strategies as strategies_package
 from callbacks import Callback, ModelSummary, SyncBatchNorm, Timer, TorchFlags
+from callbacks.console import info
 from callbacks.timer import parse_duration
 from strategies import Strategy
 from trainer.arguments import check_trainer_arguments
@@ -219,8 +220,8 @@ def translate(*, max_epochs: Any, max_steps: Any, strategy: Any, devices: Any, p
     if max_time is not None and any(isinstance(callback, Timer) for callback in run.callbacks):
         parse_duration(max_time, "Trainer(max_time")  # still checked
         if os.environ.get("RANK", "0") == "0":  # as in Lightning: the Timer given wins, and the user is told
-            print(f"Trainer(max_time={max_time!r}) is not used: the callbacks list already contains a Timer, whose "
-                  "duration limits the run.", file=sys.stderr)
+            info(f"Trainer(max_time={max_time!r}) is not used: the callbacks list already contains a Timer, whose "
+                 "duration limits the run.")
     elif max_time is not None:
         run.callbacks.append(Timer(parse_duration(max_time, "Trainer(max_time")))
     if max_time is not None and run.max_epochs is None and run.max_steps == -1:

@@ -145,7 +145,7 @@ def fitted_module(trainer: Trainer, stage: str, ckpt_path: Any) -> tuple[Trainin
     if trainer.lightning_module is None:
         raise TypeError(f"Trainer.{stage}() got no model, and this Trainer has run none yet (`trainer.{stage}()` "
                         f"requires a `LightningModule`, a TrainingModule). Pass the module: trainer.{stage}(model, ...).")
-    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback is not None else ""
+    best = getattr(trainer.checkpoint_callback, "best_model_path", "")  # "": none, or a user's own Checkpoint
     if ckpt_path is None and best:
         if trainer.is_global_zero:
             warn(f"Trainer.{stage}() got no model and no ckpt_path, so it loads the best checkpoint of the "
@@ -298,8 +298,8 @@ def _restore_callbacks(trainer: Trainer, states: dict[str, Any], path: Path) -> 
             callback.load_state_dict(states[callback.state_key])
     unused = sorted(key for key, value in states.items() if value and key not in {c.state_key for c in trainer.callbacks})
     if unused and trainer.is_global_zero:
-        warn(f"Checkpoint {path} holds the state of callbacks this Trainer does not have: {unused}. "
-             "It is not restored; pass the same callbacks (same monitor, mode and trigger) to continue them.")
+        warn(f"Checkpoint {path} holds the state of callbacks this Trainer does not have, which is not restored. "
+             f"Please add the following callbacks: {unused} (the same monitor, mode and trigger) to continue them.")
 
 
 def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodule: DataModule | None,

@@ -19,12 +19,15 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from callbacks import BatchSizeFinder, LearningRateFinder, LRFinder
 from callbacks.lr_finder import lr_attribute
 from callbacks.search import set_attribute
 from trainer.datamodule import DataModule
+from trainer.seed import capture_rng_state, restore_rng_state
 from trainer.trial import kept_trainable
 
 if TYPE_CHECKING:
@@ -57,8 +60,9 @@ class Tuner:
                              "want to use the Tuner.")
         finder = BatchSizeFinder(mode=mode, steps_per_trial=steps_per_trial, init_val=init_val, max_trials=max_trials,
                                  batch_arg_name=batch_arg_name, margin=margin, max_val=max_val)
-        finder.check_attribute(model, datamodule if datamodule is not None else _datamodule_in(train_dataloaders))
-        with kept_trainable(model):
+        if method == "fit":  # before the train loader's hook reads it; evaluation checks its loaders first (Lightning)
+            finder.check_attribute(model, datamodule if datamodule is not None else _datamodule_in(train_dataloaders))
+        with kept_trainable(model), _kept_rng():
             size = self._trainer.run_search(_BatchSizeSearch(finder), model, method, train_dataloaders,
                                             val_dataloaders, dataloaders, datamodule)
         if size is not None:  # in the caller too, when the search ran in other processes
@@ -86,7 +90,7 @@ class Tuner:
         finder = LearningRateFinder(min_lr=min_lr, max_lr=max_lr, num_training_steps=num_training, mode=mode,
                                     early_stop_threshold=early_stop_threshold, update_attr=update_attr,
                                     attr_name=attr_name)
-        with kept_trainable(model):  # a fine-tuning callback's setup froze some for the search
+        with kept_trainable(model), _kept_rng():  # a fine-tuning callback's setup froze some for the search
             result = self._trainer.run_search(_LRSearch(finder), model, "fit", train_dataloaders, val_dataloaders,
                                               dataloaders, datamodule)
         if result is not None and update_attr and (lr := result.suggestion()) is not None:
@@ -115,6 +119,17 @@ class _BatchSizeSearch:
         self.finder.setup(trainer, module, trainer.stage)
         self.finder.scale_batch_size(trainer, module)
         return self.finder.optimal_batch_size
+
+
+@contextlib.contextmanager
+def _kept_rng() -> Iterator[None]:
+    """Every global RNG as it was: the search's setup draws from them (loaders, a dataset made in a hook),
+    so that two searches in a row, or a search and then fit, see the same numbers as the first would."""
+    state = capture_rng_state()
+    try:
+        yield
+    finally:
+        restore_rng_state(state)
 
 
 def _datamodule_in(loaders: Any) -> DataModule | None:

@@ -182,6 +182,16 @@ class GradClipAlgorithmType(LightningEnum):
     VALUE = "value"
     NORM = "norm"
 
+    @classmethod
+    def supported_types(cls) -> list[str]:
+        """The values ``gradient_clip_algorithm`` takes: ``["value", "norm"]``."""
+        return [member.value for member in cls]
+
+    @classmethod
+    def supported_type(cls, value: str) -> bool:
+        """Whether ``value`` is one of them (exactly, as Lightning compares)."""
+        return value in cls.supported_types()
+
 
 def move_data_to_device(batch: Any, device: torch.device | str | int) -> Any:
     """``batch`` (tensors in lists, tuples, dicts, dataclasses, ...) on ``device``, as the Trainer moves batches."""

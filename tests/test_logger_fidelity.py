@@ -25,7 +25,7 @@ def test_a_logger_used_by_hand_writes_at_its_first_call(tmp_path, kind):
     unnamed.log_metrics({"loss": 0.5}, step=3)
     unnamed.save()
     if kind is CSVLogger:  # written once save returns
-        assert open(tmp_path / "plain" / "version_0" / "metrics.csv").read().splitlines()[1:] == [",3,0.5"]
+        assert open(tmp_path / "plain" / "version_0" / "metrics.csv").read().splitlines() == ["loss,step", "0.5,3"]
     named.finalize("success"), unnamed.finalize("success")
     assert yaml.safe_load((tmp_path / "exp" / "2020-02-05-162402" / "hparams.yaml").read_text()) == {"a": 1}
 

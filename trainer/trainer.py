@@ -28,7 +28,8 @@ from trainer.data_source import STAGE_KIND, DataSource, collect_data
 from trainer.datamodule import DataModule
 from trainer.guards import LossGuard
 from trainer.hooks import evaluation_hooks, restore_train_modes, step_hooks, train_modes, warn_eval_modules
-from trainer.metrics import MetricStore, format_results, split_by_dataloader
+from trainer.metrics import MetricStore
+from trainer.results import format_results, split_by_dataloader
 from trainer.module import TrainingModule
 from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_window, step_schedulers
 from trainer.preemption import Preemption, save_for_preemption
@@ -96,9 +97,8 @@ class Trainer(TrainerProperties, SearchSeams):
     ) -> None:
         arguments = dict(locals())  # exactly this signature's: nothing else is bound yet
         reject_unknown_arguments(arguments.pop("unknown"), Trainer.__init__)  # a close match, or the Cadence way
-        # Every argument checked, then Lightning's shorthands (accelerator, precision, fast_dev_run, profiler, ...)
-        # made a strategy, callbacks and the settings below, in one place: translate takes exactly these arguments.
-        # None where Lightning's default is None means what it means there (trainer/shorthands.py).
+        # Every argument checked (None as Lightning's default means it), then Lightning's shorthands (accelerator,
+        # precision, fast_dev_run, profiler, ...) made a strategy, callbacks and the settings below (trainer/shorthands.py).
         run = translate(**with_lightning_defaults({name: value for name, value in arguments.items() if name != "self"}))
         self.strategy, self.callbacks, self.default_root_dir = run.strategy, run.callbacks, run.default_root_dir
         self.max_epochs, self.max_steps, self.min_epochs, self.min_steps = run.max_epochs, run.max_steps, min_epochs, min_steps

@@ -21,7 +21,6 @@ import dataclasses
 import enum
 import functools
 import importlib.util
-import logging
 import os
 import pickle
 import time
@@ -80,21 +79,16 @@ def set_rank(rank: int) -> None:
 set_rank(_rank_of_this_process())
 
 
-def _logger() -> logging.Logger:
-    """The ``"cadence"`` logger: INFO to stderr unless the program configured logging (as Lightning's)."""
-    return cadence_logger()
-
-
 @rank_zero_only
 def rank_zero_info(*args: Any, stacklevel: int = 4, **kwargs: Any) -> None:
     """``logging.info`` on rank zero (the ``"cadence"`` logger)."""
-    _logger().info(*args, stacklevel=stacklevel, **kwargs)
+    cadence_logger().info(*args, stacklevel=stacklevel, **kwargs)
 
 
 @rank_zero_only
 def rank_zero_debug(*args: Any, stacklevel: int = 4, **kwargs: Any) -> None:
     """``logging.debug`` on rank zero (the ``"cadence"`` logger)."""
-    _logger().debug(*args, stacklevel=stacklevel, **kwargs)
+    cadence_logger().debug(*args, stacklevel=stacklevel, **kwargs)
 
 
 @rank_zero_only

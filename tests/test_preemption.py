@@ -102,6 +102,24 @@ def test_a_second_ctrl_c_stops_at_once_without_saving_and_without_a_traceback(ma
     assert signal.getsignal(signal.SIGINT) is handler_before
 
 
+def test_a_ctrl_c_that_comes_after_the_launchers_sigterm_is_still_reported_and_exits_as_a_ctrl_c(
+        make_trainer, regression_loader, capfd):
+    # Ctrl-C reaches a spawned rank twice: from the terminal and, as SIGTERM, from the launcher; either may come first.
+    class LauncherFirst(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if batch_idx == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGINT)
+
+    trainer = make_trainer(max_epochs=2, callbacks=[LauncherFirst()])
+    with pytest.raises(SystemExit) as exited:
+        trainer.fit(Regressor(), regression_loader)
+    assert exited.value.code == 128 + signal.SIGINT
+    err = capfd.readouterr().err
+    assert "Ctrl-C (SIGINT) received; stopped after global step" in err and "SIGTERM received" not in err
+    assert (Path(trainer.log_dir) / "checkpoints" / "last.ckpt").exists()
+
+
 def test_a_keyboard_interrupt_raised_in_a_hook_ends_the_stage_with_status_130_as_lightning_ends_it(make_trainer,
                                                                                                    regression_loader):
     class Interrupts(Callback):

@@ -95,7 +95,9 @@ class Preemption:
             if self._announce:  # os.write: a print here could re-enter a print the signal interrupted
                 os.write(2, b"\nCadence: Ctrl-C: stopping after this step to save last.ckpt; press Ctrl-C again "
                             b"to stop now without saving.\n")
-        if self.signal_number is None:
+        # A launcher passes a Ctrl-C on to its ranks as SIGTERM (strategies/spawn.py), which may come
+        # before the terminal's own SIGINT: the Ctrl-C is the reason either way (status 130).
+        if self.signal_number is None or (number == signal.SIGINT and self.signal_number == signal.SIGTERM):
             self.signal_number = number
         if self._world_size == 1:
             self.stop_now = True

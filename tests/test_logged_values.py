@@ -8,6 +8,8 @@ the outputs ``on_train_batch_end`` receives, and when epoch schedulers step.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -234,3 +236,22 @@ def test_validate_and_test_after_fit_write_to_the_loggers_at_the_fits_step(make_
     # As Lightning writes them: at the global step (3) with the epoch count after fit (1).
     assert logger.rows[-2:] == [(3, {"val/size": pytest.approx(3.6), "val/given": pytest.approx(10 / 3), "epoch": 1}),
                                 (3, {"test/size": pytest.approx(3.6), "epoch": 1})]
+
+
+def test_numbers_of_any_kind_are_logged_as_lightning_logs_them_float32_tensors(make_trainer, tmp_path):
+    # Lightning turns a logged number (bool, int, NumPy's float32/int64 as scikit-learn returns them)
+    # into a float32 tensor: 1/3 comes back as 0.3333333432674408 in the results, the CSV and callback_metrics.
+    import numpy as np
+
+    from callbacks import CSVLogger
+
+    class LogsNumbers(LinearRegression):
+        def validation_step(self, batch, batch_idx):
+            self.log_dict({"third": 1 / 3, "np_third": np.float32(1 / 3), "np_int": np.int64(2), "flag": True})
+
+    trainer = make_trainer(max_epochs=1, logger=CSVLogger(tmp_path), limit_val_batches=1)
+    (results,) = trainer.validate(LogsNumbers(), loader())
+    third = torch.tensor(1 / 3, dtype=torch.float32).item()
+    assert results == {"third": third, "np_third": third, "np_int": 2.0, "flag": 1.0}
+    assert trainer.callback_metrics["third"].dtype == torch.float32
+    assert str(third) in (Path(trainer.log_dir) / "metrics.csv").read_text().replace("\n", ",")

@@ -247,11 +247,13 @@ def test_numbers_of_any_kind_are_logged_as_lightning_logs_them_float32_tensors(m
 
     class LogsNumbers(LinearRegression):
         def validation_step(self, batch, batch_idx):
-            self.log_dict({"third": 1 / 3, "np_third": np.float32(1 / 3), "np_int": np.int64(2), "flag": True})
+            self.log_dict({"third": 1 / 3, "half": torch.tensor(0.5), "np_third": np.float32(1 / 3),
+                           "np_int": np.int64(2), "flag": True})
 
     trainer = make_trainer(max_epochs=1, logger=CSVLogger(tmp_path), limit_val_batches=1)
     (results,) = trainer.validate(LogsNumbers(), loader())
     third = torch.tensor(1 / 3, dtype=torch.float32).item()
-    assert results == {"third": third, "np_third": third, "np_int": 2.0, "flag": 1.0}
+    assert results == {"third": third, "half": 0.5, "np_third": third, "np_int": 2.0, "flag": 1.0}
+    assert list(results) == ["third", "half", "np_third", "np_int", "flag"]  # the order they were logged in
     assert trainer.callback_metrics["third"].dtype == torch.float32
     assert str(third) in (Path(trainer.log_dir) / "metrics.csv").read_text().replace("\n", ",")

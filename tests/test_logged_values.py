@@ -257,3 +257,18 @@ def test_numbers_of_any_kind_are_logged_as_lightning_logs_them_float32_tensors(m
     assert list(results) == ["third", "half", "np_third", "np_int", "flag"]  # the order they were logged in
     assert trainer.callback_metrics["third"].dtype == torch.float32
     assert str(third) in (Path(trainer.log_dir) / "metrics.csv").read_text().replace("\n", ",")
+
+
+@pytest.mark.parametrize("first_the_object", [True, False])
+def test_one_key_logged_as_a_metric_object_and_as_a_tensor_is_an_error_naming_the_key(make_trainer, first_the_object):
+    # A MetricCollection(prefix="train_") computes "train_acc" beside the module's own metric object of that name.
+    class Twice(LinearRegression):
+        def training_step(self, batch, batch_idx):
+            values = [Summed(), torch.tensor(1.0)]
+            for value in values if first_the_object else values[::-1]:
+                self.log("train_acc", value, on_step=False, on_epoch=True)
+            return super().training_step(batch, batch_idx)
+
+    first = "a metric object, then Tensor" if first_the_object else "a number, then a metric object"
+    with pytest.raises(ValueError, match=rf'self.log\("train_acc", ...\) got {first}: a key holds one metric object'):
+        make_trainer(max_epochs=1).fit(Twice(), loader())

@@ -111,3 +111,16 @@ def test_the_stages_loaders_are_there_as_in_lightning_one_or_a_list(make_trainer
     assert [loader.dataset for loader in trainer.val_dataloaders] == [regression_loader.dataset] * 2
     trainer.test(module, regression_loader)
     assert trainer.test_dataloaders.dataset is regression_loader.dataset  # one loader: the loader itself
+
+
+def test_is_last_batch_is_true_in_the_last_training_batch_of_each_epoch(make_trainer, regression_loader):
+    seen = []
+
+    class Notes(LinearRegression):
+        def training_step(self, batch, batch_idx):
+            seen.append((self.current_epoch, batch_idx, self.trainer.is_last_batch))
+            return super().training_step(batch, batch_idx)
+
+    trainer = make_trainer(max_epochs=2, limit_train_batches=3)
+    trainer.fit(Notes(), regression_loader)
+    assert [last for _, _, last in seen] == [False, False, True, False, False, True]

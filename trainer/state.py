@@ -145,7 +145,7 @@ def fitted_module(trainer: Trainer, stage: str, ckpt_path: Any) -> tuple[Trainin
     if trainer.lightning_module is None:
         raise TypeError(f"Trainer.{stage}() got no model, and this Trainer has run none yet (`trainer.{stage}()` "
                         f"requires a `LightningModule`, a TrainingModule). Pass the module: trainer.{stage}(model, ...).")
-    best = getattr(trainer.checkpoint_callback, "best_model_path", "")  # "": none, or a user's own Checkpoint
+    best = next((c.best_model_path for c in trainer.checkpoint_callbacks if hasattr(c, "best_model_path")), "")
     if ckpt_path is None and best:
         if trainer.is_global_zero:
             warn(f"Trainer.{stage}() got no model and no ckpt_path, so it loads the best checkpoint of the "

@@ -121,7 +121,7 @@ class Trainer(TrainerProperties, SearchSeams):
         self.datamodule: DataModule | None = None  # the DataModule of the latest stage given one
         self._data: DataSource | None = None  # where the running stage's loaders come from
         self._log_dir: Path | None = None  # the running or last stage's (trainer.log_dir: trainer/properties.py)
-        self.ckpt_path = None  # the checkpoint the running or last stage loaded, if any (a str: trainer/properties.py)
+        self._ckpt_path, self._ckpt_path_set = None, False  # the last stage's checkpoint; set by the user (properties.py)
         self._evaluation_stage: str | None = None  # the evaluation loop running: "validate", "test" or "predict"
         self.module: TrainingModule | None = None  # the user's module while a stage runs
         self.model: torch.nn.Module | None = None  # what the strategy wrapped (DDP), or the module
@@ -153,7 +153,7 @@ class Trainer(TrainerProperties, SearchSeams):
         reject_unknown_arguments(unknown, Trainer.fit, "Trainer.fit")  # val_dataloader=: did you mean ...?
         data = collect_data("fit", model, train_dataloaders, val_dataloaders, datamodule,
                             validates=self.limits["validate"] != 0)
-        self._launch("fit", model, data, ckpt_path)
+        self._launch("fit", model, data, self._stage_ckpt_path("fit", ckpt_path))  # or trainer.ckpt_path = ...
 
     def validate(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
                  verbose: bool = True, datamodule: DataModule | None = None, **unknown: Any) -> list[dict[str, float]]:
@@ -199,6 +199,7 @@ class Trainer(TrainerProperties, SearchSeams):
     def _evaluate(self, stage: str, model: TrainingModule | None, dataloaders: Any, ckpt_path: Any, datamodule: Any,
                   verbose: bool, unknown: dict[str, Any]) -> Any:
         reject_unknown_arguments(unknown, getattr(Trainer, stage), f"Trainer.{stage}")  # a close match named
+        ckpt_path = self._stage_ckpt_path(stage, ckpt_path)  # the one given, or set with trainer.ckpt_path = ...
         if model is None:  # the module of the last fit, by default with its best checkpoint
             model, ckpt_path = fitted_module(self, stage, ckpt_path)
         data = collect_data(stage, model, dataloaders, None, datamodule, previous_datamodule=self.datamodule)
@@ -208,12 +209,11 @@ class Trainer(TrainerProperties, SearchSeams):
         return output
 
     def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any, search: Any = None) -> Any:
-        self.callbacks, self.ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path, self._log_dir)
-        ckpt_path = self._ckpt_path  # resolved ("last", "best": the file; trainer/stage.py)
+        self.callbacks, self._ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path, self._log_dir)
         module.trainer, self.lightning_module = self, module  # both answer after the stage too (test(model=None))
         self.datamodule = data.datamodule if data.datamodule is not None else self.datamodule
         with self._preemption.interruptible(stage, self.is_global_zero):  # KeyboardInterrupt: status 130, one line
-            output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path, search)
+            output, handoff = self.strategy.launch(self._run_stage, stage, module, data, self._ckpt_path, search)
         if handoff is not None:  # the work ran in other processes: bring its results here
             self.current_epoch, self.global_step, self._preemption.signal_number, end_of_fit = receive_handoff(
                 module, self.callbacks, self.metrics, handoff, data.datamodule)  # also weights, callbacks, metrics

@@ -50,6 +50,14 @@ class Validated(Regressor):
         self.log("val/loss", F.mse_loss(self.net(batch[0]), batch[1]))
 
 
+class EveryStage(Validated):
+    def test_step(self, batch, batch_idx):
+        self.log("test/loss", F.mse_loss(self.net(batch[0]), batch[1]))
+
+    def predict_step(self, batch, batch_idx):
+        return self.net(batch[0])
+
+
 class OtherModel(Regressor):
     def __init__(self) -> None:
         super().__init__()
@@ -93,6 +101,24 @@ def test_a_checkpoint_that_would_run_code_when_loaded_is_refused(make_trainer, r
     with pytest.raises(ValueError, match=rf"Refusing to load checkpoint {path}: it contains a pickled print, "
                                          r"which would run code"):
         make_trainer(max_epochs=1).fit(Regressor(), regression_loader, ckpt_path=path)
+    # Lightning's weights_only=False (torch.load of a trusted file) does not make Cadence run code from a file either
+    for stage in ("fit", "validate", "test", "predict"):
+        with pytest.raises(ValueError, match=r"pickled print.*whatever weights_only= the Trainer's stages .* are given"):
+            getattr(make_trainer(max_epochs=1), stage)(EveryStage(), regression_loader, ckpt_path=path, weights_only=False)
+
+
+def test_a_stage_takes_lightnings_weights_only_and_reads_a_plain_checkpoint_either_way(checkpoint, make_trainer,
+                                                                                      regression_loader):
+    saved = torch.load(checkpoint, weights_only=True)["state_dict"]
+    for weights_only in (None, True, False):  # Lightning: passed on to torch.load, which reads plain data with any
+        model = Validated()
+        make_trainer().validate(model, regression_loader, ckpt_path=checkpoint, weights_only=weights_only)
+        assert all(torch.equal(value, saved[key]) for key, value in model.state_dict().items())
+    resumed = make_trainer(max_epochs=2)
+    resumed.fit(Regressor(), regression_loader, ckpt_path=checkpoint, weights_only=False)
+    assert resumed.global_step == 16  # continued after the checkpoint's epoch: 8 more steps
+    with pytest.raises(TypeError, match=r"Trainer.test\(weights_only='no'\): use None, True or False"):
+        make_trainer().test(Validated(), regression_loader, ckpt_path=checkpoint, weights_only="no")
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])

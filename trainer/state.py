@@ -236,25 +236,26 @@ class Resumed:
 
 def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: bool = False,
             sampler: ResumableBatchSampler | None = None) -> Resumed | None:
-    """Load ``state``, the checkpoint :func:`read_checkpoint` read from ``path``: the weights and,
-    unless ``model_only``, the optimizers, schedulers, callbacks, RNG states and ``sampler``'s
-    generators (the next epoch's order); returns where the loop continues (None with
-    ``model_only``). Under FSDP each rank read its own part of the shards (resharded when the
-    checkpoint was written by another number of processes). A datamodule's state was restored
-    when it was read."""
+    """Load ``state``, the checkpoint :func:`read_checkpoint` read from ``path``, in Lightning's order:
+    the module's ``on_load_checkpoint``, its weights, the callbacks' ``on_load_checkpoint`` and their
+    states (for validate, test and predict too, as Lightning), then, unless ``model_only``, the
+    optimizers, schedulers, RNG states and ``sampler``'s generators (the next epoch's order); returns
+    where the loop continues (None with ``model_only``). Under FSDP each rank read its own part of the
+    shards (resharded when the checkpoint was written by another number of processes). A datamodule's
+    state was restored when it was read."""
     strategy, module = trainer.strategy, trainer.module
     if not model_only:
         checkpoint_io.check_resumable(state, path)
     module.on_load_checkpoint(state)
-    for callback in trainer.callbacks:
-        callback.on_load_checkpoint(trainer, module, state)
     checkpoint_io.check_weights(module, state, path)
     strategy.load_module_state_dict(module, state["state_dict"])
+    for callback in trainer.callbacks:
+        callback.on_load_checkpoint(trainer, module, state)
+    _restore_callbacks(trainer, state.get("callbacks") or {}, path)  # none in a weights-only checkpoint
     if model_only:
         return None
     checkpoint_io.load_optimizers(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], state, path,
                                   functools.partial(strategy.load_optimizer_state_dict, module))
-    _restore_callbacks(trainer, state["callbacks"], path)
     rng = state["rng"]  # one entry per rank; None from a checkpoint Lightning wrote
     processes = trainer.world_size if rng is None else len(rng)
     dealt = sampler is not None and isinstance(sampler.sampler, DistributedSampler)  # the epoch's rest re-dealt

@@ -66,8 +66,8 @@ def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], v
     ``<versions>/version_*/checkpoints/`` (``versions``: the run's ``<default_root_dir>/cadence_logs``,
     or its first logger's ``<save_dir>/<name>``). When there is none, ``fit`` starts from scratch
     (returns None, with a warning if ``warn``), so one command both starts a run and resumes it;
-    the other stages need a checkpoint. ``"best"`` (validate, test, predict) is ``best``, the
-    ModelCheckpoint's ``best_model_path`` (None: there is no ModelCheckpoint). ``also_last``: more
+    the other stages need a checkpoint. ``"best"`` is ``best``, the ModelCheckpoint's ``best_model_path``
+    (None: there is no ModelCheckpoint); ``fit`` continues from it, as in Lightning. ``also_last``: more
     candidates for ``"last"`` (an ``OnExceptionCheckpoint``'s file, as in Lightning): the newest wins.
     Lightning's ``"hpc"`` and ``"registry"`` are refused with the Cadence way.
     """
@@ -109,9 +109,6 @@ def _refuse_lightning_sources(ckpt_path: Any, stage: str) -> None:
 
 
 def _best(stage: str, best: str | None) -> Path:
-    if stage == "fit":
-        raise ValueError('Trainer.fit(ckpt_path="best"): fit continues from "last" or a checkpoint file; "best" '
-                         "loads the best weights into validate, test or predict.")
     if best is None:
         raise ValueError(f'Trainer.{stage}(ckpt_path="best") loads the best checkpoint of a callbacks.ModelCheckpoint, '
                          'and this Trainer has none. Pass ckpt_path="last" or a path.')

@@ -296,13 +296,18 @@ def test_a_different_number_of_optimizers_is_an_error(checkpoint, make_trainer, 
         make_trainer(max_epochs=2).fit(TwoOptimizers(), regression_loader, ckpt_path=checkpoint)
 
 
-def test_ckpt_path_last_starts_fresh_when_there_is_none_but_validate_needs_one(make_trainer, regression_loader, tmp_path):
+def test_ckpt_path_last_loads_nothing_when_there_is_none_with_a_warning(make_trainer, regression_loader, tmp_path):
     trainer = make_trainer(max_epochs=1)
     with pytest.warns(UserWarning, match=r'fit\(ckpt_path="last"\) found no last.ckpt in .*; training starts from scratch'):
         trainer.fit(Regressor(), regression_loader, ckpt_path="last")
     assert trainer.global_step == 8
-    with pytest.raises(FileNotFoundError, match=r'Trainer.validate\(ckpt_path="last"\) found no last.ckpt'):
-        trainer.validate(Validated(), regression_loader, ckpt_path="last")
+    model = Validated()  # Lightning 2.6.6: a warning, and validate runs the module's own weights
+    weights = {key: value.clone() for key, value in model.state_dict().items()}
+    with pytest.warns(UserWarning, match=r'Trainer.validate\(ckpt_path="last"\) found no last.ckpt in .*: no checkpoint '
+                                         r"is loaded, the module keeps its weights"):
+        [result] = trainer.validate(model, regression_loader, ckpt_path="last", verbose=False)
+    assert trainer.ckpt_path is None and "val/loss" in result
+    assert all(torch.equal(value, weights[key]) for key, value in model.state_dict().items())
 
 
 def test_a_checkpoint_inside_an_accumulation_window_warns_that_it_is_not_exact(make_trainer, regression_loader, tmp_path):

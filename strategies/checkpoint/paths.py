@@ -64,9 +64,9 @@ def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], v
     ``"last"`` is the newest ``last.ckpt`` (a file, or a sharded directory) in ``checkpoint_dirs``
     (the ModelCheckpoints' explicit dirpaths) if there are any, else under
     ``<versions>/version_*/checkpoints/`` (``versions``: the run's ``<default_root_dir>/cadence_logs``,
-    or its first logger's ``<save_dir>/<name>``). When there is none, ``fit`` starts from scratch
-    (returns None, with a warning if ``warn``), so one command both starts a run and resumes it;
-    the other stages need a checkpoint. ``"best"`` is ``best``, the ModelCheckpoint's ``best_model_path``
+    or its first logger's ``<save_dir>/<name>``). When there is none, nothing is loaded (returns None,
+    with a warning if ``warn``), as in Lightning: ``fit`` starts from scratch, so one command both
+    starts a run and resumes it, and the other stages run the module's own weights. ``"best"`` is ``best``, the ModelCheckpoint's ``best_model_path``
     (None: there is no ModelCheckpoint); ``fit`` continues from it, as in Lightning. ``also_last``: more
     candidates for ``"last"`` (an ``OnExceptionCheckpoint``'s file, as in Lightning): the newest wins.
     Lightning's ``"hpc"`` and ``"registry"`` are refused with the Cadence way.
@@ -88,10 +88,11 @@ def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], v
     last = max(found, key=os.path.getmtime) if found else None
     if last is not None:
         return check_exists(last)
-    if stage != "fit":
-        raise FileNotFoundError(f"Trainer.{stage}(ckpt_path=\"last\") found no last.ckpt in {where}. Pass a checkpoint path.")
-    if warn:
+    if warn and stage == "fit":
         warnings.warn(f"fit(ckpt_path=\"last\") found no last.ckpt in {where}; training starts from scratch.", stacklevel=5)
+    elif warn:  # as Lightning: not an error, so that "last" can be set before the first fit has written one
+        warnings.warn(f"Trainer.{stage}(ckpt_path=\"last\") found no last.ckpt in {where}: no checkpoint is loaded, the "
+                      "module keeps its weights (as in Lightning). Pass a checkpoint path to load one.", stacklevel=6)
     return None
 
 

@@ -184,9 +184,10 @@ def test_a_checkpoint_from_a_newer_cadence_is_refused(checkpoint, make_trainer, 
         make_trainer(max_epochs=2).fit(Regressor(), regression_loader, ckpt_path=checkpoint)
 
 
-def test_validate_with_a_checkpoint_loads_its_weights_only(checkpoint, make_trainer, regression_loader):
+def test_validate_with_a_checkpoint_loads_its_weights_only(checkpoint, make_trainer, regression_loader, capsys):
     model = Validated()
     make_trainer().validate(model, regression_loader, ckpt_path=checkpoint)
+    assert f"Loaded model weights from the checkpoint at {checkpoint}\n" in capsys.readouterr().err  # Lightning's line
     saved = torch.load(checkpoint, weights_only=True)["state_dict"]
     assert all(torch.equal(value, saved[key]) for key, value in model.state_dict().items())
 

@@ -253,6 +253,8 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
         callback.on_load_checkpoint(trainer, module, state)
     _restore_callbacks(trainer, state.get("callbacks") or {}, path)  # none in a weights-only checkpoint
     if model_only:
+        if trainer.is_global_zero:  # Lightning's line
+            print(f"Loaded model weights from the checkpoint at {path}", file=sys.stderr, flush=True)
         return None
     checkpoint_io.load_optimizers(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], state, path,
                                   functools.partial(strategy.load_optimizer_state_dict, module))

@@ -36,20 +36,22 @@ if TYPE_CHECKING:
 
 
 def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_path: Any,
-                   log_dir: Path | None) -> tuple[list[Callback], Any, Path]:
+                   log_dir: Path | None, resumes: bool = True) -> tuple[list[Callback], Any, Path]:
     """In the calling process, before the strategy launches: the Trainer's callbacks with the
     module's, the checkpoint path (resolved: ``"last"``, ``"best"`` or a file) and the log
-    directory (``log_dir``, the last stage's, or a new one), returned in that order."""
+    directory (``log_dir``, the last stage's, or a new one), returned in that order. ``resumes``:
+    a ``fit`` given no ``ckpt_path`` may pick one itself (torchrun's restart, an OnExceptionCheckpoint's
+    file); not a search (the Tuner's), which runs no loop from a checkpoint."""
     callbacks = callbacks_package.with_module_callbacks(trainer.callbacks, module.configure_callbacks(),
                                                         type(module).__name__)
     if rank_zero_only.rank == 0:
         warn_uncalled_hooks([module, *callbacks])
     loggers = [c for c in callbacks if isinstance(c, callbacks_package.Logger)]
-    restart = elastic_restart() if stage == "fit" and ckpt_path is None else 0
+    restart = elastic_restart() if stage == "fit" and ckpt_path is None and resumes else 0
     if restart:  # torchrun restarted the group after a failure: continue from the newest checkpoint by itself
         ckpt_path = "last"
     on_exception = [Path(c.ckpt_path) for c in callbacks if isinstance(c, callbacks_package.OnExceptionCheckpoint)]
-    if stage == "fit" and ckpt_path is None and on_exception:  # as Lightning: a failed run's file, if there is one
+    if stage == "fit" and ckpt_path is None and on_exception and resumes:  # as Lightning: a failed run's file, if any
         ckpt_path = failed_run_checkpoint(on_exception, trainer.is_global_zero)
     if ckpt_path is not None:  # before anything starts, so a wrong path costs nothing
         checkpoints = [c for c in callbacks if isinstance(c, callbacks_package.ModelCheckpoint)]

@@ -209,7 +209,7 @@ class Trainer(TrainerProperties, SearchSeams):
         return output
 
     def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any, search: Any = None) -> Any:
-        self.callbacks, self._ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path, self._log_dir)
+        self.callbacks, self._ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path, self._log_dir, search is None)
         module.trainer, self.lightning_module = self, module  # both answer after the stage too (test(model=None))
         self.datamodule = data.datamodule if data.datamodule is not None else self.datamodule
         with self._preemption.interruptible(stage, self.is_global_zero):  # KeyboardInterrupt: status 130, one line

@@ -151,7 +151,7 @@ def test_a_missing_checkpoint_fails_before_anything_starts(make_trainer, regress
         trainer.fit(Regressor(), regression_loader, ckpt_path=tmp_path / "nope.ckpt")
     with pytest.raises(FileNotFoundError, match=rf"Checkpoint {tmp_path} is a directory"):
         trainer.fit(Regressor(), regression_loader, ckpt_path=tmp_path)
-    with pytest.raises(TypeError, match=r"Trainer.fit\(ckpt_path=3\): pass a checkpoint path, \"last\" or None"):
+    with pytest.raises(TypeError, match=r"Trainer.fit\(ckpt_path=3\): pass a checkpoint path, \"last\", \"best\" or None"):
         trainer.fit(Regressor(), regression_loader, ckpt_path=3)
     assert trainer.global_step == 0 and not (tmp_path / "cadence_logs").exists()
 

@@ -66,14 +66,14 @@ def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], v
     ``<versions>/version_*/checkpoints/`` (``versions``: the run's ``<default_root_dir>/cadence_logs``,
     or its first logger's ``<save_dir>/<name>``). When there is none, nothing is loaded (returns None,
     with a warning if ``warn``), as in Lightning: ``fit`` starts from scratch, so one command both
-    starts a run and resumes it, and the other stages run the module's own weights. ``"best"`` is ``best``, the ModelCheckpoint's ``best_model_path``
-    (None: there is no ModelCheckpoint); ``fit`` continues from it, as in Lightning. ``also_last``: more
-    candidates for ``"last"`` (an ``OnExceptionCheckpoint``'s file, as in Lightning): the newest wins.
+    starts a run and resumes it, and the other stages run the module's own weights. ``"best"`` is
+    ``best``, the ModelCheckpoint's ``best_model_path`` (None: there is no ModelCheckpoint); ``fit``
+    continues from it, as in Lightning. ``also_last``: more candidates for ``"last"`` (an
+    ``OnExceptionCheckpoint``'s file, as in Lightning): the newest wins.
     Lightning's ``"hpc"`` and ``"registry"`` are refused with the Cadence way.
     """
     if not isinstance(ckpt_path, (str, os.PathLike)):
-        names = '"last"' if stage == "fit" else '"last", "best"'
-        raise TypeError(f"Trainer.{stage}(ckpt_path={ckpt_path!r}): pass a checkpoint path, {names} or None.")
+        raise TypeError(f'Trainer.{stage}(ckpt_path={ckpt_path!r}): pass a checkpoint path, "last", "best" or None.')
     _refuse_lightning_sources(ckpt_path, stage)
     if str(ckpt_path) == "best":
         return _best(stage, best)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import callbacks as callbacks_package
+from callbacks.console import warn
 from trainer.log_dir import preview_log_dir
 
 if TYPE_CHECKING:
@@ -143,7 +144,21 @@ class TrainerProperties:
 
     @ckpt_path.setter
     def ckpt_path(self: Trainer, value: str | os.PathLike | None) -> None:
-        self._ckpt_path = Path(value) if value is not None else None
+        """As in Lightning, ``trainer.ckpt_path = path`` makes the following stages load ``path`` when they are
+        given no ``ckpt_path`` (you are in charge of setting it back to None); one given wins, with a warning."""
+        self._ckpt_path, self._ckpt_path_set = (Path(value) if value is not None else None), True
+
+    def _stage_ckpt_path(self: Trainer, stage: str, ckpt_path: Any) -> Any:
+        """The ``ckpt_path`` a stage loads: the one it was given, else the one set with ``trainer.ckpt_path = ...``."""
+        if not self._ckpt_path_set:
+            return ckpt_path
+        if ckpt_path is None:
+            return self._ckpt_path
+        if self.is_global_zero:
+            warn(f"`trainer.ckpt_path = {self.ckpt_path!r}` was set, but then you passed "
+                 f"`trainer.{stage}(ckpt_path={str(ckpt_path)!r})`: the latter is loaded.")
+        self._ckpt_path_set = False  # as Lightning: the Trainer chooses again from now on
+        return ckpt_path
 
     # --- what Lightning's accelerator connector and signal connector answer
     @property

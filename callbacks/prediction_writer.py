@@ -24,9 +24,9 @@ class BasePredictionWriter(Callback):
     Args:
         write_interval: ``"batch"``, ``"epoch"`` or ``"batch_and_epoch"``.
 
-    ``batch_indices`` is None: Cadence does not track which samples a batch holds (with a
-    sequential loader, batch ``k`` holds samples ``k * batch_size`` onwards; ``trainer.predict``
-    returns the predictions in the dataset's order, also under DDP).
+    ``batch_indices`` are Lightning's: the dataset indices of each batch's samples (under DDP too), a
+    list per batch; at the epoch end a list of those per loader. ``[]`` where a loader does not say
+    (an IterableDataset's, or a loader with ``batch_size=None``).
 
     Example::
 
@@ -41,6 +41,7 @@ class BasePredictionWriter(Callback):
                              f"BasePredictionWriter(write_interval={write_interval!r}).")
         self.interval = write_interval
         self._predictions: list[list[Any]] = []
+        self._indices: list[list[list[int]]] = []  # per loader, per batch
 
     def write_on_batch_end(self, trainer: Trainer, pl_module: TrainingModule, prediction: Any,
                            batch_indices: Sequence[int] | None, batch: Any, batch_idx: int, dataloader_idx: int) -> None:
@@ -55,20 +56,27 @@ class BasePredictionWriter(Callback):
                                   "implement write_on_epoch_end.")
 
     def on_predict_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._predictions = []
+        self._predictions, self._indices = [], []
 
     def on_predict_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int,
                              dataloader_idx: int = 0) -> None:
+        loaders = trainer.predict_dataloaders
+        loader = loaders[dataloader_idx] if isinstance(loaders, list) else loaders
+        seen = getattr(getattr(loader, "batch_sampler", None), "seen_batch_indices", None)
+        indices = seen[batch_idx] if seen else []
         if self.interval != "epoch":
-            self.write_on_batch_end(trainer, module, outputs, None, batch, batch_idx, dataloader_idx)
+            self.write_on_batch_end(trainer, module, outputs, indices, batch, batch_idx, dataloader_idx)
         if self.interval != "batch":  # kept for write_on_epoch_end
             while len(self._predictions) <= dataloader_idx:
                 self._predictions.append([])
+                self._indices.append([])
             self._predictions[dataloader_idx].append(outputs)
+            if seen:
+                self._indices[dataloader_idx].append(indices)
 
     def on_predict_epoch_end(self, trainer: Trainer, module: TrainingModule) -> None:
         if self.interval != "batch":
             predictions, self._predictions = self._predictions, []
-            several = len(predictions) > 1
-            self.write_on_epoch_end(trainer, module, predictions if several else (predictions or [[]])[0],
-                                    [None] * len(predictions) if several else None)
+            indices, self._indices = self._indices or [[]], []
+            self.write_on_epoch_end(trainer, module, predictions if len(predictions) > 1 else (predictions or [[]])[0],
+                                    indices)

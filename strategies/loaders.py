@@ -161,3 +161,37 @@ def remaining_batches(batch_sampler: Any, offset: int) -> list[list[int]] | None
     if batches and getattr(batch_sampler, "drop_last", False) and len(batches[-1]) < size:
         batches.pop()
     return batches
+
+
+class SeenBatchIndices:
+    """A batch sampler that records the dataset indices of each batch it yields, in
+    ``seen_batch_indices`` (Lightning's name): predict's loaders carry one, so that a
+    ``BasePredictionWriter`` is told which samples each batch held (under DDP too: the indices are
+    the dataset's). It reads ahead of the loop as the DataLoader's workers prefetch; batch ``k``'s
+    indices are ``seen_batch_indices[k]``."""
+
+    def __init__(self, batch_sampler: Any) -> None:
+        self.batch_sampler = batch_sampler
+        self.seen_batch_indices: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[Any]:
+        self.seen_batch_indices = []
+        for batch in self.batch_sampler:
+            self.seen_batch_indices.append(list(batch))
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __getattr__(self, name: str) -> Any:  # batch_size, drop_last, sampler: the wrapped sampler's
+        if name == "batch_sampler":  # not set yet (unpickling)
+            raise AttributeError(name)
+        return getattr(self.batch_sampler, name)
+
+
+def recording_batch_indices(loader: Any) -> Any:
+    """``loader`` rebuilt to record its batches' indices (:class:`SeenBatchIndices`), or as it is where it
+    has no batch sampler (an IterableDataset's, or ``batch_size=None``) or is not a DataLoader."""
+    if not isinstance(loader, DataLoader) or loader.batch_sampler is None or isinstance(loader.dataset, IterableDataset):
+        return loader
+    return rebuild_dataloader(loader, batch_sampler=SeenBatchIndices(loader.batch_sampler))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from linear_regression import LinearRegression
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 
 import callbacks
 from callbacks import (
@@ -194,3 +194,24 @@ def test_a_users_checkpoint_subclass_is_the_trainers_checkpointing_callback(make
     assert trainer.callbacks.index(own) > trainer.callbacks.index(other)
     trainer.fit(LinearRegression(), regression_loader)
     assert sorted(path.name for path in tmp_path.glob("*.ckpt")) == ["epoch0.ckpt", "epoch1.ckpt"]
+
+
+def test_the_prediction_writer_is_told_each_batchs_dataset_indices_as_lightnings_is(make_trainer):
+    # A shuffled loader: the indices say which samples each batch held, so the writer can put predictions in order.
+    class Indices(BasePredictionWriter):
+        batch_indices, epoch_indices = [], None
+
+        def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+            self.batch_indices.append(batch_indices)
+            assert torch.equal(batch[0], samples[batch_indices])  # the batch holds exactly those samples
+
+        def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
+            self.epoch_indices = batch_indices
+
+    samples = torch.arange(20.0).reshape(5, 4)
+    loader = DataLoader(TensorDataset(samples), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(0))
+    writer = Indices("batch_and_epoch")
+    make_trainer(callbacks=[writer]).predict(Predicting(), loader, return_predictions=False)
+    assert [len(indices) for indices in writer.batch_indices] == [2, 2, 1]
+    assert sorted(i for indices in writer.batch_indices for i in indices) == [0, 1, 2, 3, 4]
+    assert writer.epoch_indices == [writer.batch_indices]  # one list per loader, as Lightning's

@@ -58,7 +58,9 @@ def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_pa
         directories = [Path(c.dirpath) for c in checkpoints if c.dirpath is not None]
         if not directories and not any(isinstance(c, callbacks_package.AsyncLogger) for c in loggers):
             directories = [without_file_logger(loggers, trainer.default_root_dir) / "checkpoints"]  # no versions
-        best = checkpoints[0].best_model_path if checkpoints else None
+        # "best" is the fitted ModelCheckpoint's, as in Lightning: configure_callbacks' new one replaces it only now.
+        ranked = [c for c in trainer.callbacks if isinstance(c, callbacks_package.ModelCheckpoint)] or checkpoints
+        best = ranked[0].best_model_path if ranked else None
         versions = versions_root(loggers, trainer.default_root_dir)
         ckpt_path = checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, versions,
                                                     trainer.is_global_zero and not restart, best=best,

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.console import warn
+from strategies.loaders import recording_batch_indices
 from strategies.transfer import move_to_device
 from trainer.batch_transfer import BatchTransfer, transferred
 from trainer.combined_loader import CombinedLoader
@@ -203,7 +204,8 @@ def evaluation_loaders(trainer: Trainer, stage: str, loaders: list[Any]) -> tupl
     if not loaders:
         raise ValueError(f"Trainer.{stage} got an empty list of loaders; pass at least one DataLoader.")
     prepared = [prepare_stage_loader(trainer, loader, stage, False) for loader in loaders]
-    return [loader for loader, _ in prepared], [count for _, count in prepared]
+    made = [recording_batch_indices(loader) if stage == "predict" else loader for loader, _ in prepared]  # Lightning's
+    return made, [count for _, count in prepared]
 
 
 def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progress,

@@ -16,6 +16,7 @@ import yaml
 from torch import nn
 
 from callbacks import ModelCheckpoint
+from linear_regression import LinearRegression
 from trainer import TrainingModule
 
 
@@ -327,3 +328,20 @@ def test_a_dirpath_that_is_a_file_is_an_error(make_trainer, regression_loader, t
     with pytest.raises(ValueError, match=r"ModelCheckpoint\(dirpath='.*file'\) is a file; use a directory"):
         make_trainer(max_epochs=1, callbacks=[ModelCheckpoint(dirpath=tmp_path / "file")], limit_val_batches=0).fit(
             Scored([1.0]), regression_loader)
+
+
+def test_test_best_after_fit_uses_the_checkpoint_that_configure_callbacks_gave_fit(make_trainer, regression_loader):
+    # Each stage calls configure_callbacks again, and its new ModelCheckpoint replaces fit's: "best" is fit's, as in Lightning.
+    class Configured(LinearRegression):
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", F.mse_loss(self.layer(batch[0]), batch[1]))
+
+        def configure_callbacks(self):
+            return [ModelCheckpoint(monitor="val_loss", filename="best-{epoch}")]
+
+    trainer = make_trainer(max_epochs=2)
+    trainer.fit(Configured(), regression_loader, regression_loader)
+    best = trainer.checkpoint_callback.best_model_path
+    assert Path(best).name in ("best-epoch=0.ckpt", "best-epoch=1.ckpt")
+    trainer.test(ckpt_path="best", dataloaders=regression_loader)
+    assert trainer.ckpt_path == best

@@ -336,6 +336,8 @@ def test_test_best_after_fit_uses_the_checkpoint_that_configure_callbacks_gave_f
         def validation_step(self, batch, batch_idx):
             self.log("val_loss", F.mse_loss(self.layer(batch[0]), batch[1]))
 
+        test_step = validation_step
+
         def configure_callbacks(self):
             return [ModelCheckpoint(monitor="val_loss", filename="best-{epoch}")]
 

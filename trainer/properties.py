@@ -146,7 +146,11 @@ class TrainerProperties:
     @property
     def precision(self: Trainer) -> str:
         """Lightning's precision string: ``"bf16-mixed"`` or ``"16-mixed"`` under an AMP callback (or FSDP's
-        mixed-precision policy), else ``"32-true"``. As in Lightning, ``"16-mixed"`` on the CPU is bf16."""
+        mixed-precision policy), ``"64-true"``, ``"bf16-true"`` or ``"16-true"`` under a TruePrecision,
+        else ``"32-true"``. As in Lightning, ``"16-mixed"`` on the CPU is bf16."""
+        true_precision = next(iter(self._callbacks_of(callbacks_package.TruePrecision)), None)
+        if true_precision is not None:
+            return true_precision.precision
         amp = next(iter(self._callbacks_of(callbacks_package.AMP)), None)
         if amp is not None:
             on_cpu = amp.cpu_dtype == "bfloat16" and getattr(getattr(self.strategy, "device", None), "type", "cpu") == "cpu"

@@ -97,7 +97,10 @@ class TruePrecision(Callback):
         return DefaultDtype(self.dtype)
 
     def configure_model(self, model: nn.Module) -> nn.Module:
-        return model.to(dtype=self.dtype)  # in place: floating parameters and buffers only
+        # In place, the floating parameters and buffers only (model.to(dtype) would cast complex ones to
+        # real): Lightning's DoublePrecision calls model.double().
+        convert = {torch.float64: model.double, torch.bfloat16: model.bfloat16, torch.float16: model.half}[self.dtype]
+        return convert()
 
     def forward_context(self) -> DefaultDtype:
         return DefaultDtype(self.dtype)

@@ -242,3 +242,26 @@ def test_64_true_on_an_apple_gpu_is_an_error_before_training(monkeypatch):
 def test_an_unknown_true_precision_dtype_is_an_error(dtype):
     with pytest.raises(ValueError, match=r"TruePrecision\(dtype=.*\): use 'float64' \('64'\), 'bfloat16'"):
         TruePrecision(dtype)
+
+
+def test_complex_buffers_stay_complex_and_follow_the_default_dtype_where_lightning_says(make_trainer, regression_loader):
+    # Lightning's test_double_precision with its complex buffers: model.double() leaves complex tensors
+    # alone, and a complex tensor made under float64 default is complex128.
+    class WithComplexBuffers(LinearRegression):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("made_in_init", torch.complex(torch.rand(3), torch.rand(3)), persistent=False)
+
+        def configure_model(self):
+            self.register_buffer("made_in_configure_model", torch.complex(torch.rand(3), torch.rand(3)), persistent=False)
+
+        def training_step(self, batch, batch_idx):
+            self.step_complex_dtype = torch.tensor([1.2, 3.4j]).dtype
+            return super().training_step(batch, batch_idx)
+
+    model = WithComplexBuffers()
+    make_trainer(max_steps=1, precision="64-true").fit(model, regression_loader)
+    assert model.made_in_init.dtype == torch.complex64 and model.made_in_init.imag.abs().sum() > 0
+    assert model.made_in_configure_model.dtype == torch.complex128
+    assert model.step_complex_dtype == torch.complex128
+    assert torch.tensor([1.2, 3.4j]).dtype == torch.complex64

@@ -331,6 +331,8 @@ def receive_handoff(module: TrainingModule, callbacks: list[Any], metrics: Metri
     # meta device (for FSDP), they take the trained tensors as they are (assign).
     module.configure_model()
     on_meta = any(tensor.is_meta for tensor in itertools.chain(module.parameters(), module.buffers()))
+    if not on_meta:  # the workers converted it (TruePrecision: "64-true", "bf16-true"): the same dtypes here
+        _take_dtypes(module, handoff["state_dict"])
     module.load_state_dict(handoff["state_dict"], assign=on_meta)
     if datamodule is not None and handoff.get("datamodule") is not None:
         datamodule.load_state_dict(handoff["datamodule"])
@@ -339,6 +341,16 @@ def receive_handoff(module: TrainingModule, callbacks: list[Any], metrics: Metri
             callback.load_state_dict(handoff["callbacks"][callback.state_key])
     metrics.callback_metrics = {key: torch.tensor(value) for key, value in handoff["callback_metrics"].items()}
     return handoff["current_epoch"], handoff["global_step"], handoff["preempted_by"], handoff["end_of_fit"]
+
+
+def _take_dtypes(module: TrainingModule, state_dict: dict[str, Any]) -> None:
+    """Convert ``module``'s floating parameters and buffers, in place, to the dtype of their tensor in
+    ``state_dict`` where it differs, so that the weights a spawned run trained arrive without rounding."""
+    for name, tensor in itertools.chain(module.named_parameters(), module.named_buffers()):
+        given = state_dict.get(name)
+        if (isinstance(given, torch.Tensor) and tensor.is_floating_point() and given.is_floating_point()
+                and given.dtype != tensor.dtype):
+            tensor.data = tensor.data.to(given.dtype)
 
 
 def _version() -> str:

@@ -265,3 +265,17 @@ def test_complex_buffers_stay_complex_and_follow_the_default_dtype_where_lightni
     assert model.made_in_configure_model.dtype == torch.complex128
     assert model.step_complex_dtype == torch.complex128
     assert torch.tensor([1.2, 3.4j]).dtype == torch.complex64
+
+
+def test_init_module_makes_the_model_in_the_dtype_on_the_device(make_trainer):
+    trainer = make_trainer(precision="bf16-true")
+    with trainer.init_module():
+        model = Classifier(late_head=False)
+        assert torch.get_default_dtype() == torch.bfloat16
+    assert torch.get_default_dtype() == torch.float32
+    assert {(p.dtype, p.device.type) for p in model.parameters()} == {(torch.bfloat16, "cpu")}
+    with make_trainer().init_module():  # "32-true": as without it
+        assert torch.nn.Linear(2, 2).weight.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"trainer.init_module\(empty_init=True\) skips initializing the weights"):
+        with trainer.init_module(empty_init=True):
+            pass

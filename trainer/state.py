@@ -314,7 +314,9 @@ def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodu
         "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.module_state_dict(module, full=True).items()},
         "current_epoch": trainer.current_epoch,
         "global_step": trainer.global_step,
-        "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+        # 0-d CPU tensors, keeping their dtype (float64 in "64-true", as in one process)
+        "callback_metrics": {k: v.detach().cpu() if isinstance(v, torch.Tensor) else float(v)
+                             for k, v in trainer.callback_metrics.items()},
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         "preempted_by": preempted_by,
         "end_of_fit": (end_of_fit[1] if stage == "fit" and end_of_fit is not None
@@ -339,7 +341,7 @@ def receive_handoff(module: TrainingModule, callbacks: list[Any], metrics: Metri
     for callback in callbacks:
         if callback.state_key in handoff["callbacks"]:
             callback.load_state_dict(handoff["callbacks"][callback.state_key])
-    metrics.callback_metrics = {key: torch.tensor(value) for key, value in handoff["callback_metrics"].items()}
+    metrics.callback_metrics = {key: torch.as_tensor(value) for key, value in handoff["callback_metrics"].items()}
     return handoff["current_epoch"], handoff["global_step"], handoff["preempted_by"], handoff["end_of_fit"]
 
 

@@ -148,7 +148,8 @@ class StageMetrics:
             suffix=name[len(logged_as):] if name != logged_as else "",
             dataloader_idx=self.dataloader_idx,
             # As Lightning's: a number becomes a tensor of the default dtype (float64 in 64-true's steps).
-            float64=(value.dtype if isinstance(value, torch.Tensor) else torch.get_default_dtype()) == torch.float64,
+            float64=not metric and (value.dtype if isinstance(value, torch.Tensor) else torch.get_default_dtype())
+            == torch.float64,
         )
         spec.accumulates = spec.on_epoch and not metric
         if logger and not self.has_loggers:  # once per name and stage: the first call registers it

@@ -24,8 +24,8 @@ The parts, cheapest first (issue 19 names the items; ``benchmarks/gpu_probes.py`
     report           item 4: the performance report under Compile + AMP, and under FSDP bf16,
                      recommends neither
     sync             item 1: no host sync between log steps, one GPU and DDP (benchmarks/cuda_sync_check.py)
-    amp              AMP fp32/bf16/fp16 and regional compile through fit against a hand loop on the
-                     same model and batches: step time, peak memory, bit-equality
+    amp              AMP fp32/bf16/fp16, regional compile and "bf16-true" (TruePrecision) through fit against
+                     a hand loop on the same model and batches: step time, peak memory, bit-equality
     prefetch         item 9: the side-stream prefetcher off and on: copy time, how much of it is hidden,
                      bit-identical weights (benchmarks/cuda_speed.py's copy-heavy step)
     fsdp             DDP and FSDP through fit with NCCL on the GPUs present (benchmarks/fsdp_bench.py)
@@ -60,7 +60,7 @@ BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS.parent))  # run from a checkout, too
 sys.path.insert(1, str(BENCHMARKS))  # cuda_speed, cuda_sync_check, fsdp_bench, gpu_probes, microbatch_gpu
 
-from callbacks import AMP, Callback, Compile  # noqa: E402
+from callbacks import AMP, Callback, Compile, TruePrecision  # noqa: E402
 from strategies import DDP, SingleDevice  # noqa: E402
 from trainer import Trainer, TrainingModule  # noqa: E402
 
@@ -143,8 +143,8 @@ class Blocks(TrainingModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-4)
 
 
-AMP_CONFIGS = ("fp32", "bf16", "fp16", "bf16+compile-blocks")
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+AMP_CONFIGS = ("fp32", "bf16", "fp16", "bf16+compile-blocks", "bf16-true")
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "bf16-true": None}
 
 
 def blocks_loader(width: int, batch: int, steps: int) -> DataLoader:
@@ -161,6 +161,8 @@ def fit_blocks(config: str, device: torch.device, root: Path, sizes: dict) -> di
         callbacks.append(Compile(modules=Block))
     if dtype is not None:
         callbacks.append(AMP(dtype))
+    if config == "bf16-true":  # Trainer(precision="bf16-true"): bfloat16 weights, inputs and optimizer state
+        callbacks.append(TruePrecision("bf16"))
     module = Blocks(sizes["width"], sizes["depth"])
     reset_peak(device)
     trainer = quiet_trainer(root, max_epochs=1, strategy=SingleDevice(device), callbacks=callbacks)
@@ -170,9 +172,11 @@ def fit_blocks(config: str, device: torch.device, root: Path, sizes: dict) -> di
 
 
 def hand_blocks(config: str, device: torch.device, sizes: dict) -> dict:
-    """The same training written by hand: autocast, GradScaler, compiled blocks as Compile makes them."""
+    """The same training written by hand: autocast, GradScaler, compiled blocks as Compile makes them,
+    or for "bf16-true" the module and each batch in bfloat16."""
     dtype = DTYPES[config.split("+")[0]]
-    module = Blocks(sizes["width"], sizes["depth"]).to(device)
+    weights_dtype = torch.bfloat16 if config == "bf16-true" else torch.float32
+    module = Blocks(sizes["width"], sizes["depth"]).to(device, weights_dtype)
     if "compile" in config:
         import torch._functorch.config as functorch_config
 
@@ -187,7 +191,7 @@ def hand_blocks(config: str, device: torch.device, sizes: dict) -> dict:
         if index == sizes["warmup"]:
             synchronize(device)
             started = time.perf_counter()
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        x, y = x.to(weights_dtype).to(device, non_blocking=True), y.to(weights_dtype).to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext():
             loss = F.mse_loss(module(x).float(), y)
         if scaler is not None:

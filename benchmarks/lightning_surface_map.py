@@ -189,7 +189,7 @@ PARAMETERS_ONLY = {name for name in MAP if name.startswith("lightning.pytorch.st
 INTERNAL_MEMBERS = {
     "lightning.pytorch.Trainer": {"fit_loop", "validate_loop", "test_loop", "predict_loop", "state", "precision_plugin",
                                   "val_check_batch", "distributed_sampler_kwargs", "barebones", "enable_autolog_hparams",
-                                  "init_module", "scaler", "is_last_batch", "evaluating"},
+                                  "scaler", "is_last_batch", "evaluating"},
     "lightning.pytorch.LightningModule": {"CHECKPOINT_HYPER_PARAMS_KEY", "CHECKPOINT_HYPER_PARAMS_NAME",
                                           "CHECKPOINT_HYPER_PARAMS_TYPE", "remove_ignored_hparams", "fabric",
                                           "device_mesh", "to_tensorrt"},

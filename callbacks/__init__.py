@@ -52,6 +52,7 @@ from callbacks.sync_batchnorm import SyncBatchNorm
 from callbacks.tensorboard_logger import TensorBoardLogger, tensorboard_available
 from callbacks.throughput_monitor import Throughput, ThroughputMonitor
 from callbacks.timer import Timer
+from callbacks.true_precision import TruePrecision
 from callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 from callbacks.torch_flags import TorchFlags
 
@@ -62,7 +63,7 @@ __all__ = [
     "GradientCheckpointing", "LRFinder", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "Logger",
     "ModelCheckpoint", "ModelPruning", "ModelSummary", "OnExceptionCheckpoint", "PassThroughProfiler", "PerformanceReport",
     "ProfiledHooks", "Profiler", "ProgressBar", "PyTorchProfiler", "SimpleProfiler", "TQDMProgressBar", "profiler_of",
-    "StochasticWeightAveraging", "SyncBatchNorm", "TensorBoardLogger", "Throughput", "ThroughputMonitor", "Timer", "TorchFlags", "WeightAveraging", "EMAWeightAveraging", "default_callbacks", "observability_callbacks",
+    "StochasticWeightAveraging", "SyncBatchNorm", "TensorBoardLogger", "Throughput", "ThroughputMonitor", "Timer", "TorchFlags", "TruePrecision", "WeightAveraging", "EMAWeightAveraging", "default_callbacks", "observability_callbacks",
     "with_module_callbacks",
 ]
 

@@ -25,7 +25,9 @@ class Callback:
 
     - ``configure_model`` rewraps the model (compile, activation checkpointing) after it moved to
       the device and before the strategy wraps it for DDP.
-    - ``forward_context`` returns a context entered around the forward and loss (autocast).
+    - ``forward_context`` returns a context entered around the forward and loss (autocast);
+      ``module_init_context`` one around the module's ``configure_model``; ``convert_input``
+      changes each batch before it moves (TruePrecision's dtype).
     - ``forward_backward`` replaces the forward and backward of an automatic-optimization step
       (``AutoMicrobatch`` runs it again in microbatches after an out-of-memory error); a callback
       that implements it sets ``owns_forward_backward``.
@@ -165,12 +167,21 @@ class Callback:
         """Once per process at the end of a stage, after success or failure."""
 
     # --- seams ---------------------------------------------------------------------------
+    def module_init_context(self) -> contextlib.AbstractContextManager | None:
+        """A context around the module's ``configure_model`` (TruePrecision: the default dtype), or None."""
+        return None
+
     def configure_model(self, model: nn.Module) -> nn.Module:
         return model
 
     def forward_context(self) -> contextlib.AbstractContextManager | None:
         """A context around forward and loss, or None for none."""
         return None
+
+    def convert_input(self, batch: Any) -> Any:
+        """Return ``batch`` changed before the batch transfer hooks and the move to the device
+        (TruePrecision: floating tensors to its dtype). Not called unless overridden (no cost per step)."""
+        return batch
 
     def backward(self, trainer: Trainer, module: TrainingModule, loss: torch.Tensor) -> None:
         """Replace ``loss.backward()``; only called when ``owns_backward`` is True.

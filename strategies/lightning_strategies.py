@@ -31,7 +31,7 @@ PLUGINS = {
     "parallel_devices": "Trainer(devices=N or a list of GPU indices)",
     "cluster_environment": "torchrun (its environment variables are read), or Trainer(num_nodes=...)",
     "checkpoint_io": "ModelCheckpoint (atomic files, async_save=True for background writes)",
-    "precision_plugin": 'Trainer(precision="bf16-mixed" | "16-mixed" | "32-true")',
+    "precision_plugin": 'Trainer(precision="bf16-mixed" | "16-mixed" | "32-true" | "64-true" | "bf16-true" | "16-true")',
 }
 #: DistributedDataParallel arguments the strategy sets itself.
 DECIDED = {"module": "the Trainer wraps your module", "device_ids": "Trainer(devices=...)",

@@ -367,7 +367,7 @@ def test_a_strategy_without_mixed_precision_of_its_own_leaves_it_to_an_amp_callb
     assert [type(c) for c in trainer.callbacks if isinstance(c, AMP)] == [AMP]
 
 
-@pytest.mark.parametrize("precision", ["bf16-true", "64-true", "mixed", 8, True])
+@pytest.mark.parametrize("precision", ["128-true", "8-true", "mixed", 8, True])
 def test_an_unknown_precision_is_an_error_listing_the_accepted_ones(make_trainer, precision):
     with pytest.raises(ValueError, match=r"Trainer\(precision=.*is not supported.*'32-true', '32', 32, '16-mixed'.*'bf16-mixed'"):
         make_trainer(precision=precision)

@@ -33,6 +33,7 @@ def test_the_amp_part_finds_fit_and_the_hand_loop_bit_equal_on_the_cpu(tmp_path,
     import gpu_probes  # noqa: F401  (the probes import cleanly; they run on a GPU only)
     import microbatch_gpu  # noqa: F401  (likewise)
 
-    result = gpu_check.amp(tmp_path, device="cpu", configs=("fp32", "fp16"), width=8, depth=1, batch=4, steps=4, warmup=1)
+    result = gpu_check.amp(tmp_path, device="cpu", configs=("fp32", "fp16", "bf16-true"), width=8, depth=1, batch=4, steps=4, warmup=1)
     assert result["status"] == "passed", result["summary"]
-    assert [(row["config"], row["bit_equal"]) for row in result["rows"]] == [("fp32", True), ("fp16", True)]
+    assert [(row["config"], row["bit_equal"]) for row in result["rows"]] == [("fp32", True), ("fp16", True),
+                                                                                   ("bf16-true", True)]

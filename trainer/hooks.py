@@ -132,7 +132,8 @@ def _override(method: Any, base: Any) -> Any:
 
 def step_hooks(callbacks: list[Callback], module: TrainingModule, datamodule: Any = None) -> StepHooks:
     return StepHooks(
-        transfer=batch_transfer(module, datamodule),
+        transfer=batch_transfer(module, datamodule, _implemented([c.convert_input for c in callbacks],
+                                                                 Callback.convert_input)),
         batch_start=_implemented([c.on_train_batch_start for c in callbacks], Callback.on_train_batch_start),
         forward_context=_implemented([c.forward_context for c in callbacks], Callback.forward_context),
         before_optimizer_step=_implemented([c.on_before_optimizer_step for c in callbacks], Callback.on_before_optimizer_step),

@@ -37,7 +37,7 @@ class HostCopy:
                 self.numbers[key] = float(reduce(torch.tensor(self.numbers[key]), self.specs[key].reduce_fx))
         if not tensor_keys:
             return
-        reduced = {key: reduce(named[key][0].detach().reshape(()).float(), self.specs[key].reduce_fx)
+        reduced = {key: reduce(_wide(named[key][0].detach().reshape(())), self.specs[key].reduce_fx)
                    for key in sorted(tensor_keys) if self.specs[key].sync_dist}
         by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
         for key in tensor_keys:
@@ -45,9 +45,9 @@ class HostCopy:
             by_device.setdefault(value.device, []).append((key, value))
         for device, pairs in by_device.items():
             if device.type == "cpu":  # host values: read each now (a stack of 0-d tensors costs a view apiece)
-                self.copies.append(([key for key, _ in pairs], [value.float().item() for _, value in pairs], None))
+                self.copies.append(([key for key, _ in pairs], [_wide(value).item() for _, value in pairs], None))
                 continue
-            stacked = torch.stack([value.detach().reshape(()).float() for _, value in pairs])
+            stacked = torch.stack([_wide(value.detach().reshape(())) for _, value in pairs])  # float64 if any is
             ready = None
             if device.type == "cuda":
                 host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
@@ -67,6 +67,11 @@ class HostCopy:
             values.update(zip(keys, host.tolist() if isinstance(host, torch.Tensor) else host))
         values.update(self.numbers)
         return {key: values[key] for key in self.specs}  # in the order they were logged, as Lightning's
+
+
+def _wide(value: torch.Tensor) -> torch.Tensor:
+    """``value`` as float32, or float64 if it is (``"64-true"``: as in Lightning, its digits reach the logs)."""
+    return value if value.dtype == torch.float64 else value.float()
 
 
 def gather_alone(obj: Any) -> list[Any]:

@@ -37,6 +37,7 @@ class MetricSpec:
     base: str = ""  # the name given to self.log
     suffix: str = ""  # "/dataloader_idx_N" (several evaluation loaders), else ""
     dataloader_idx: int | None = None  # the evaluation loader it was logged in (of several); None: outside them
+    float64: bool = False  # a float64 tensor, or a number under float64 default (64-true): float64 in callback_metrics
 
 
 def is_metric_object(value: Any) -> bool:
@@ -154,6 +155,9 @@ class StageMetrics:
             base=logged_as if name != logged_as else name,
             suffix=name[len(logged_as):] if name != logged_as else "",
             dataloader_idx=self.dataloader_idx,
+            # As Lightning's: a number becomes a tensor of the default dtype (float64 in 64-true's steps).
+            float64=not metric and (value.dtype if isinstance(value, torch.Tensor) else torch.get_default_dtype())
+            == torch.float64,
         )
         spec.accumulates = spec.on_epoch and not metric
         if logger and not self.has_loggers:  # once per name and stage: the first call registers it
@@ -317,13 +321,15 @@ class MetricStore:
             return []
         if callback:
             for key, value in values.items():
-                spec, tensor = specs[key], torch.tensor(value)
+                spec = specs[key]
+                tensor = torch.tensor(value, dtype=torch.float64 if spec.float64 else None)
                 self.callback_metrics[key] = tensor
                 if spec.on_step and spec.on_epoch:
                     self.callback_metrics[spec.base + spec.suffix] = tensor
         self.progress_bar_metrics.update({key: value for key, value in values.items() if specs[key].prog_bar})
         logged = {key: value for key, value in values.items() if specs[key].logger}
-        self.logged_metrics.update({key: torch.tensor(value) for key, value in logged.items()})  # tensors, as Lightning's
+        self.logged_metrics.update({key: torch.tensor(value, dtype=torch.float64 if specs[key].float64 else None)
+                                    for key, value in logged.items()})  # tensors, as Lightning's
         return [(step, logged)] if loggers and logged else []
 
     def publish_pending(self) -> list[tuple[int, dict]]:

@@ -329,8 +329,8 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         if metric_attribute is not None:
             self._check_metric_attribute(name, value, metric_attribute)
         if not isinstance(value, torch.Tensor) and isinstance(value, numbers.Real):
-            # As Lightning: a number (bool, int, NumPy's) is logged as a float32 tensor, so with its rounding.
-            value = float(np.float32(value))
+            # As Lightning: a number (bool, int, NumPy's) is logged as a tensor of the default dtype, at least float32.
+            value = float(value) if torch.get_default_dtype() == torch.float64 else float(np.float32(value))
         trainer.metrics.current.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist,
                                     sync_dist_group, add_dataloader_idx, batch_size, rank_zero_only)
 

@@ -8,9 +8,11 @@ lands here. Lightning's names and meanings (``trainer/trainer.py`` of Lightning 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -164,7 +166,11 @@ class TrainerProperties:
     @property
     def precision(self: Trainer) -> str:
         """Lightning's precision string: ``"bf16-mixed"`` or ``"16-mixed"`` under an AMP callback (or FSDP's
-        mixed-precision policy), else ``"32-true"``. As in Lightning, ``"16-mixed"`` on the CPU is bf16."""
+        mixed-precision policy), ``"64-true"``, ``"bf16-true"`` or ``"16-true"`` under a TruePrecision,
+        else ``"32-true"``. As in Lightning, ``"16-mixed"`` on the CPU is bf16."""
+        true_precision = next(iter(self._callbacks_of(callbacks_package.TruePrecision)), None)
+        if true_precision is not None:
+            return true_precision.precision
         amp = next(iter(self._callbacks_of(callbacks_package.AMP)), None)
         if amp is not None:
             on_cpu = amp.cpu_dtype == "bfloat16" and getattr(getattr(self.strategy, "device", None), "type", "cpu") == "cpu"
@@ -186,6 +192,28 @@ class TrainerProperties:
     def received_sigterm(self: Trainer) -> bool:
         """Whether SIGTERM arrived during this fit (Cadence then saves last.ckpt at the end of the step and stops)."""
         return self._preemption.signal_number == signal.SIGTERM
+
+    @contextlib.contextmanager
+    def init_module(self: Trainer, empty_init: bool | None = None) -> Iterator[None]:
+        """Lightning's ``with trainer.init_module(): model = MyModel()``: the module is made in the
+        dtype of ``precision="64-true" | "bf16-true" | "16-true"`` (bfloat16 from the start: never a
+        float32 copy) and on the strategy's device where this process trains on one (under a strategy
+        that spawns its processes, ``"ddp"``, on the CPU: each process moves it).
+
+        ``empty_init=True`` (Lightning skips the weights' initialization) is refused.
+        """
+        if empty_init:
+            raise ValueError(
+                "trainer.init_module(empty_init=True) skips initializing the weights, which Cadence does not do. "
+                "Leave empty_init out (a checkpoint loaded afterwards replaces the initialized weights), or build "
+                "large layers in configure_model, which FSDP runs on the meta device.")
+        with contextlib.ExitStack() as contexts:
+            if not self.strategy.launches_subprocesses:
+                contexts.enter_context(self.strategy.device)
+            for callback in self.callbacks:
+                if (context := callback.module_init_context()) is not None:
+                    contexts.enter_context(context)
+            yield
 
     def print(self: Trainer, *args: Any, **kwargs: Any) -> None:
         """``print`` on the first process of each machine only (local rank 0), as Lightning's ``trainer.print``."""

@@ -17,6 +17,7 @@ the result as one :class:`StagePlan`; nothing here sets anything on the Trainer.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -73,8 +74,13 @@ class StagePlan:
 
 def setup_model(module: TrainingModule, strategy: Strategy, callbacks: list[Callback], stage: str) -> torch.nn.Module:
     """Set ``module`` up in the order above, up to the strategy's wrap; return what the loop runs
-    (the strategy's wrapper, or the module itself)."""
-    module.configure_model()
+    (the strategy's wrapper, or the module itself). The module's ``configure_model`` runs under the
+    callbacks' ``module_init_context`` (TruePrecision's default dtype: its layers are made in it)."""
+    with contextlib.ExitStack() as contexts:
+        for callback in callbacks:
+            if (context := callback.module_init_context()) is not None:
+                contexts.enter_context(context)
+        module.configure_model()
     module = strategy.setup_module(module)
     for callback in callbacks:
         configured = callback.configure_model(module)

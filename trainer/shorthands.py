@@ -14,6 +14,7 @@ them; each becomes a strategy, callbacks or the plain settings it already has:
     benchmark, detect_anomaly                   -> callbacks.TorchFlags
     sync_batchnorm                              -> callbacks.SyncBatchNorm
     precision="16-mixed", "bf16-mixed"          -> callbacks.AMP, or the strategy's policy (trainer/precision.py)
+    precision="64-true", "bf16-true", "16-true" -> callbacks.TruePrecision
     profiler, report                            -> callbacks.Profiler, callbacks.PerformanceReport
 
 :func:`reject_unknown_arguments` turns a misspelled or Lightning-only keyword into an error that
@@ -48,7 +49,8 @@ LIGHTNING_ONLY = {
     "tpu_cores": "nothing: Cadence runs on CPUs, CUDA GPUs and Apple GPUs, not TPUs",
     "ipus": "nothing: Cadence runs on CPUs, CUDA GPUs and Apple GPUs, not IPUs",
     "hpus": "nothing: Cadence runs on CPUs, CUDA GPUs and Apple GPUs, not HPUs",
-    "plugins": "callbacks for what plugins did (callbacks.AMP for mixed precision); the cluster environment "
+    "plugins": "callbacks for what plugins did (callbacks.AMP for mixed precision, callbacks.TruePrecision for "
+               "DoublePrecision/HalfPrecision, or Trainer(precision=...)); the cluster environment "
                "is torchrun's variables, and checkpoint files are written by the Trainer",
     "resume_from_checkpoint": "trainer.fit(model, ..., ckpt_path=path)",
     "replace_sampler_ddp": "use_distributed_sampler",

@@ -317,7 +317,9 @@ def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodu
         "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.module_state_dict(module, full=True).items()},
         "current_epoch": trainer.current_epoch,
         "global_step": trainer.global_step,
-        "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+        # 0-d CPU tensors, keeping their dtype (float64 in "64-true", as in one process)
+        "callback_metrics": {k: v.detach().cpu() if isinstance(v, torch.Tensor) else float(v)
+                             for k, v in trainer.callback_metrics.items()},
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         "preempted_by": preempted_by,
         "end_of_fit": (end_of_fit[1] if stage == "fit" and end_of_fit is not None
@@ -334,14 +336,26 @@ def receive_handoff(module: TrainingModule, callbacks: list[Any], metrics: Metri
     # meta device (for FSDP), they take the trained tensors as they are (assign).
     module.configure_model()
     on_meta = any(tensor.is_meta for tensor in itertools.chain(module.parameters(), module.buffers()))
+    if not on_meta:  # the workers converted it (TruePrecision: "64-true", "bf16-true"): the same dtypes here
+        _take_dtypes(module, handoff["state_dict"])
     module.load_state_dict(handoff["state_dict"], assign=on_meta)
     if datamodule is not None and handoff.get("datamodule") is not None:
         datamodule.load_state_dict(handoff["datamodule"])
     for callback in callbacks:
         if callback.state_key in handoff["callbacks"]:
             callback.load_state_dict(handoff["callbacks"][callback.state_key])
-    metrics.callback_metrics = {key: torch.tensor(value) for key, value in handoff["callback_metrics"].items()}
+    metrics.callback_metrics = {key: torch.as_tensor(value) for key, value in handoff["callback_metrics"].items()}
     return handoff["current_epoch"], handoff["global_step"], handoff["preempted_by"], handoff["end_of_fit"]
+
+
+def _take_dtypes(module: TrainingModule, state_dict: dict[str, Any]) -> None:
+    """Convert ``module``'s floating parameters and buffers, in place, to the dtype of their tensor in
+    ``state_dict`` where it differs, so that the weights a spawned run trained arrive without rounding."""
+    for name, tensor in itertools.chain(module.named_parameters(), module.named_buffers()):
+        given = state_dict.get(name)
+        if (isinstance(given, torch.Tensor) and tensor.is_floating_point() and given.is_floating_point()
+                and given.dtype != tensor.dtype):
+            tensor.data = tensor.data.to(given.dtype)
 
 
 def _version() -> str:

@@ -11,9 +11,15 @@ from trainer.seed import seed_everything
 from trainer.trainer import Trainer
 from trainer.tuner import Tuner
 from trainer.utilities import rank_zero_only
+from callbacks import Callback
 
-__all__ = ["DataModule", "LightningCLI", "Trainer", "TrainingModule", "Tuner", "environment_report", "rank_zero_only",
-           "seed_everything"]
+# Lightning's top-level names, so `import lightning.pytorch as pl` becomes `import trainer as pl` and
+# `pl.LightningModule`, `pl.LightningDataModule`, `pl.Callback` keep working.
+LightningModule = TrainingModule
+LightningDataModule = DataModule
+
+__all__ = ["Callback", "DataModule", "LightningCLI", "LightningDataModule", "LightningModule", "Trainer",
+           "TrainingModule", "Tuner", "environment_report", "rank_zero_only", "seed_everything"]
 
 
 def __getattr__(name: str):

@@ -1,0 +1,61 @@
+"""What the UvA deep-learning course's Lightning tutorials (Lightning-AI/tutorials, course_UvA-DL)
+rely on, run under Cadence with only the imports changed: each test is one difference found there."""
+
+from __future__ import annotations
+
+from linear_regression import LinearRegression
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import callbacks
+import trainer as pl
+from callbacks import LearningRateMonitor, Logger
+
+
+def test_import_trainer_as_pl_gives_lightnings_top_level_names():
+    # `import lightning.pytorch as pl` exports Trainer, LightningModule, LightningDataModule, Callback
+    # and seed_everything (its __all__); the tutorials subclass pl.LightningModule and pl.Callback.
+    for name in ["Trainer", "LightningModule", "LightningDataModule", "Callback", "seed_everything"]:
+        assert name in pl.__all__
+    assert pl.LightningModule is pl.TrainingModule
+    assert pl.LightningDataModule is pl.DataModule
+    assert pl.Callback is callbacks.Callback
+
+
+class Shaped(LinearRegression):
+    def __init__(self, img_shape=(1, 4), lr: float = 0.1) -> None:
+        super().__init__(lr)
+        self.save_hyperparameters()
+        self.start = torch.zeros((2,) + self.hparams.img_shape)  # as the energy-model tutorial's sampler
+
+
+def test_a_tuple_hyperparameter_is_a_tuple_again_after_load_from_checkpoint(make_trainer, regression_loader, tmp_path):
+    trainer = make_trainer(max_steps=1)
+    trainer.fit(Shaped(img_shape=(1, 4)), regression_loader)
+    trainer.save_checkpoint(tmp_path / "shaped.ckpt")
+    loaded = Shaped.load_from_checkpoint(tmp_path / "shaped.ckpt")  # Lightning keeps the tuple
+    assert loaded.hparams.img_shape == (1, 4) and type(loaded.hparams.img_shape) is tuple
+    assert loaded.start.shape == (2, 1, 4)
+
+
+class Recording(Logger):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def log_metrics(self, metrics, step=None):
+        self.calls.append((dict(metrics), step))
+
+
+def test_the_epoch_learning_rate_monitor_logs_the_rates_alone(make_trainer):
+    class Scheduled(LinearRegression):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)]
+
+    logger = Recording()
+    data = DataLoader(TensorDataset(torch.randn(4, 4), torch.randn(4, 2)), batch_size=2)
+    make_trainer(max_epochs=2, logger=logger, callbacks=[LearningRateMonitor("epoch")]).fit(Scheduled(), data)
+    # Lightning's monitor calls log_metrics with the rates only (no "epoch"), at each epoch's first step
+    assert [call for call in logger.calls if "lr-SGD" in call[0]] == [({"lr-SGD": 0.1}, 0), ({"lr-SGD": 0.05}, 2)]

@@ -3,6 +3,8 @@ rely on, run under Cadence with only the imports changed: each test is one diffe
 
 from __future__ import annotations
 
+import re
+
 from linear_regression import LinearRegression
 
 import torch
@@ -10,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import callbacks
 import trainer as pl
-from callbacks import LearningRateMonitor, Logger
+from callbacks import LearningRateMonitor, Logger, TensorBoardLogger
 
 
 def test_import_trainer_as_pl_gives_lightnings_top_level_names():
@@ -59,3 +61,56 @@ def test_the_epoch_learning_rate_monitor_logs_the_rates_alone(make_trainer):
     make_trainer(max_epochs=2, logger=logger, callbacks=[LearningRateMonitor("epoch")]).fit(Scheduled(), data)
     # Lightning's monitor calls log_metrics with the rates only (no "epoch"), at each epoch's first step
     assert [call for call in logger.calls if "lr-SGD" in call[0]] == [({"lr-SGD": 0.1}, 0), ({"lr-SGD": 0.05}, 2)]
+
+
+class Noisy(LinearRegression):
+    """A forward that draws a random number (as a flow's dequantization noise does), recording each
+    draw with the mode it ran in, and counting the forwards run by a trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.example_input_array = torch.zeros(3, 4)
+        self.draws, self.traced = [], 0
+
+    def forward(self, x):
+        self.traced += torch.jit.is_tracing()
+        noise = torch.rand(())
+        self.draws.append((noise.item(), self.training, torch.is_grad_enabled()))
+        return self.layer(x) + noise
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def test_step(self, batch, batch_idx):
+        self(batch[0])
+
+
+def test_the_model_summary_runs_example_input_array_once_as_lightnings_does(make_trainer, regression_loader, capsys):
+    # Lightning's summary runs example_input_array through the module (eval mode, no grad) to show the
+    # layers' sizes: the random numbers training draws come after that forward's.
+    summarized = Noisy()
+    torch.manual_seed(0)
+    make_trainer(max_steps=1).fit(summarized, regression_loader)
+    torch.manual_seed(0)
+    assert summarized.draws[0] == (torch.rand(()).item(), False, False)
+    assert [mode for _, *mode in summarized.draws[1:]] == [[True, True]]
+    assert re.search(r"0 +\| layer +\| Linear +\| +10 \| \[3, 4\] +\| \[3, 2\]", capsys.readouterr().err)
+    plain = Noisy()
+    torch.manual_seed(0)
+    make_trainer(max_steps=1, enable_model_summary=False).fit(plain, regression_loader)
+    assert [mode for _, *mode in plain.draws] == [[True, True]]  # no summary, no extra forward
+    assert plain.draws[0][0] != summarized.draws[1][0]
+
+
+def test_log_graph_traces_the_module_at_the_start_of_every_stage(make_trainer, regression_loader, tmp_path):
+    # Lightning's TensorBoardLogger(log_graph=True) writes the graph when fit starts and again when each
+    # test (validate, predict) starts; each trace runs the forward (torch.jit.trace checks it: 2 runs).
+    module = Noisy()
+    trainer = make_trainer(max_steps=1, logger=TensorBoardLogger(tmp_path, log_graph=True), enable_model_summary=False)
+    trainer.fit(module, regression_loader)
+    per_trace = module.traced
+    assert per_trace > 0
+    trainer.test(module, regression_loader, verbose=False)
+    trainer.test(module, regression_loader, verbose=False)
+    assert module.traced == 3 * per_trace

@@ -7,6 +7,7 @@ import re
 
 from linear_regression import LinearRegression
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -114,3 +115,28 @@ def test_log_graph_traces_the_module_at_the_start_of_every_stage(make_trainer, r
     trainer.test(module, regression_loader, verbose=False)
     trainer.test(module, regression_loader, verbose=False)
     assert module.traced == 3 * per_trace
+
+
+class AdaptsInValidation(LinearRegression):
+    """A validation_step that takes a gradient, as MAML's inner loop does (UvA tutorial 12)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = []
+
+    def validation_step(self, batch, batch_idx):
+        with torch.enable_grad():
+            x, y = batch
+            grad, = torch.autograd.grad(torch.nn.functional.mse_loss(self.layer(x), y), self.layer.weight)
+        self.seen.append((self.trainer.sanity_checking, torch.is_inference_mode_enabled()))
+
+
+def test_validation_within_fit_runs_under_no_grad_so_a_step_may_take_gradients(make_trainer, regression_loader):
+    # Lightning's fit validates under torch.no_grad (its fit loop's _EvaluationLoop has inference_mode=False);
+    # trainer.validate, test and predict use torch.inference_mode (Trainer(inference_mode=True)).
+    module = AdaptsInValidation()
+    trainer = make_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1)
+    trainer.fit(module, regression_loader, regression_loader)
+    assert module.seen == [(True, False), (False, False)]  # the sanity check, then the epoch's validation
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        trainer.validate(module, regression_loader, verbose=False)

@@ -76,7 +76,7 @@ class TensorBoardLogger(AsyncLogger):
         self._writer: Any = None
         self._writer_lock = threading.Lock()
         self._session_written = False  # log_hyperparams(params, metrics) wrote the HParams session
-        self._graph_logged = False
+        self._graph_logged = False  # FSDP's no-graph warning given
 
     @property
     def sub_dir(self) -> str | None:
@@ -141,23 +141,27 @@ class TensorBoardLogger(AsyncLogger):
     # --- the callback side -------------------------------------------------------------------
     def on_fit_start(self, trainer: Trainer, module: TrainingModule) -> None:
         super().on_fit_start(trainer, module)
-        self._graph_once(trainer, module)
+        self._graph_at_stage_start(trainer, module)
 
     def on_validation_start(self, trainer: Trainer, module: TrainingModule) -> None:
         if trainer.stage == "validate":
-            self._graph_once(trainer, module)
+            self._graph_at_stage_start(trainer, module)
 
     def on_test_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._graph_once(trainer, module)
+        self._graph_at_stage_start(trainer, module)
 
     def on_predict_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._graph_once(trainer, module)
+        self._graph_at_stage_start(trainer, module)
 
-    def _graph_once(self, trainer: Trainer, module: TrainingModule) -> None:
-        if not self._log_graph or self._graph_logged or not self._rank_zero:
+    def _graph_at_stage_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        # At the start of every fit, validate, test and predict, as Lightning: tracing runs the forward,
+        # so a forward that draws random numbers leaves the streams where Lightning's run leaves them.
+        if not self._log_graph or not self._rank_zero:
             return
-        self._graph_logged = True
         if not trainer.strategy.whole_state_on_rank_zero:
+            if self._graph_logged:
+                return
+            self._graph_logged = True  # the warning once
             warn("TensorBoardLogger(log_graph=True): the module is sharded over the processes (FSDP), so rank "
                  "zero alone cannot trace it; no graph is written. Log it from a run on one device.")
             return

@@ -48,8 +48,9 @@ class Frozen(LinearRegression):
 
 
 def test_evaluation_hooks_run_without_grad_and_each_submodule_keeps_its_mode(make_trainer, regression_loader):
-    # Lightning: the evaluation loop's run() (its hooks included) is under inference_mode (no_grad with
-    # inference_mode=False); _ModuleMode gives every submodule its own mode back; fit never calls .train().
+    # Lightning: the evaluation loop's run() (its hooks included) is under no_grad within fit (its fit loop's
+    # _EvaluationLoop has inference_mode=False), under inference_mode in test/validate unless inference_mode=False;
+    # _ModuleMode gives every submodule its own mode back; fit never calls .train().
     module = Frozen()
     trainer = make_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0)
     with pytest.warns(UserWarning, match=r"Found 1 module\(s\) in eval mode at the start of training \(frozen\)"):
@@ -57,7 +58,7 @@ def test_evaluation_hooks_run_without_grad_and_each_submodule_keeps_its_mode(mak
     make_trainer(inference_mode=False, limit_test_batches=1).test(module, regression_loader, verbose=False)
     assert module.seen == [
         ("train", True, False, True, False), ("train", True, False, True, False),
-        ("val_start", False, False, False, True), ("val", False, False, False, True), ("val_end", False, False, False, True),
+        ("val_start", False, False, False, False), ("val", False, False, False, False), ("val_end", False, False, False, False),
         ("test_start", False, False, False, False), ("test", False, False, False, False),
     ]
     assert module.layer.training and not module.frozen.training  # as before fit

@@ -11,12 +11,15 @@ from trainer.seed import seed_everything
 from trainer.trainer import Trainer
 from trainer.tuner import Tuner
 from trainer.utilities import rank_zero_only
+from callbacks import Callback
 
-#: Lightning's names for the same classes, so that ``import trainer as pl`` serves ``pl.LightningModule``.
-LightningModule, LightningDataModule = TrainingModule, DataModule
+# Lightning's top-level names, so `import lightning.pytorch as pl` becomes `import trainer as pl` and
+# `pl.LightningModule`, `pl.LightningDataModule`, `pl.Callback` keep working.
+LightningModule = TrainingModule
+LightningDataModule = DataModule
 
-__all__ = ["DataModule", "LightningCLI", "LightningDataModule", "LightningModule", "Trainer", "TrainingModule", "Tuner",
-           "environment_report", "rank_zero_only", "seed_everything"]
+__all__ = ["Callback", "DataModule", "LightningCLI", "LightningDataModule", "LightningModule", "Trainer",
+           "TrainingModule", "Tuner", "environment_report", "rank_zero_only", "seed_everything"]
 
 
 def __getattr__(name: str):
@@ -25,9 +28,9 @@ def __getattr__(name: str):
         from trainer.cli import LightningCLI
 
         return LightningCLI
-    # The rest of ``lightning.pytorch``'s namespace, as ``import trainer as pl`` reaches it: pl.Callback,
+    # The rest of ``lightning.pytorch``'s namespace, as ``import trainer as pl`` reaches it:
     # pl.callbacks.EarlyStopping, pl.loggers.CSVLogger, pl.profilers.SimpleProfiler, pl.strategies.DDPStrategy.
-    if name in ("Callback", "callbacks", "loggers", "profilers", "strategies"):
+    if name in ("callbacks", "loggers", "profilers", "strategies"):
         import callbacks
         import strategies
 
@@ -37,7 +40,7 @@ def __getattr__(name: str):
             return types.SimpleNamespace(Profiler=callbacks.LightningProfiler, **{
                 key: getattr(callbacks, key) for key in ("SimpleProfiler", "AdvancedProfiler", "PyTorchProfiler",
                                                          "PassThroughProfiler", "XLAProfiler")})
-        return {"Callback": callbacks.Callback, "strategies": strategies}.get(name, callbacks)
+        return strategies if name == "strategies" else callbacks
     if name in ("plugins", "accelerators"):
         raise AttributeError(f"module 'trainer' has no attribute {name!r}: Lightning's {name} are Trainer arguments "
                              "in Cadence (precision=, accelerator=, devices=, strategy=); see docs/lightning.md.")

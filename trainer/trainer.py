@@ -536,14 +536,14 @@ class Trainer(TrainerProperties, SearchSeams):
 
     def _evaluation_loop(self, stage: str, loaders: list[Any], limits: list[int | float]) -> Any:
         """One pass of validation, test or predict over each loader in turn, hooks included (as in Lightning),
-        under ``torch.inference_mode`` (``torch.no_grad`` with ``Trainer(inference_mode=False)``); in eval
+        under ``torch.inference_mode`` (``torch.no_grad`` within fit, as Lightning, or with ``inference_mode=False``); in eval
         mode, after which each submodule gets back its own mode (a frozen one stays in eval mode)."""
         several = len(loaders) > 1  # then steps and batch hooks get dataloader_idx, metrics a suffix
         hooks = evaluation_hooks(stage, self, self.callbacks, self.module, several)
         self._evaluation_stage, modes = stage, train_modes(self.model)
         self.model.eval()
         self.metrics.start_evaluation()
-        with self.strategy.evaluation_context(self.inference_mode):  # no_grad under FSDP
+        with self.strategy.evaluation_context(self.inference_mode and self.stage != "fit"):  # no_grad under FSDP
             for hook in hooks.start:
                 hook()
             if stage == self.stage:  # validate, test, predict: a search in on_<stage>_start may have made new loaders

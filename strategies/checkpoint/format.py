@@ -65,6 +65,8 @@ def _plain(value: Any) -> Any:
         return str(value)
     if isinstance(value, dict):
         return {str(key): _plain(item) for key, item in value.items()}
+    if type(value) is tuple:  # a tuple stays a tuple (an image shape added to a tuple when loaded)
+        return tuple(_plain(item) for item in value)
     if isinstance(value, (list, tuple, set, frozenset)):
         return [_plain(item) for item in value]
     return repr(value)

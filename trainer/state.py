@@ -96,7 +96,8 @@ def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
                   "validation_pending": progress.validation_pending,
                   **checkpoint_io.lightning_loops(epoch, batches_done, trainer.global_step, progress.batches_seen)},
         "rng": rng,
-        "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
+        # As Lightning's: the callbacks that have a state (a checkpoint read by Lightning names no others).
+        "callbacks": {callback.state_key: state for callback in trainer.callbacks if (state := callback.state_dict())},
         "callback_metrics": dict(trainer.callback_metrics),
     }
 

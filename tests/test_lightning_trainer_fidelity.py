@@ -294,3 +294,38 @@ def test_a_value_logged_in_on_train_start_after_the_sanity_check_is_kept(make_tr
     trainer = make_trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, callbacks=[LogsAtTrainStart()])
     trainer.fit(Validates(), regression_loader, regression_loader)
     assert float(trainer.callback_metrics["on_train_start"]) == 1.0
+
+
+def test_import_trainer_as_pl_gives_lightnings_top_level_names(make_trainer, regression_loader):
+    # `import lightning.pytorch as pl` -> `import trainer as pl`: Lightning's __all__ is Trainer,
+    # LightningModule, LightningDataModule, Callback, seed_everything (the UvA-DL course's scripts
+    # subclass pl.LightningModule and pl.Callback).
+    import trainer as pl
+
+    seen = []
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Data(pl.LightningDataModule):
+        def train_dataloader(self):
+            return regression_loader
+
+    class Record(pl.Callback):
+        def on_train_end(self, trainer, module):
+            seen.append(trainer.global_step)
+
+    pl.seed_everything(0, verbose=False)
+    make_trainer(max_epochs=1, callbacks=[Record()]).fit(Module(), datamodule=Data())
+    assert seen == [8]
+    with pytest.raises(Exception, match="Cadence"):
+        pl.disable_possible_user_warnings()

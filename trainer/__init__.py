@@ -10,9 +10,16 @@ from trainer.module import TrainingModule
 from trainer.seed import seed_everything
 from trainer.trainer import Trainer
 from trainer.tuner import Tuner
-from trainer.utilities import rank_zero_only
+from trainer.utilities import disable_possible_user_warnings, rank_zero_only
+from callbacks import Callback
 
-__all__ = ["DataModule", "LightningCLI", "Trainer", "TrainingModule", "Tuner", "environment_report", "rank_zero_only",
+# Lightning's top-level names, so `import lightning.pytorch as pl` -> `import trainer as pl` keeps
+# `pl.LightningModule`, `pl.LightningDataModule` and `pl.Callback` working.
+LightningModule = TrainingModule
+LightningDataModule = DataModule
+
+__all__ = ["Callback", "DataModule", "LightningCLI", "LightningDataModule", "LightningModule", "Trainer",
+           "TrainingModule", "Tuner", "disable_possible_user_warnings", "environment_report", "rank_zero_only",
            "seed_everything"]
 
 

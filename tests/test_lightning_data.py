@@ -4,6 +4,7 @@ module object, a too-short epoch for the logging interval."""
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
@@ -166,3 +167,27 @@ def test_a_batch_hook_over_several_loaders_must_take_dataloader_idx(make_trainer
     with pytest.raises(RuntimeError, match=r"WithoutIndex.on_validation_batch_start runs over several loaders but "
                                            r"takes no dataloader_idx.*multiple `val_dataloader`"):
         make_trainer().validate(WithoutIndex(), [regression_loader, regression_loader])
+
+
+def test_a_shuffling_evaluation_loader_is_warned_about_as_in_lightning(make_trainer, regression_data, recwarn):
+    # The UvA-DL course 05 tests on its shuffling training loader; Lightning's _process_dataloader warns
+    # (PossibleUserWarning) for each evaluation stage given a RandomSampler, never for training.
+    class Validated(LinearRegression):
+        def validation_step(self, batch, batch_idx):
+            pass
+
+        def test_step(self, batch, batch_idx):
+            pass
+
+    shuffled, ordered = DataLoader(regression_data, batch_size=32, shuffle=True), DataLoader(regression_data, batch_size=32)
+    trainer = make_trainer(max_epochs=1, log_every_n_steps=1)
+    trainer.fit(Validated(), shuffled, ordered)
+    trainer.test(dataloaders=ordered)
+    assert not [w for w in recwarn if "shuffling enabled" in str(w.message)]
+    phrase = ("Your `{}_dataloader`'s sampler has shuffling enabled, it is strongly recommended that you turn "
+              "shuffling off for val/test dataloaders.")
+    with pytest.warns(UserWarning, match=re.escape(phrase.format("val"))):
+        make_trainer(max_epochs=1, log_every_n_steps=1).fit(Validated(), ordered, shuffled)
+    with pytest.warns(UserWarning, match=re.escape(phrase.format("test"))) as caught:
+        trainer.test(dataloaders=shuffled)
+    assert [w.filename for w in caught if "shuffling enabled" in str(w.message)] == [__file__]  # the user's line

@@ -272,3 +272,25 @@ def test_one_key_logged_as_a_metric_object_and_as_a_tensor_is_an_error_naming_th
     first = "a metric object, then Tensor" if first_the_object else "a number, then a metric object"
     with pytest.raises(ValueError, match=rf'self.log\("train_acc", ...\) got {first}: a key holds one metric object'):
         make_trainer(max_epochs=1).fit(Twice(), loader())
+
+
+def test_under_gradient_accumulation_a_log_step_is_every_nth_optimizer_step(make_trainer):
+    # Lightning logs at the end of a window when its optimizer steps so far (_batches_that_stepped + 1) are a
+    # multiple of log_every_n_steps, never inside a window. 5 batches of 8 in windows of 2 (2, 2, 1): 3 optimizer
+    # steps an epoch, at batches 1, 3, 4; over 3 epochs, steps 2, 4, 6, 8 are log steps: batch 3 of epoch 0,
+    # batches 1 and 4 of epoch 1, batch 3 of epoch 2, written at steps 1, 3, 5, 7 (as Lightning 2.6.6 writes them).
+    class Remember(Logger):
+        def __init__(self):
+            self.rows = []
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append((step, metrics["epoch"], metrics.get("batch")))
+
+    class Batches(LinearRegression):
+        def training_step(self, batch, batch_idx):
+            self.log("batch", float(batch_idx))
+            return super().training_step(batch, batch_idx)
+
+    logger = Remember()
+    make_trainer(max_epochs=3, accumulate_grad_batches=2, log_every_n_steps=2, logger=logger).fit(Batches(), loader(40, 8))
+    assert [row for row in logger.rows if row[2] is not None] == [(1, 0, 3.0), (3, 1, 1.0), (5, 1, 4.0), (7, 2, 3.0)]

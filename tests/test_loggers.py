@@ -348,3 +348,20 @@ def test_loggers_have_lightnings_remaining_members(tmp_path):
             pass
 
     assert Printing().root_dir is None and Printing().group_separator == "/"
+
+
+def test_the_learning_rate_monitor_per_epoch_logs_the_rates_alone_as_lightning(make_trainer):
+    # Lightning's on_train_epoch_start: logger.log_metrics(latest_stat, step=...), no "epoch" key, so
+    # the "epoch" curve of a run with LearningRateMonitor("epoch") (UvA-DL course 04) has no extra points.
+    class Remember(Logger):
+        def __init__(self):
+            self.rows = []
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append((step, dict(metrics)))
+
+    logger = Remember()
+    make_trainer(max_epochs=2, logger=logger, log_every_n_steps=50,
+                 callbacks=[LearningRateMonitor("epoch")]).fit(Logged(), loader(4))
+    assert [(step, metrics) for step, metrics in logger.rows if "lr-SGD" in metrics] == [
+        (0, {"lr-SGD": 0.05}), (4, {"lr-SGD": 0.05})]

@@ -60,6 +60,24 @@ def test_configure_optimizers_accepts_the_lightning_formats(make_trainer, regres
     assert trainer.global_step == 16
 
 
+@pytest.mark.parametrize("frequency, accumulate, halvings", [
+    (3, 1, 4),  # batches 3 and 6 of each 8-batch epoch (not global steps 3, 6, 9, 12, 15)
+    (2, 2, 8),  # windows end at batches 2, 4, 6, 8 of each epoch: every one is a multiple of 2
+])
+def test_a_step_schedulers_frequency_counts_the_epochs_batches_as_lightning(make_trainer, regression_loader,
+                                                                           frequency, accumulate, halvings):
+    # Lightning's _update_learning_rates: current_idx = batch_idx + 1 for "step", stepped at a window's end when
+    # current_idx % frequency == 0 (UvA-DL-style warm-up schedules counted per batch keep their curve).
+    def make(module):
+        optimizer = sgd(module)
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": halve_each(optimizer), "interval": "step", "frequency": frequency}}
+
+    trainer = make_trainer(max_epochs=2, accumulate_grad_batches=accumulate)
+    trainer.fit(Model(make), regression_loader)
+    assert lr_of(trainer) == pytest.approx(0.5 ** halvings)
+
+
 class Plateau(Model):
     def validation_step(self, batch, batch_idx):
         self.log("val/loss", 1.0)  # never improves

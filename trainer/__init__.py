@@ -10,16 +10,17 @@ from trainer.module import TrainingModule
 from trainer.seed import seed_everything
 from trainer.trainer import Trainer
 from trainer.tuner import Tuner
-from trainer.utilities import rank_zero_only
+from trainer.utilities import disable_possible_user_warnings, rank_zero_only
 from callbacks import Callback
 
-# Lightning's top-level names, so `import lightning.pytorch as pl` becomes `import trainer as pl` and
-# `pl.LightningModule`, `pl.LightningDataModule`, `pl.Callback` keep working.
+# Lightning's top-level names, so `import lightning.pytorch as pl` -> `import trainer as pl` keeps
+# `pl.LightningModule`, `pl.LightningDataModule` and `pl.Callback` working.
 LightningModule = TrainingModule
 LightningDataModule = DataModule
 
 __all__ = ["Callback", "DataModule", "LightningCLI", "LightningDataModule", "LightningModule", "Trainer",
-           "TrainingModule", "Tuner", "environment_report", "rank_zero_only", "seed_everything"]
+           "TrainingModule", "Tuner", "disable_possible_user_warnings", "environment_report", "rank_zero_only",
+           "seed_everything"]
 
 
 def __getattr__(name: str):

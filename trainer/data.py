@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from torch.utils.data import DataLoader, IterableDataset, SequentialSampler
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 # Lives with the strategies, which rebuild loaders to shard them; re-exported for the loop.
 from strategies.loaders import rebuild_dataloader  # noqa: F401
@@ -104,6 +104,15 @@ def default_max_epochs(max_epochs: int | None, max_steps: int, loader: Any, warn
     return -1 if max_epochs is None else max_epochs  # max_steps ends the run (trainer.max_epochs reads -1, as in Lightning)
 
 
+def shuffles(loader: DataLoader) -> bool:
+    """Whether ``loader`` draws its samples in random order (a RandomSampler, as Lightning checks)."""
+    if isinstance(loader.dataset, IterableDataset):
+        return False
+    batch_sampler = loader.batch_sampler
+    sampler = loader.sampler if batch_sampler is None else getattr(batch_sampler, "sampler", batch_sampler)
+    return isinstance(sampler, RandomSampler)
+
+
 def prepare_loader(loader: Any, stage: str, *, shuffle: bool, strategy: Any, seed: int | None,
                    limit: Any, sequential: bool = False, shard: bool = True) -> tuple[Any, int | float]:
     """The strategy's shard of ``loader``, seeded (generator and workers), and how many of its
@@ -117,6 +126,10 @@ def prepare_loader(loader: Any, stage: str, *, shuffle: bool, strategy: Any, see
     """
     if isinstance(loader, DataLoader):
         changes = {}
+        kind = {"validate": "val"}.get(stage, stage)
+        if stage != "train" and shuffles(loader) and strategy.is_global_zero:  # Lightning's warning, word for word
+            warn_at_users_line(f"Your `{kind}_dataloader`'s sampler has shuffling enabled, it is strongly "
+                               "recommended that you turn shuffling off for val/test dataloaders.")
         if seed is not None and loader.generator is None:
             # Its shuffle order and worker seeds then follow the seed alone, not whatever else
             # draws from torch's global RNG (model code, augmentation in the main process).
@@ -130,7 +143,6 @@ def prepare_loader(loader: Any, stage: str, *, shuffle: bool, strategy: Any, see
         if (sequential and not isinstance(loader.sampler, SequentialSampler) and loader.batch_size is not None
                 and not isinstance(loader.dataset, IterableDataset)):  # as Lightning: any other sampler
             if strategy.is_global_zero:
-                kind = {"validate": "val"}.get(stage, stage)
                 warn_at_users_line(f"You requested to overfit but enabled {kind} dataloader shuffling: "
                                    f"Trainer(overfit_batches=...) overfits the same batches every epoch, so the {kind} "
                                    f"loader reads in order (a SequentialSampler in place of its "

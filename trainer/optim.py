@@ -119,7 +119,9 @@ def parse_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[S
 def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, metrics: dict[str, Any],
                     plateau: bool | None = None) -> None:
     """Step the schedulers of ``interval`` ("step" or "epoch") whose frequency divides ``count``
-    (the global step, or the number of epochs done); ReduceLROnPlateau reads its metric.
+    (for "step", the batches done in this epoch, as Lightning counts: its ``frequency`` restarts each
+    epoch and counts batches, not optimizer steps; for "epoch", the epochs done); ReduceLROnPlateau
+    reads its metric.
     ``plateau``: only the ReduceLROnPlateau ones (True) or only the others (False)."""
     for config in configs:
         if config.interval != interval or count % config.frequency != 0:

@@ -65,6 +65,16 @@ def logger_step(trainer: Trainer, progress: Progress, automatic_optimization: bo
     return trainer.global_step - 1 if stepped else trainer.global_step
 
 
+def is_accumulated_log_step(trainer: Trainer, progress: Progress) -> bool:
+    """Under gradient accumulation (automatic optimization: manual refuses it), whether the batch that
+    just ran ends a log step, as Lightning's ``should_update_logs``: every ``log_every_n_steps``
+    optimizer steps, at the end of a window, never inside one. (Without accumulation the loop checks
+    ``batches_seen`` itself, at no cost.)"""
+    if not ends_accumulation_window(trainer.batch_idx, trainer.accumulate_grad_batches, trainer.num_training_batches):
+        return False
+    return (logger_step(trainer, progress, True) + 1) % trainer.log_every_n_steps == 0
+
+
 def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
     """What a checkpoint holds besides the module's weights and hyperparameters: optimizers,
     schedulers, loop counters, every rank's RNG states, callback states, from the running

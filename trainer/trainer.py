@@ -44,7 +44,7 @@ from trainer.stage_loaders import (
     limit_reached, load_fit_data, one_or_list, reload_due, say_min_not_met, say_trained_nothing, train_batches, validation_schedule,
 )
 from trainer.state import (
-    Progress, fitted_module, handoff_state, logger_step, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
+    Progress, fitted_module, handoff_state, is_accumulated_log_step, logger_step, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
 )
 from trainer.timing import PhaseTimes, measured
 
@@ -367,7 +367,7 @@ class Trainer(TrainerProperties, SearchSeams):
                 hook(self, module, outputs, batch, batch_idx)
             for hook in hooks.module_batch_end:
                 hook(outputs, batch, batch_idx)
-            if progress.batches_seen % self.log_every_n_steps == 0:
+            if is_accumulated_log_step(self, progress) if self.accumulate_grad_batches > 1 else progress.batches_seen % self.log_every_n_steps == 0:
                 self._log_step()
             # As in Lightning, stopping mid-epoch (should_stop, once min_epochs/min_steps allow) validates first.
             if progress.validation_pending or (schedule is not None and self.should_stop and self._may_stop()):
@@ -421,7 +421,7 @@ class Trainer(TrainerProperties, SearchSeams):
         else:
             optimizer.zero_grad(set_to_none=True)
         if stepped and self.lr_scheduler_configs:
-            step_schedulers(self.lr_scheduler_configs, "step", self.global_step, self.callback_metrics)
+            step_schedulers(self.lr_scheduler_configs, "step", batch_idx + 1, self.callback_metrics)  # as Lightning: batches, per epoch
         if batch_idx + 1 == num_batches and self.lr_scheduler_configs:  # Lightning's: before the last batch's hooks
             step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics, plateau=False)
         return outputs

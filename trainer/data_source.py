@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import inspect
 from typing import Any
 
 import torch
@@ -158,14 +159,29 @@ def collect_data(stage: str, module: Any, loaders: Any, val_loaders: Any, datamo
 
 
 def _check_steps(stage: str, module: Any) -> None:
-    """An evaluation stage needs its step: raise before anything runs."""
+    """An evaluation stage needs its step, and no step takes Lightning's ``dataloader_iter``: raise before anything runs."""
     name = type(module).__name__
+    for step in ("training_step", "validation_step") if stage == "fit" else (STEPS.get(stage, "predict_step"),):
+        if overrides(module, step) and "dataloader_iter" in _parameters(getattr(module, step)):
+            raise TypeError(
+                f"{name}.{step}(self, dataloader_iter) takes the loader's iterator (Lightning's experimental step "
+                "flavour), which Cadence does not support: its loop fetches each batch, moves it to the device "
+                f"(copying the next one ahead on CUDA) and passes it to the step. Write {step}(self, batch, batch_idx); "
+                "to move batches yourself, override transfer_batch_to_device; to use several batches in one step, have "
+                "the loader yield them together (a larger batch_size or a batch_sampler), or use accumulate_grad_batches.")
     if stage in STEPS and not overrides(module, STEPS[stage]):
         raise TypeError(f"Trainer.{stage} runs {name}.{STEPS[stage]}(batch, batch_idx), which {name} does not "
                         f"define. Define it and log metrics with self.log.")
     if stage == "predict" and not overrides(module, "predict_step") and type(module).forward is torch.nn.Module.forward:
         raise TypeError(f"Trainer.predict runs {name}.predict_step, whose default returns self(batch), but {name} "
                         "defines neither predict_step(batch, batch_idx) nor forward. Define one of them.")
+
+
+def _parameters(step: Any) -> Any:
+    try:  # as Lightning reads it: a parameter of that name (not **kwargs); unwrapped, as a profiler wraps steps
+        return inspect.signature(inspect.unwrap(step)).parameters
+    except (TypeError, ValueError):  # a builtin or C callable
+        return {}
 
 
 def _check_validation(module: Any, data: DataSource, validates: bool) -> frozenset[str]:
@@ -179,7 +195,7 @@ def _check_validation(module: Any, data: DataSource, validates: bool) -> frozens
     if not data.defines("val") and validates:
         warn(f"{name} defines validation_step but fit got no val_dataloaders and no val_dataloader() hook; "
              "validation will not run. Pass val_dataloaders=... to fit.")
-    return frozenset()
+    return frozenset() if validates else frozenset({"val"})  # limit_val_batches=0: no val_dataloader() call, as Lightning
 
 
 def loader_list(value: Any, where: str, several: bool) -> list[Any]:

@@ -80,28 +80,63 @@ class FitLoaders:
     max_epochs: int | None
     num_training_batches: int | float
     num_val_batches: list[int | float]
-    made: list[Any]  # every loader made: their persistent workers end with the stage (end_workers)
+    made: list[Any]  # the loaders made this time: their persistent workers end with the stage (end_workers)
+    val_loaded_at: float = 0  # the epoch the val loaders count as made at, as Lightning counts (val_reload_due)
 
 
-def load_fit_data(trainer: Trainer, data: DataSource) -> FitLoaders:
-    """The training loader and the validation loaders, prepared under the Trainer's settings."""
-    [train_loader] = data.loaders("train")
-    max_epochs = default_max_epochs(trainer.max_epochs, trainer.max_steps, train_loader, warn=trainer.is_global_zero)
+def load_fit_data(trainer: Trainer, data: DataSource, previous: FitLoaders | None = None,
+                  kinds: tuple[str, ...] = ("train", "val")) -> FitLoaders:
+    """The training loader and the validation loaders, prepared under the Trainer's settings; only
+    those of ``kinds`` are made anew, the others are ``previous``'s (reload_dataloaders_every_n_epochs)."""
     every = trainer.reload_dataloaders_every_n_epochs  # a reloaded loader gets a seed of its own, not epoch 0's
     offset = trainer.current_epoch - trainer.current_epoch % every if every else 0
+    if "train" in kinds:
+        train = _load_train(trainer, data, offset)
+    else:  # the training loader in use, and no loader made
+        train = {name: getattr(previous, name) for name in _TRAIN_FIELDS} | {"made": []}
+    if "val" not in kinds:
+        return FitLoaders(**train, val=previous.val, num_val_batches=previous.num_val_batches,
+                          val_loaded_at=previous.val_loaded_at)
+    val = [prepare_stage_loader(trainer, loader, "validate", False, offset) for loader in data.loaders("val")]
+    val_counts = [count for _, count in val]
+    val_loaders = [loader for loader, _ in val]
+    return FitLoaders(**(train | {"made": train["made"] + val_loaders}),
+                      val=val_loaders if any(val_counts) else None,  # limit_val_batches=0: no validation, hooks included
+                      num_val_batches=val_counts, val_loaded_at=_val_loaded_at(trainer))
+
+
+_TRAIN_FIELDS = ("train", "shown", "sampler", "max_epochs", "num_training_batches")
+
+
+def _load_train(trainer: Trainer, data: DataSource, offset: int) -> dict[str, Any]:
+    """The training loader prepared: :class:`FitLoaders`' fields of it (:data:`_TRAIN_FIELDS`, and ``made``)."""
+    [train_loader] = data.loaders("train")
+    max_epochs = default_max_epochs(trainer.max_epochs, trainer.max_steps, train_loader, warn=trainer.is_global_zero)
     prepared, num_batches = prepare_stage_loader(trainer, train_loader, "train", True, offset)
     train_loader, sampler = resumable(prepared)  # records each epoch's RNG for resuming
     if trainer.is_global_zero and trainer.loggers and num_batches < trainer.log_every_n_steps and not trainer.fast_dev_run:
         warn(f"The number of training batches ({num_batches}) is smaller than the logging interval "
              f"Trainer(log_every_n_steps={trainer.log_every_n_steps}): the first epoch logs no training step. Set a "
              "lower value for log_every_n_steps if you want to see logs for the training epoch.")
-    val = [prepare_stage_loader(trainer, loader, "validate", False, offset) for loader in data.loaders("val")]
-    val_counts = [count for _, count in val]
     shown = prepared.iterables if isinstance(prepared, CombinedLoader) else prepared
-    return FitLoaders(train_loader, shown, sampler,
-                      # limit_val_batches=0: no validation at all, hooks included (as in Lightning)
-                      [loader for loader, _ in val] if any(val_counts) else None,
-                      max_epochs, num_batches, val_counts, [prepared, train_loader, *(loader for loader, _ in val)])
+    return dict(train=train_loader, shown=shown, sampler=sampler, max_epochs=max_epochs, num_training_batches=num_batches,
+                made=[prepared, train_loader])
+
+
+def _val_loaded_at(trainer: Trainer) -> float:
+    """The epoch val loaders made now count as made at. Lightning makes them when validation first runs:
+    the first epoch from now that validates (``check_val_every_n_epoch``), or now for the sanity check,
+    which then counts only when this epoch validates too (else its next validation makes them again)."""
+    epoch, every = trainer.current_epoch, trainer.check_val_every_n_epoch
+    first = epoch if every is None else epoch + (-(epoch + 1)) % every
+    sanity_check = trainer.num_sanity_val_steps != 0 and trainer.ckpt_path is None and trainer.stage == "fit"
+    return -math.inf if sanity_check and first != epoch else first
+
+
+def val_reload_due(every: int, epoch: int, loaders: FitLoaders, data: DataSource) -> bool:
+    """reload_dataloaders_every_n_epochs (``every``) for the val loaders, asked when validation is about to run:
+    as in Lightning, they are made again when ``every`` epochs have passed since they were made."""
+    return bool(every) and data.from_hook("val") and epoch - loaders.val_loaded_at >= every
 
 
 def estimated_stepping_batches(num_batches: int | float, accumulate_grad_batches: int, max_epochs: int | None,
@@ -148,9 +183,9 @@ def say_trained_nothing(limit: str | None) -> None:
 
 
 def reload_due(every: int, epoch: int, loaded_at: int, data: DataSource) -> bool:
-    """reload_dataloaders_every_n_epochs (``every``): at epochs 0, n, 2n, ... the hooks make new
-    loaders; ``loaded_at``, the epoch the loaders in use were made at."""
-    return bool(every) and epoch % every == 0 and epoch != loaded_at and (data.from_hook("train") or data.from_hook("val"))
+    """reload_dataloaders_every_n_epochs (``every``): at epochs 0, n, 2n, ... the train hook makes a new
+    loader (``loaded_at``: the epoch the one in use was made at); the val loaders: :func:`val_reload_due`."""
+    return bool(every) and epoch % every == 0 and epoch != loaded_at and data.from_hook("train")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,8 +40,8 @@ from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_m
 from trainer.shorthands import reject_unknown_arguments, translate, with_lightning_defaults
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
-    NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_batches, evaluation_loaders, gather_predictions,
-    limit_reached, load_fit_data, one_or_list, reload_due, say_min_not_met, say_trained_nothing, train_batches, validation_schedule,
+    NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_batches, evaluation_loaders, gather_predictions, limit_reached,
+    load_fit_data, one_or_list, reload_due, say_min_not_met, say_trained_nothing, train_batches, val_reload_due, validation_schedule,
 )
 from trainer.state import (
     Progress, fitted_module, handoff_state, is_accumulated_log_step, logger_step, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
@@ -275,9 +275,8 @@ class Trainer(TrainerProperties, SearchSeams):
         for callback in self.callbacks:
             callback.on_fit_start(self, module)
         module.on_fit_start()
-        val_loaders = self._fit_loaders.val  # read after on_fit_start: a search there may have made new loaders
-        if val_loaders is not None and self._progress.resumed is None and self.num_sanity_val_steps != 0:
-            self._run_sanity_check(val_loaders)
+        if self._fit_loaders.val is not None and self._progress.resumed is None and self.num_sanity_val_steps != 0:
+            self._run_sanity_check()  # on the val loaders as on_fit_start left them (a search there may make new ones)
         if self.is_global_zero:  # Lightning's warning: fit keeps the user's train/eval modes
             warn_eval_modules(module)
         for callback in self.callbacks:
@@ -289,7 +288,7 @@ class Trainer(TrainerProperties, SearchSeams):
             say_trained_nothing(limit_reached(self.max_epochs, self.max_steps, self.current_epoch, self.global_step))
         while not self._finished():
             if reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, loaded_at, data):
-                self._make_loaders("fit", data)
+                self._make_loaders("fit", data, ("train",))  # the val loaders when validation is next due
                 loaded_at = self.current_epoch
             self._run_train_epoch()
         # What save_checkpoint writes after fit returns (optimizer states by reference: nothing copied).
@@ -301,10 +300,10 @@ class Trainer(TrainerProperties, SearchSeams):
             callback.on_fit_end(self, module)
         module.on_fit_end()
 
-    def _make_loaders(self, stage: str, data: DataSource) -> None:
+    def _make_loaders(self, stage: str, data: DataSource, kinds: tuple[str, ...] = ("train", "val")) -> None:
         """The stage's loaders, prepared (trainer/stage_loaders.py); the Trainer takes their counts."""
         if stage == "fit":
-            loaders = self._fit_loaders = load_fit_data(self, data)
+            loaders = self._fit_loaders = load_fit_data(self, data, self._fit_loaders, kinds)
             self.max_epochs, self.train_dataloader, self._progress.sampler = loaders.max_epochs, loaders.shown, loaders.sampler
             self.num_training_batches, self.num_val_batches = loaders.num_training_batches, loaders.num_val_batches
             self.val_dataloaders = one_or_list(loaders.val)
@@ -340,7 +339,7 @@ class Trainer(TrainerProperties, SearchSeams):
             self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch, num_batches)
         if progress.resumed is not None and progress.resumed.validation_pending and val_loaders is not None:
             restore_rng_state(progress.resumed.rng["now"])  # the checkpoint's, whatever the hooks since drew
-            self._run_validation(val_loaders)  # what the run that wrote it did next
+            self._run_validation()  # what the run that wrote it did next
             progress.resumed = progress.resumed.after_validation()
         batch_idx = -1
         times, clock = self.phase_times, time.perf_counter  # two host clock reads a batch, no device sync
@@ -371,7 +370,7 @@ class Trainer(TrainerProperties, SearchSeams):
                 self._log_step()
             # As in Lightning, stopping mid-epoch (should_stop, once min_epochs/min_steps allow) validates first.
             if progress.validation_pending or (schedule is not None and self.should_stop and self._may_stop()):
-                self._run_validation(val_loaders)
+                self._run_validation()
             times.ready = clock()  # the next batch is asked for now
             if self._preemption.stop_now and ends_accumulation_window(batch_idx, self.accumulate_grad_batches, num_batches):
                 times.end_loop(progress.batches_seen)  # the performance report counts this loop's batches
@@ -382,7 +381,7 @@ class Trainer(TrainerProperties, SearchSeams):
                 break
         else:  # the loader ran out: one without a length validates after its last batch (val_check_interval=1.0)
             if schedule is not None and schedule.at_epoch_end and (batch_idx != -1 or progress.resumed is not None):
-                self._run_validation(val_loaders)
+                self._run_validation()
         times.end_loop(progress.batches_seen)
         if batch_idx == -1 and progress.resumed is None:
             no_training_batches(self.max_epochs, self.current_epoch)  # a warning; an error if it would never end
@@ -511,14 +510,14 @@ class Trainer(TrainerProperties, SearchSeams):
 
     # --- validation, test, predict ---------------------------------------------------------
     @measured("validation")
-    def _run_sanity_check(self, val_loaders: list[Any]) -> None:
+    def _run_sanity_check(self) -> None:
         self.sanity_checking = True
         try:
             for callback in self.callbacks:
                 callback.on_sanity_check_start(self, self.module)
             steps = math.inf if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
             with preserved_rng():  # checking costs the training run no random numbers
-                self._evaluation_loop("validate", val_loaders, [min(steps, count) for count in self.num_val_batches])
+                self._evaluation_loop("validate", self._fit_loaders.val, [min(steps, count) for count in self.num_val_batches])
             for callback in self.callbacks:
                 callback.on_sanity_check_end(self, self.module)
             self.metrics.end_sanity_check()  # its values are not the run's (as in Lightning); self.log trains again
@@ -526,12 +525,13 @@ class Trainer(TrainerProperties, SearchSeams):
             self.sanity_checking = False
 
     @measured("validation")
-    def _run_validation(self, val_loaders: list[Any]) -> None:
+    def _run_validation(self) -> None:
         self._progress.validation_pending = False  # a checkpoint from here on resumes after it
         self._log(self.metrics.publish_pending())  # the last log step's values first: the logs stay in step order
-        # It draws from the global RNG (the val loader's iter(), a validation_step's own draws), as in
-        # Lightning: the same seed gives Lightning's data order in the epochs after it.
-        self._evaluation_loop("validate", val_loaders, self.num_val_batches)
+        if val_reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, self._fit_loaders, self._data):
+            self._make_loaders("fit", self._data, ("val",))  # as in Lightning: when validation is next due
+        # It draws from the global RNG (the val loader's iter(), the steps' draws) as Lightning's: the same data order after it.
+        self._evaluation_loop("validate", self._fit_loaders.val, self.num_val_batches)
         self.metrics.start_training()
 
     def _evaluation_loop(self, stage: str, loaders: list[Any], limits: list[int | float]) -> Any:

@@ -1,0 +1,102 @@
+"""The loaders as Lightning shows and requests them: what trainer.train_dataloader answers, when the
+``*_dataloader`` hooks are called under ``reload_dataloaders_every_n_epochs``, and the refused
+``training_step(self, dataloader_iter)``. Expected values were measured with Lightning 2.6.6."""
+
+from __future__ import annotations
+
+import pytest
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
+
+from callbacks import Callback
+from linear_regression import LinearRegression, regression_samples
+
+
+def _dataset(count: int = 100) -> TensorDataset:
+    return TensorDataset(*regression_samples(count))
+
+
+class RecordsBatches(LinearRegression):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        self.sizes.append(len(batch[0]))
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", super().training_step(batch, batch_idx))
+
+
+class ReadsLoaders(Callback):
+    def on_train_start(self, trainer, module):
+        train, val = trainer.train_dataloader, trainer.val_dataloaders
+        self.seen = dict(batch_size=train.batch_size, sampler=type(train.sampler), drop_last=train.drop_last,
+                         length=len(train), batch_sampler_size=train.batch_sampler.batch_size,
+                         val_batch_size=val.batch_size, val_length=len(val))
+
+
+def test_train_dataloader_answers_with_the_users_batch_size_sampler_drop_last_and_length(make_trainer):
+    """As Lightning's re-made loader: what user code reads (a scheduler's steps per epoch) is the user's."""
+    reader, module = ReadsLoaders(), RecordsBatches()
+    trainer = make_trainer(max_epochs=1, callbacks=[reader], num_sanity_val_steps=0)
+    trainer.fit(module, DataLoader(_dataset(), batch_size=16, shuffle=True, drop_last=True),
+                DataLoader(_dataset(), batch_size=32))
+    assert reader.seen == dict(batch_size=16, sampler=RandomSampler, drop_last=True, length=6, batch_sampler_size=16,
+                               val_batch_size=32, val_length=4)
+    assert module.sizes == [16] * 6 and trainer.train_dataloader.batch_size == 16  # after fit too
+
+
+def test_a_users_batch_sampler_is_kept_and_its_loader_reads_batch_size_none(make_trainer):
+    """The loop's own batch sampler (for resuming) wraps the user's: a loader given a batch_sampler reads
+    batch_size None, as in torch and Lightning, and its batches are the sampler's (100 = 3 * 30 + 10)."""
+    module = RecordsBatches()
+    loader = DataLoader(_dataset(), batch_sampler=BatchSampler(SequentialSampler(range(100)), 30, drop_last=False))
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(module, loader)
+    assert trainer.train_dataloader.batch_size is None and trainer.train_dataloader.batch_sampler.batch_size == 30
+    assert module.sizes == [30, 30, 30, 10] and trainer.num_training_batches == 4
+
+
+class CountsLoads(RecordsBatches):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loads: list[tuple[str, int]] = []
+
+    def train_dataloader(self):
+        self.loads.append(("train", self.trainer.current_epoch))
+        return DataLoader(_dataset(32), batch_size=16)
+
+    def val_dataloader(self):
+        self.loads.append(("val", self.trainer.current_epoch))
+        return DataLoader(_dataset(32), batch_size=16)
+
+
+@pytest.mark.parametrize("settings, train_epochs, val_epochs", [
+    # The val loaders are made again when validation next runs and `every` epochs have passed since.
+    (dict(max_epochs=5, reload_dataloaders_every_n_epochs=2), [0, 2, 4], [0, 2, 4]),
+    (dict(max_epochs=5, reload_dataloaders_every_n_epochs=2, check_val_every_n_epoch=3), [0, 2, 4], [0, 2]),
+    (dict(max_epochs=12, reload_dataloaders_every_n_epochs=5, check_val_every_n_epoch=3), [0, 5, 10], [0, 2, 8]),
+    # No validation: val_dataloader() is never called.
+    (dict(max_epochs=3, reload_dataloaders_every_n_epochs=1, limit_val_batches=0), [0, 1, 2], []),
+])
+def test_reloading_calls_the_hooks_in_the_epochs_lightning_calls_them(make_trainer, settings, train_epochs, val_epochs):
+    module = CountsLoads()
+    make_trainer(**settings).fit(module)
+    assert [epoch for kind, epoch in module.loads if kind == "train"] == train_epochs
+    assert [epoch for kind, epoch in module.loads if kind == "val"] == val_epochs
+
+
+@pytest.mark.parametrize("stage, step", [("fit", "training_step"), ("fit", "validation_step"),
+                                         ("test", "test_step"), ("predict", "predict_step")])
+def test_a_step_taking_dataloader_iter_is_refused_before_anything_runs(make_trainer, stage, step):
+    def takes_the_iterator(self, dataloader_iter):
+        raise AssertionError("never called")
+
+    module = type("IterStep", (RecordsBatches,), {step: takes_the_iterator})()
+    loader = DataLoader(_dataset(16), batch_size=8)
+    arguments = (loader, loader) if stage == "fit" else (loader,)
+    with pytest.raises(TypeError, match=rf"IterStep.{step}\(self, dataloader_iter\) takes the loader's iterator .*"
+                                        rf"Write {step}\(self, batch, batch_idx\)"):
+        getattr(make_trainer(max_epochs=1), stage)(module, *arguments)
+    assert module.sizes == []  # no training_step ran

@@ -22,4 +22,8 @@ def __getattr__(name: str):
         from trainer.cli import LightningCLI
 
         return LightningCLI
+    if name == "cli_lightning_logo":  # Lightning's examples start with it (lightning.pytorch.cli_lightning_logo)
+        from trainer.utilities import cli_lightning_logo
+
+        return cli_lightning_logo
     raise AttributeError(f"module 'trainer' has no attribute {name!r}")

@@ -94,8 +94,8 @@ MAP: dict[str, str | Refused] = {
     "lightning.pytorch.cli.LightningCLI": Refused("the cadence command: cadence fit --config run.yaml"),
     # lightning.pytorch.strategies: what users construct for strategy=
     "lightning.pytorch.strategies.DDPStrategy": "strategies.DDPStrategy",
-    "lightning.pytorch.strategies.FSDPStrategy": "strategies.FSDP",
-    "lightning.pytorch.strategies.SingleDeviceStrategy": "strategies.SingleDevice",
+    "lightning.pytorch.strategies.FSDPStrategy": "strategies.FSDPStrategy",
+    "lightning.pytorch.strategies.SingleDeviceStrategy": "strategies.SingleDeviceStrategy",
     "lightning.pytorch.strategies.ModelParallelStrategy": Refused('strategy="fsdp" (no tensor-parallel strategy)'),
     "lightning.pytorch.strategies.DeepSpeedStrategy": Refused('strategy="fsdp" (DeepSpeed is not a dependency)'),
 }

@@ -79,7 +79,10 @@ class LearningRateMonitor(Callback):
         # Every batch, before its step, without a sync: the metric store keeps the last value before a log step.
         for optimizer, names in self._per_step:
             for name, value in self._stats(optimizer, names).items():
-                module.log(name, value, on_step=True, on_epoch=False)
+                # As Lightning's, the rates reach the loggers as they are (self.log would round them to float32).
+                trainer.metrics.current.log(name, value, prog_bar=False, logger=None, on_step=True, on_epoch=False,
+                                            reduce_fx="mean", sync_dist=False, sync_dist_group=None,
+                                            add_dataloader_idx=True, batch_size=None, rank_zero_only=False)
 
     def on_log(self, trainer: Trainer, module: TrainingModule, metrics: dict[str, float], step: int) -> None:
         self._remember(metrics)  # what reached the loggers

@@ -1,7 +1,8 @@
 """OnExceptionCheckpoint: save the training state when a stage fails (Lightning's).
 
 On an error (or Ctrl-C) inside ``fit``, it writes ``<dirpath>/<filename>.ckpt`` through
-``trainer.save_checkpoint``, so ``fit(model, ckpt_path=...)`` continues from there. As in
+``trainer.save_checkpoint``, so the same script run again continues from there: as in Lightning,
+``fit`` without ``ckpt_path`` resumes from that file when it exists (``trainer/stage.py``). As in
 Lightning, a batch that failed before it was trained (its ``on_train_batch_start`` hooks or its
 step) is trained again by the resumed run, and one that failed after (``on_train_batch_end``)
 counts as done (``trainer/resume.py``, ``failed_before_batch_end``). A stage that ends normally
@@ -15,14 +16,19 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from callbacks.base import Callback
+from callbacks.base import Checkpoint
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
 
 
-class OnExceptionCheckpoint(Callback):
+class OnExceptionCheckpoint(Checkpoint):
     """Write ``<dirpath>/<filename>.ckpt`` when a stage raises.
+
+    A ``callbacks.Checkpoint``, as in Lightning: it is in ``trainer.checkpoint_callbacks``, runs after the
+    other callbacks, and no default ``ModelCheckpoint`` is added beside it (add one to the callbacks for
+    periodic checkpoints). ``fit`` without ``ckpt_path`` resumes from its file when one is there
+    (a run that failed), as Lightning does; ``ckpt_path="last"`` considers it too.
 
     Args:
         dirpath: the directory of the checkpoint.

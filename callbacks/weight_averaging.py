@@ -207,14 +207,14 @@ class WeightAveraging(Callback):
 
     def on_load_checkpoint(self, trainer: Trainer, module: TrainingModule, checkpoint: dict[str, Any]) -> None:
         """Resume both copies: the average from ``state_dict``, the module from ``current_model_state``
-        (Cadence loads ``checkpoint["state_dict"]`` into the module after this hook, so it is pointed
-        at the training weights here)."""
+        (as in Lightning, the module has been given ``checkpoint["state_dict"]``, the average, before this
+        hook: it is given its training weights again here, through the strategy)."""
         if trainer.stage != "fit":
             return  # validate/test/predict(ckpt_path=...): the module gets the averaged weights
         if "current_model_state" in checkpoint and "averaging_state" in checkpoint:
             average_state = {"module." + name: value for name, value in checkpoint["state_dict"].items()}
             self._average_model.load_state_dict({**average_state, **checkpoint["averaging_state"]})
-            checkpoint["state_dict"] = checkpoint["current_model_state"]
+            trainer.strategy.load_module_state_dict(module, checkpoint["current_model_state"])
         else:
             warn(f"{type(self).__name__}: the checkpoint was not written with weight averaging, so the average "
                  "starts from its weights (The checkpoint was not created with WeightAveraging).")

@@ -24,10 +24,10 @@ if TYPE_CHECKING:
     from strategies.ddp import DDP
     from strategies.fsdp import FSDP
 
-__all__ = ["DDP", "DDPStrategy", "DeepSpeedStrategy", "FSDP", "MPS", "ModelParallelStrategy", "SingleDevice",
-           "Strategy", "resolve_strategy"]
-#: Lightning's strategy classes (strategies/lightning_strategies.py), loaded when first named.
-LIGHTNING_NAMES = ("DDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy")
+__all__ = ["DDP", "DDPStrategy", "DeepSpeedStrategy", "FSDP", "FSDPStrategy", "MPS", "ModelParallelStrategy",
+           "SingleDevice", "SingleDeviceStrategy", "Strategy", "resolve_strategy"]
+#: Lightning's strategy classes (strategies/lightning_strategies.py, lightning_fsdp.py), loaded when first named.
+LIGHTNING_NAMES = ("DDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy", "SingleDeviceStrategy")
 
 STRATEGY_NAMES = ('"auto", "cpu", "cuda", "cuda:N", "mps", "ddp" (also "ddp_spawn", "ddp_fork"), "fsdp" '
                   'or a strategies.Strategy')
@@ -47,6 +47,10 @@ def __getattr__(name: str) -> Any:
         from strategies.fsdp import FSDP
 
         return FSDP
+    if name == "FSDPStrategy":
+        from strategies.lightning_fsdp import FSDPStrategy
+
+        return FSDPStrategy
     if name in LIGHTNING_NAMES:
         from strategies import lightning_strategies
 

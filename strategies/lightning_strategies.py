@@ -7,7 +7,9 @@
 on here too, and ``ddp_comm_hook`` (with its state and wrapper) is registered on the wrapped model.
 Lightning's plugin objects (accelerator, cluster environment, checkpoint IO, precision plugin) have
 Trainer arguments in Cadence; passing one is refused with the Trainer argument to use.
-``DeepSpeedStrategy`` and ``ModelParallelStrategy`` are refused when built, naming the Cadence way.
+``SingleDeviceStrategy(device)`` is :class:`strategies.SingleDevice`; ``FSDPStrategy`` is in
+``strategies/lightning_fsdp.py``. ``DeepSpeedStrategy`` and ``ModelParallelStrategy`` are refused when
+built, naming the Cadence way.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import difflib
 import inspect
 from typing import Any, Callable
 
+import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from strategies.ddp import DDP, DEFAULT_TIMEOUT_S
+from strategies.single import SingleDevice
 
 #: Lightning's plugin arguments and what Cadence asks for instead.
 PLUGINS = {
@@ -118,3 +122,15 @@ class ModelParallelStrategy:
             "ModelParallelStrategy is Lightning's; Cadence has no tensor-parallel strategy. Instead: "
             'Trainer(strategy="fsdp") shards the model over the processes (FSDP(device_mesh=...) for a 2-D mesh '
             "of replicas and shards).")
+
+
+class SingleDeviceStrategy(SingleDevice):
+    """Lightning's ``SingleDeviceStrategy(device)``: one process on one device (``"cpu"``, ``"cuda:1"``,
+    ``torch.device("mps")``, a GPU index), Cadence's :class:`strategies.SingleDevice`. Lightning's plugin
+    objects are refused with the Trainer argument to use."""
+
+    def __init__(self, device: str | int | torch.device = "cpu", accelerator: Any = None, checkpoint_io: Any = None,
+                 precision_plugin: Any = None) -> None:
+        refuse_plugins("SingleDeviceStrategy", accelerator=accelerator, checkpoint_io=checkpoint_io,
+                       precision_plugin=precision_plugin)
+        super().__init__(torch.device("cuda", device) if isinstance(device, int) else device)

@@ -50,6 +50,14 @@ class Validated(Regressor):
         self.log("val/loss", F.mse_loss(self.net(batch[0]), batch[1]))
 
 
+class EveryStage(Validated):
+    def test_step(self, batch, batch_idx):
+        self.log("test/loss", F.mse_loss(self.net(batch[0]), batch[1]))
+
+    def predict_step(self, batch, batch_idx):
+        return self.net(batch[0])
+
+
 class OtherModel(Regressor):
     def __init__(self) -> None:
         super().__init__()
@@ -93,6 +101,24 @@ def test_a_checkpoint_that_would_run_code_when_loaded_is_refused(make_trainer, r
     with pytest.raises(ValueError, match=rf"Refusing to load checkpoint {path}: it contains a pickled print, "
                                          r"which would run code"):
         make_trainer(max_epochs=1).fit(Regressor(), regression_loader, ckpt_path=path)
+    # Lightning's weights_only=False (torch.load of a trusted file) does not make Cadence run code from a file either
+    for stage in ("fit", "validate", "test", "predict"):
+        with pytest.raises(ValueError, match=r"pickled print.*whatever weights_only= the Trainer's stages .* are given"):
+            getattr(make_trainer(max_epochs=1), stage)(EveryStage(), regression_loader, ckpt_path=path, weights_only=False)
+
+
+def test_a_stage_takes_lightnings_weights_only_and_reads_a_plain_checkpoint_either_way(checkpoint, make_trainer,
+                                                                                      regression_loader):
+    saved = torch.load(checkpoint, weights_only=True)["state_dict"]
+    for weights_only in (None, True, False):  # Lightning: passed on to torch.load, which reads plain data with any
+        model = Validated()
+        make_trainer().validate(model, regression_loader, ckpt_path=checkpoint, weights_only=weights_only)
+        assert all(torch.equal(value, saved[key]) for key, value in model.state_dict().items())
+    resumed = make_trainer(max_epochs=2)
+    resumed.fit(Regressor(), regression_loader, ckpt_path=checkpoint, weights_only=False)
+    assert resumed.global_step == 16  # continued after the checkpoint's epoch: 8 more steps
+    with pytest.raises(TypeError, match=r"Trainer.test\(weights_only='no'\): use None, True or False"):
+        make_trainer().test(Validated(), regression_loader, ckpt_path=checkpoint, weights_only="no")
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
@@ -125,7 +151,7 @@ def test_a_missing_checkpoint_fails_before_anything_starts(make_trainer, regress
         trainer.fit(Regressor(), regression_loader, ckpt_path=tmp_path / "nope.ckpt")
     with pytest.raises(FileNotFoundError, match=rf"Checkpoint {tmp_path} is a directory"):
         trainer.fit(Regressor(), regression_loader, ckpt_path=tmp_path)
-    with pytest.raises(TypeError, match=r"Trainer.fit\(ckpt_path=3\): pass a checkpoint path, \"last\" or None"):
+    with pytest.raises(TypeError, match=r"Trainer.fit\(ckpt_path=3\): pass a checkpoint path, \"last\", \"best\" or None"):
         trainer.fit(Regressor(), regression_loader, ckpt_path=3)
     assert trainer.global_step == 0 and not (tmp_path / "cadence_logs").exists()
 
@@ -158,9 +184,10 @@ def test_a_checkpoint_from_a_newer_cadence_is_refused(checkpoint, make_trainer, 
         make_trainer(max_epochs=2).fit(Regressor(), regression_loader, ckpt_path=checkpoint)
 
 
-def test_validate_with_a_checkpoint_loads_its_weights_only(checkpoint, make_trainer, regression_loader):
+def test_validate_with_a_checkpoint_loads_its_weights_only(checkpoint, make_trainer, regression_loader, capsys):
     model = Validated()
     make_trainer().validate(model, regression_loader, ckpt_path=checkpoint)
+    assert f"Loaded model weights from the checkpoint at {checkpoint}\n" in capsys.readouterr().err  # Lightning's line
     saved = torch.load(checkpoint, weights_only=True)["state_dict"]
     assert all(torch.equal(value, saved[key]) for key, value in model.state_dict().items())
 
@@ -270,13 +297,18 @@ def test_a_different_number_of_optimizers_is_an_error(checkpoint, make_trainer, 
         make_trainer(max_epochs=2).fit(TwoOptimizers(), regression_loader, ckpt_path=checkpoint)
 
 
-def test_ckpt_path_last_starts_fresh_when_there_is_none_but_validate_needs_one(make_trainer, regression_loader, tmp_path):
+def test_ckpt_path_last_loads_nothing_when_there_is_none_with_a_warning(make_trainer, regression_loader, tmp_path):
     trainer = make_trainer(max_epochs=1)
     with pytest.warns(UserWarning, match=r'fit\(ckpt_path="last"\) found no last.ckpt in .*; training starts from scratch'):
         trainer.fit(Regressor(), regression_loader, ckpt_path="last")
     assert trainer.global_step == 8
-    with pytest.raises(FileNotFoundError, match=r'Trainer.validate\(ckpt_path="last"\) found no last.ckpt'):
-        trainer.validate(Validated(), regression_loader, ckpt_path="last")
+    model = Validated()  # Lightning 2.6.6: a warning, and validate runs the module's own weights
+    weights = {key: value.clone() for key, value in model.state_dict().items()}
+    with pytest.warns(UserWarning, match=r'Trainer.validate\(ckpt_path="last"\) found no last.ckpt in .*: no checkpoint '
+                                         r"is loaded, the module keeps its weights"):
+        [result] = trainer.validate(model, regression_loader, ckpt_path="last", verbose=False)
+    assert trainer.ckpt_path is None and "val/loss" in result
+    assert all(torch.equal(value, weights[key]) for key, value in model.state_dict().items())
 
 
 def test_a_checkpoint_inside_an_accumulation_window_warns_that_it_is_not_exact(make_trainer, regression_loader, tmp_path):

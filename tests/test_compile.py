@@ -272,3 +272,9 @@ def test_the_compile_time_of_training_and_of_validation_is_kept_apart_for_the_re
     assert facts.compiled and facts.compile_validation > 0 and facts.compile_training > 0
     assert facts.compile_validation < facts.validation  # the sanity check and validation compiled the eval graph
     assert f"one-time compiling (torch.compile): {facts.compile_training:.2f} s in training" in report.text
+
+
+def test_fit_of_a_torch_compiled_module_names_the_cadence_way(make_trainer, regression_loader):
+    with pytest.raises(TypeError, match=r"got torch.compile\(model\) \(an OptimizedModule\). Pass the module itself "
+                                        r"and add callbacks.Compile"):
+        make_trainer(max_epochs=1).fit(torch.compile(LinearRegression()), regression_loader)

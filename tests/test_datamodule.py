@@ -131,6 +131,10 @@ def test_the_datamodule_state_is_kept_in_checkpoints_and_restored(make_trainer, 
     make_trainer(max_epochs=2).fit(Regressor(resumed_calls), datamodule=resumed, ckpt_path=checkpoints.last_model_path)
     assert "load_state_dict({'epochs_loaded': 1})" in resumed_calls
     assert resumed.epochs_loaded == 2  # restored, then one more load by the resumed fit
+    test_calls: list[str] = []  # Lightning restores the DataModule's state for test (and validate, predict) too
+    make_trainer().test(Regressor(test_calls), datamodule=RegressionData(test_calls), ckpt_path=checkpoints.last_model_path,
+                        verbose=False)
+    assert test_calls.index("load_state_dict({'epochs_loaded': 1})") < test_calls.index("test_dataloader")
 
 
 def test_from_datasets_serves_the_datasets_it_was_given(make_trainer, regression_data):

@@ -7,6 +7,7 @@ Nothing here spawns a process. Where a check needs GPUs this machine lacks, the 
 from __future__ import annotations
 
 import datetime
+import functools
 import multiprocessing
 import signal
 import socket
@@ -19,7 +20,10 @@ import torch.multiprocessing as mp
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from strategies import DDP, DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, resolve_strategy
+from strategies import (
+    DDP, DDPStrategy, DeepSpeedStrategy, FSDP, FSDPStrategy, ModelParallelStrategy, SingleDevice, SingleDeviceStrategy,
+    resolve_strategy,
+)
 from strategies.loaders import shard_dataloader
 from strategies.spawn import failure_message, host_store
 from trainer.host_copy import check_same_sync_keys
@@ -76,6 +80,63 @@ def test_lightnings_ddp_strategy_takes_its_arguments_and_the_trainers_devices(pl
 def test_lightnings_ddp_strategy_refuses_what_cadence_cannot_honour_with_the_cadence_way(arguments, message):
     with pytest.raises(ValueError, match=message):
         DDPStrategy(**arguments)
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+
+def test_lightnings_fsdp_strategy_reads_its_fsdp1_arguments_as_fsdp2_settings(plain_process):
+    from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy, ShardingStrategy
+
+    strategy = FSDPStrategy(auto_wrap_policy={Block}, sharding_strategy="SHARD_GRAD_OP", process_group_backend="gloo",
+                            mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+                            timeout=datetime.timedelta(minutes=3), use_orig_params=True)
+    trainer = Trainer(strategy=strategy, accelerator="cpu", devices=2, logger=False)
+    assert isinstance(trainer.strategy, FSDP) and trainer.world_size == 2 and strategy.backend == "gloo"
+    assert strategy.auto_wrap == (Block,) and strategy.reshard_after_forward is False  # ZeRO-2: kept for backward
+    assert isinstance(strategy.mp_policy, MixedPrecisionPolicy) and strategy.mp_policy.param_dtype == torch.bfloat16
+    assert trainer.precision == "bf16-mixed" and strategy.timeout == datetime.timedelta(minutes=3)
+    default = FSDPStrategy()  # Lightning's defaults: FULL_SHARD, every child wrapped, no offload
+    assert default.reshard_after_forward is True and default.auto_wrap is None and default.cpu_offload is False
+    assert FSDPStrategy(sharding_strategy=ShardingStrategy.FULL_SHARD).reshard_after_forward is True
+    hybrid = FSDPStrategy(sharding_strategy="HYBRID_SHARD", device_mesh=(2, 4))
+    assert hybrid.device_mesh == (2, 4) and hybrid.reshard_after_forward is True
+
+
+def test_lightnings_fsdp_wrap_policies_become_block_classes():
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, transformer_auto_wrap_policy
+
+    assert FSDPStrategy(auto_wrap_policy=ModuleWrapPolicy({Block})).auto_wrap == (Block,)
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
+    assert FSDPStrategy(auto_wrap_policy=policy).auto_wrap == (Block,)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"cluster_environment": object()}, r"FSDPStrategy\(cluster_environment=...\) is one of Lightning's plugin.*torchrun"),
+    ({"activation_checkpointing_policy": {Block}}, r"callbacks.GradientCheckpointing\(modules=Block\)"),
+    ({"sharding_strategy": "NO_SHARD"}, r"that is data parallel training. Use strategies.DDPStrategy"),
+    ({"sharding_strategy": "HYBRID_SHARD"}, r"pass the groups, device_mesh=\(replicas, shard_size\)"),
+    ({"auto_wrap_policy": lambda module, recurse, nonwrapped_numel: True}, r"Pass the block classes"),
+    ({"limit_all_gathers": True}, r"limit_all_gathers=True\) is passed on to FSDP1's FullyShardedDataParallel"),
+    ({"use_orig_params": False}, r"use_orig_params=False\)"),
+    ({"state_dict_type": "local"}, r"use 'full' or 'sharded'"),
+])
+def test_lightnings_fsdp_strategy_refuses_what_fsdp2_does_not_do_with_the_cadence_way(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        FSDPStrategy(**arguments)
+
+
+def test_lightnings_single_device_strategy_runs_on_its_device():
+    strategy = SingleDeviceStrategy("cpu")
+    trainer = Trainer(strategy=strategy, logger=False)
+    assert trainer.strategy is strategy and isinstance(strategy, SingleDevice) and strategy.device == torch.device("cpu")
+    assert SingleDeviceStrategy().device == torch.device("cpu")  # Lightning's default device
+    assert SingleDeviceStrategy(1).device == torch.device("cuda", 1)  # an index is a GPU, as torch.device(1)
+    with pytest.raises(ValueError, match=r"SingleDeviceStrategy\(precision_plugin=...\).*Trainer\(precision="):
+        SingleDeviceStrategy("cpu", precision_plugin=object())
 
 
 def test_deepspeed_and_model_parallel_strategies_are_refused_naming_fsdp():

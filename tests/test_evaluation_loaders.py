@@ -174,5 +174,17 @@ def test_ckpt_path_best_needs_a_checkpoint_callback_and_a_model_needs_a_fit(make
     with pytest.raises(ValueError, match=r'Trainer.test\(ckpt_path="best"\) loads the best checkpoint of a '
                                          "callbacks.ModelCheckpoint, and this Trainer has none"):
         trainer.test(Regressor(), loader(0.0), ckpt_path="best")
-    with pytest.raises(ValueError, match=r'Trainer.fit\(ckpt_path="best"\): fit continues from "last"'):
+    with pytest.raises(ValueError, match=r'Trainer.fit\(ckpt_path="best"\) loads the best checkpoint of a '
+                                         "callbacks.ModelCheckpoint, and this Trainer has none"):
         trainer.fit(Regressor(), loader(0.0), ckpt_path="best")
+
+
+def test_fit_with_ckpt_path_best_continues_from_the_best_checkpoint_as_lightning(fitted, make_trainer):
+    _, module, checkpoints = fitted
+    best = checkpoints.best_model_path
+    saved = torch.load(best, weights_only=True)
+    trainer = make_trainer(max_epochs=5, callbacks=[checkpoints], num_sanity_val_steps=0)
+    trainer.fit(module, loader(0.0), loader(0.0), ckpt_path="best")
+    # Lightning resolves "best" for fit too: the run continues after the best checkpoint's epoch, 2 steps an epoch
+    assert trainer.ckpt_path == best
+    assert trainer.global_step == saved["global_step"] + 2 * (5 - saved["epoch"] - 1)

@@ -132,6 +132,35 @@ def test_on_exception_checkpoint_saves_what_fit_reached_and_it_resumes(make_trai
         OnExceptionCheckpoint(tmp_path, filename="")
 
 
+def test_the_same_fit_run_again_after_a_failure_resumes_from_the_on_exception_checkpoint(make_trainer, regression_loader,
+                                                                                          tmp_path):
+    # Lightning 2.6.6: fit(ckpt_path=None) beside an OnExceptionCheckpoint continues from its file when there is one
+    # (checkpoint_connector._parse_ckpt_path); run twice, a script picks up where the failed run stopped.
+    make = lambda: make_trainer(max_epochs=2, callbacks=[OnExceptionCheckpoint(tmp_path / "saved")])  # noqa: E731
+    with pytest.raises(RuntimeError, match="the data went bad"):
+        make().fit(Failing("step"), regression_loader)
+    again, model = make(), Failing()
+    with pytest.warns(UserWarning, match=r"fit got no ckpt_path, and the OnExceptionCheckpoint's .*on_exception.ckpt is "
+                                         r"there \(a run failed\): as in Lightning, fit resumes from it"):
+        again.fit(model, regression_loader)
+    assert model.trained == [(1, index) for index in range(3, 8)] and again.global_step == 16
+    assert again.ckpt_path == str(tmp_path / "saved" / "on_exception.ckpt")
+    fresh = Failing()
+    make().fit(fresh, regression_loader)  # the run above ended well and removed the file: a new run starts over
+    assert len(fresh.trained) == 16
+
+
+def test_on_exception_checkpoint_is_a_checkpoint_callback_as_in_lightning(make_trainer, tmp_path):
+    saver = OnExceptionCheckpoint(tmp_path)
+    assert isinstance(saver, callbacks.Checkpoint)
+    trainer = make_trainer(enable_checkpointing=True, callbacks=[saver, Callback()])
+    # Lightning: in checkpoint_callbacks, moved after the other callbacks, and no default ModelCheckpoint beside it
+    assert trainer.checkpoint_callbacks == [saver] and trainer.checkpoint_callback is saver
+    assert trainer.callbacks.index(saver) > 0 and not any(isinstance(c, callbacks.ModelCheckpoint) for c in trainer.callbacks)
+    ranked = callbacks.ModelCheckpoint(dirpath=tmp_path)
+    assert make_trainer(enable_checkpointing=True, callbacks=[saver, ranked]).checkpoint_callbacks == [saver, ranked]
+
+
 @pytest.mark.parametrize("name, way", [
     ("SpikeDetection", "divergence_threshold"), ("RichProgressBar", "callbacks.ProgressBar"),
     ("RichModelSummary", r"callbacks.ModelSummary\(max_depth=...\)"), ("WandbLogger", "write a callbacks.Logger"),

@@ -294,3 +294,44 @@ def test_a_value_logged_in_on_train_start_after_the_sanity_check_is_kept(make_tr
     trainer = make_trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, callbacks=[LogsAtTrainStart()])
     trainer.fit(Validates(), regression_loader, regression_loader)
     assert float(trainer.callback_metrics["on_train_start"]) == 1.0
+
+
+def test_a_script_written_against_import_lightning_pytorch_as_pl_runs_with_that_one_import_changed(tmp_path):
+    import trainer as pl  # was: import lightning.pytorch as pl
+
+    seen = []
+
+    class Net(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            loss = nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+            self.log("val_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Data(pl.LightningDataModule):
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3), torch.randn(8, 1)),
+                                               batch_size=4)
+
+    class Seen(pl.Callback):
+        def on_train_end(self, trainer, module):
+            seen.append(trainer.global_step)
+
+    profiler = pl.profilers.SimpleProfiler()
+    assert isinstance(profiler, pl.profilers.Profiler)  # Lightning's base of the profilers
+    trainer = pl.Trainer(max_epochs=2, default_root_dir=tmp_path, enable_progress_bar=False, profiler=profiler,
+                         logger=pl.loggers.CSVLogger(tmp_path),
+                         callbacks=[Seen(), pl.callbacks.EarlyStopping("val_loss", check_on_train_epoch_end=True)])
+    assert isinstance(trainer.strategy, pl.strategies.Strategy)
+    trainer.fit(Net(), datamodule=Data())
+    assert seen == [4] and pl.utilities.rank_zero_only.rank == 0
+    with pytest.raises(NotImplementedError, match="WandbLogger is Lightning's; Cadence does not have it"):
+        pl.loggers.WandbLogger()
+    with pytest.raises(AttributeError, match="'plugins': Lightning's plugins are Trainer arguments in Cadence"):
+        pl.plugins

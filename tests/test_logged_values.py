@@ -8,6 +8,8 @@ the outputs ``on_train_batch_end`` receives, and when epoch schedulers step.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -234,3 +236,39 @@ def test_validate_and_test_after_fit_write_to_the_loggers_at_the_fits_step(make_
     # As Lightning writes them: at the global step (3) with the epoch count after fit (1).
     assert logger.rows[-2:] == [(3, {"val/size": pytest.approx(3.6), "val/given": pytest.approx(10 / 3), "epoch": 1}),
                                 (3, {"test/size": pytest.approx(3.6), "epoch": 1})]
+
+
+def test_numbers_of_any_kind_are_logged_as_lightning_logs_them_float32_tensors(make_trainer, tmp_path):
+    # Lightning turns a logged number (bool, int, NumPy's float32/int64 as scikit-learn returns them)
+    # into a float32 tensor: 1/3 comes back as 0.3333333432674408 in the results, the CSV and callback_metrics.
+    import numpy as np
+
+    from callbacks import CSVLogger
+
+    class LogsNumbers(LinearRegression):
+        def validation_step(self, batch, batch_idx):
+            self.log_dict({"third": 1 / 3, "half": torch.tensor(0.5), "np_third": np.float32(1 / 3),
+                           "np_int": np.int64(2), "flag": True})
+
+    trainer = make_trainer(max_epochs=1, logger=CSVLogger(tmp_path), limit_val_batches=1)
+    (results,) = trainer.validate(LogsNumbers(), loader())
+    third = torch.tensor(1 / 3, dtype=torch.float32).item()
+    assert results == {"third": third, "half": 0.5, "np_third": third, "np_int": 2.0, "flag": 1.0}
+    assert list(results) == ["third", "half", "np_third", "np_int", "flag"]  # the order they were logged in
+    assert trainer.callback_metrics["third"].dtype == torch.float32
+    assert str(third) in (Path(trainer.log_dir) / "metrics.csv").read_text().replace("\n", ",")
+
+
+@pytest.mark.parametrize("first_the_object", [True, False])
+def test_one_key_logged_as_a_metric_object_and_as_a_tensor_is_an_error_naming_the_key(make_trainer, first_the_object):
+    # A MetricCollection(prefix="train_") computes "train_acc" beside the module's own metric object of that name.
+    class Twice(LinearRegression):
+        def training_step(self, batch, batch_idx):
+            values = [Summed(), torch.tensor(1.0)]
+            for value in values if first_the_object else values[::-1]:
+                self.log("train_acc", value, on_step=False, on_epoch=True)
+            return super().training_step(batch, batch_idx)
+
+    first = "a metric object, then Tensor" if first_the_object else "a number, then a metric object"
+    with pytest.raises(ValueError, match=rf'self.log\("train_acc", ...\) got {first}: a key holds one metric object'):
+        make_trainer(max_epochs=1).fit(Twice(), loader())

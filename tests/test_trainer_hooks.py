@@ -293,6 +293,57 @@ def test_checkpoint_hooks_run_in_lightnings_order_when_saving_and_restoring(make
                          "callback.load_state_dict({'kept': 1})"]
 
 
+@pytest.mark.parametrize("stage", ["fit", "validate", "test", "predict"])
+def test_every_stage_restores_the_module_then_the_callbacks_from_ckpt_path_as_lightning(make_trainer, regression_loader,
+                                                                                       tmp_path, stage):
+    # Lightning 2.6.6 (_restore_modules_and_callbacks), for every stage: the module's on_load_checkpoint, its
+    # weights, then each callback's on_load_checkpoint and load_state_dict (so a ModelCheckpoint's best path returns).
+    from callbacks import ModelCheckpoint
+
+    calls: list[str] = []
+
+    class Counts(Callback):
+        def __init__(self):
+            self.epochs = 0
+
+        def state_dict(self):
+            return {"epochs": self.epochs}
+
+        def load_state_dict(self, state_dict):
+            calls.append(f"callback.load_state_dict({state_dict})")
+            self.epochs = state_dict["epochs"]
+
+        def on_train_epoch_end(self, trainer, module):
+            self.epochs += 1
+
+        def on_load_checkpoint(self, trainer, module, checkpoint):
+            calls.append("callback.on_load_checkpoint")
+
+    class Loads(Model):
+        def on_load_checkpoint(self, checkpoint):
+            calls.append("module.on_load_checkpoint")
+
+        def load_state_dict(self, *args, **kwargs):
+            calls.append("module.load_state_dict")
+            return super().load_state_dict(*args, **kwargs)
+
+    def make(max_epochs):
+        return make_trainer(max_epochs=max_epochs, limit_val_batches=0, enable_checkpointing=True,
+                            callbacks=[Counts(), ModelCheckpoint(dirpath=tmp_path, monitor="step", mode="max")])
+
+    first = make(1)
+    first.fit(Loads([]), regression_loader)
+    best = first.checkpoint_callback.best_model_path
+    assert best.endswith("step=8.ckpt")
+    calls.clear()
+    trainer = make(2)
+    getattr(trainer, stage)(Loads([]), regression_loader, ckpt_path=best)
+    assert calls == ["module.on_load_checkpoint", "module.load_state_dict", "callback.on_load_checkpoint",
+                     "callback.load_state_dict({'epochs': 1})"]
+    if stage != "fit":
+        assert trainer.callbacks[0].epochs == 1 and trainer.checkpoint_callback.best_model_path == best
+
+
 def test_configure_callbacks_replaces_the_trainers_callback_of_the_same_class(make_trainer, regression_loader):
     class Marker(Callback):
         def __init__(self, owner):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch.nn.functional as F
 
 from callbacks import CSVLogger, EarlyStopping, ModelCheckpoint
@@ -73,6 +74,49 @@ def test_ckpt_path_is_the_checkpoint_the_last_stage_loaded(make_trainer, regress
     assert str(trainer.ckpt_path).endswith("epoch=0-step=8.ckpt")
 
 
+class CountsSteps(LinearRegression):
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+
+    def training_step(self, batch, batch_idx):
+        self.steps += 1
+        return super().training_step(batch, batch_idx)
+
+    def test_step(self, batch, batch_idx):
+        self.log("test_loss", F.mse_loss(self.layer(batch[0]), batch[1]))
+
+
+def test_a_ckpt_path_the_user_sets_is_loaded_by_the_stages_given_none(make_trainer, regression_loader, tmp_path):
+    # Lightning's trainer.ckpt_path setter: the next stages load it until the user resets it; a ckpt_path passed
+    # to a stage wins, with a warning, and the Trainer chooses again after that.
+    first = make_trainer(max_epochs=1)
+    first.fit(CountsSteps(), regression_loader)
+    first.save_checkpoint(tmp_path / "epoch1.ckpt")
+    trainer, model = make_trainer(max_epochs=2), CountsSteps()
+    trainer.ckpt_path = tmp_path / "epoch1.ckpt"
+    trainer.fit(model, regression_loader)
+    assert model.steps == 8 and trainer.global_step == 16  # resumed after epoch 0: one epoch of 8 batches trained
+    trainer.test(model, regression_loader, verbose=False)
+    assert trainer.ckpt_path == str(tmp_path / "epoch1.ckpt")  # still the user's
+    trainer.save_checkpoint(tmp_path / "epoch2.ckpt")
+    with pytest.warns(UserWarning, match=r"`trainer.ckpt_path = .*epoch1.ckpt'` was set, but then you passed "
+                                         r"`trainer.test\(ckpt_path='.*epoch2.ckpt'\)`: the latter is loaded"):
+        trainer.test(model, regression_loader, ckpt_path=tmp_path / "epoch2.ckpt", verbose=False)
+    trainer.test(model, regression_loader, verbose=False)  # no longer the user's: nothing loaded
+    assert trainer.ckpt_path is None
+
+
+@pytest.mark.parametrize("stage, ckpt_path, message", [
+    ("fit", "hpc", r'fit\(ckpt_path="hpc"\) loads Lightning\'s SLURM requeue checkpoint.*Pass ckpt_path="last"'),
+    ("test", "registry:my-model", r"test\(ckpt_path='registry:my-model'\) downloads from Lightning's model registry"),
+])
+def test_lightnings_hpc_and_registry_checkpoints_are_refused_with_the_cadence_way(make_trainer, regression_loader,
+                                                                                 stage, ckpt_path, message):
+    with pytest.raises(ValueError, match=message):
+        getattr(make_trainer(), stage)(CountsSteps(), regression_loader, ckpt_path=ckpt_path)
+
+
 def test_log_dir_answers_before_fit_with_the_directory_fit_then_uses(make_trainer, regression_loader, tmp_path):
     # Lightning: trainer.log_dir (a str) is the first logger's version directory from construction on, and
     # default_root_dir without a logger (where ModelCheckpoint then writes checkpoints/).
@@ -111,3 +155,16 @@ def test_the_stages_loaders_are_there_as_in_lightning_one_or_a_list(make_trainer
     assert [loader.dataset for loader in trainer.val_dataloaders] == [regression_loader.dataset] * 2
     trainer.test(module, regression_loader)
     assert trainer.test_dataloaders.dataset is regression_loader.dataset  # one loader: the loader itself
+
+
+def test_is_last_batch_is_true_in_the_last_training_batch_of_each_epoch(make_trainer, regression_loader):
+    seen = []
+
+    class Notes(LinearRegression):
+        def training_step(self, batch, batch_idx):
+            seen.append((self.current_epoch, batch_idx, self.trainer.is_last_batch))
+            return super().training_step(batch, batch_idx)
+
+    trainer = make_trainer(max_epochs=2, limit_train_batches=3)
+    trainer.fit(Notes(), regression_loader)
+    assert [last for _, _, last in seen] == [False, False, True, False, False, True]

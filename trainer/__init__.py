@@ -12,8 +12,11 @@ from trainer.trainer import Trainer
 from trainer.tuner import Tuner
 from trainer.utilities import rank_zero_only
 
-__all__ = ["DataModule", "LightningCLI", "Trainer", "TrainingModule", "Tuner", "environment_report", "rank_zero_only",
-           "seed_everything"]
+#: Lightning's names for the same classes, so that ``import trainer as pl`` serves ``pl.LightningModule``.
+LightningModule, LightningDataModule = TrainingModule, DataModule
+
+__all__ = ["DataModule", "LightningCLI", "LightningDataModule", "LightningModule", "Trainer", "TrainingModule", "Tuner",
+           "environment_report", "rank_zero_only", "seed_everything"]
 
 
 def __getattr__(name: str):
@@ -26,4 +29,20 @@ def __getattr__(name: str):
         from trainer.utilities import cli_lightning_logo
 
         return cli_lightning_logo
+    # The rest of ``lightning.pytorch``'s namespace, as ``import trainer as pl`` reaches it: pl.Callback,
+    # pl.callbacks.EarlyStopping, pl.loggers.CSVLogger, pl.profilers.SimpleProfiler, pl.strategies.DDPStrategy.
+    if name in ("Callback", "callbacks", "loggers", "profilers", "strategies"):
+        import callbacks
+        import strategies
+
+        if name == "profilers":  # Lightning's Profiler is the profilers' base; callbacks.Profiler is torch.profiler's
+            import types
+
+            return types.SimpleNamespace(Profiler=callbacks.LightningProfiler, **{
+                key: getattr(callbacks, key) for key in ("SimpleProfiler", "AdvancedProfiler", "PyTorchProfiler",
+                                                         "PassThroughProfiler", "XLAProfiler")})
+        return {"Callback": callbacks.Callback, "strategies": strategies}.get(name, callbacks)
+    if name in ("plugins", "accelerators"):
+        raise AttributeError(f"module 'trainer' has no attribute {name!r}: Lightning's {name} are Trainer arguments "
+                             "in Cadence (precision=, accelerator=, devices=, strategy=); see docs/lightning.md.")
     raise AttributeError(f"module 'trainer' has no attribute {name!r}")

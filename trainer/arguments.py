@@ -160,6 +160,13 @@ def no_training_batches(max_epochs: int | None, epoch: int) -> None:
 def require_training_module(module: Any, stage: str) -> None:
     from trainer.module import TrainingModule
 
+    if isinstance(getattr(module, "_orig_mod", None), TrainingModule):  # torch.compile(model): an OptimizedModule
+        raise TypeError(
+            f"Trainer.{stage} got torch.compile(model) (an OptimizedModule). Pass the module itself and add "
+            "callbacks.Compile(...) with the same arguments (mode=, backend=, fullgraph=, dynamic=): it compiles "
+            "the module's forward in place, falls back to eager with a warning, and its checkpoints keep the "
+            "module's own keys (no `_orig_mod.` prefix)."
+        )
     if not isinstance(module, TrainingModule):
         raise TypeError(
             f"Trainer.{stage} needs a trainer.TrainingModule; got {type(module).__name__} (`model` must be a "

@@ -66,7 +66,7 @@ class HostCopy:
                 ready.synchronize()
             values.update(zip(keys, host.tolist() if isinstance(host, torch.Tensor) else host))
         values.update(self.numbers)
-        return values
+        return {key: values[key] for key in self.specs}  # in the order they were logged, as Lightning's
 
 
 def gather_alone(obj: Any) -> list[Any]:

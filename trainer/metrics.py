@@ -1,9 +1,8 @@
 """The metric store behind ``self.log``: values stay on the device until a log step.
 
-Per step, ``log`` only keeps a reference (``on_step``) or adds in place on the device
-(``on_epoch``): no ``.item()``, no copy to the host. At a log step the values are stacked into one
-tensor and copied to the host with ``non_blocking=True``; that copy is read at the *next* log step
-(or when a stage ends), by when it has long finished, so the GPU never waits for the host.
+Per step, ``log`` only keeps a reference (``on_step``) or adds in place on the device (``on_epoch``): no
+``.item()``, no copy to the host. At a log step the values are stacked and copied to the host with ``non_blocking``;
+the copy is read at the *next* log step (or stage end), long finished by then: the GPU never waits for the host.
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ from trainer.utilities import extract_batch_size
 
 REDUCE_FX = ("mean", "sum", "max", "min")
 #: Lightning's callables for ``reduce_fx``, by the name Cadence uses.
-REDUCE_CALLABLES = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min",
-                    sum: "sum", max: "max", min: "min"}
+REDUCE_CALLABLES = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min", sum: "sum", max: "max", min: "min"}
 
 
 @dataclass
@@ -86,6 +84,8 @@ class StageMetrics:
                                  f'`{logged_as}`); log the name without it, or pass add_dataloader_idx=False.')
             spec = self._register(name, logged_as, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist,
                                   sync_dist_group, add_dataloader_idx, rank_zero_only)
+        elif spec.metric or not isinstance(value, (torch.Tensor, float)):
+            self._check_same_kind(name, value, spec)
         if spec.on_step:
             self.step_values[name] = value
         if spec.metric:
@@ -94,6 +94,14 @@ class StageMetrics:
             if batch_size is None:  # Lightning's rule: a mean weighs each value by its batch's size
                 batch_size = self._inferred_batch_size() if spec.reduce_fx == "mean" else 1
             self._accumulate(name, value, spec.reduce_fx, batch_size)
+
+    def _check_same_kind(self, name: str, value: Any, spec: MetricSpec) -> None:
+        if spec.metric != is_metric_object(value):
+            first, then = ("a metric object", type(value).__name__) if spec.metric else ("a number", "a metric object")
+            raise ValueError(f'self.log("{spec.base}", ...) got {first}, then {then}: a key holds one metric object '
+                             "or numbers, as in Lightning. Give each its own name.")
+        if spec.metric:  # as Lightning, the epoch's value is the compute() of the last object logged under the key
+            self.metric_objects[name] = value
 
     def _inferred_batch_size(self) -> int:
         """The running batch's size (host metadata, no device sync), or 1 outside a batch."""

@@ -8,10 +8,12 @@ Trainer's metric store, which keeps them on the device until a log step.
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -326,6 +328,9 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
             return  # outside a run (a unit test calling training_step): nothing to record
         if metric_attribute is not None:
             self._check_metric_attribute(name, value, metric_attribute)
+        if not isinstance(value, torch.Tensor) and isinstance(value, numbers.Real):
+            # As Lightning: a number (bool, int, NumPy's) is logged as a float32 tensor, so with its rounding.
+            value = float(np.float32(value))
         trainer.metrics.current.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist,
                                     sync_dist_group, add_dataloader_idx, batch_size, rank_zero_only)
 

@@ -153,8 +153,9 @@ class Preemption:
 def save_for_preemption(trainer: Trainer, reason: str) -> None:
     """A stop signal arrived (``reason``) and the accumulation window has ended: write last.ckpt
     (through the ModelCheckpoint, if any), stop the loop, say so on rank zero in one line."""
-    if hasattr(trainer.checkpoint_callback, "write_last"):  # a ModelCheckpoint (not a user's own Checkpoint)
-        path = trainer.checkpoint_callback.write_last(trainer)
+    writer = next((c for c in trainer.checkpoint_callbacks if hasattr(c, "write_last")), None)  # a ModelCheckpoint
+    if writer is not None:  # (not a user's own Checkpoint, nor an OnExceptionCheckpoint)
+        path = writer.write_last(trainer)
     else:
         path = Path(trainer.log_dir) / "checkpoints" / "last.ckpt"
         trainer.save_checkpoint(path)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import callbacks as callbacks_package
+from callbacks.console import warn
 from trainer.log_dir import preview_log_dir
 
 if TYPE_CHECKING:
@@ -108,6 +109,9 @@ class TrainerProperties:
     testing = property(lambda self: self._evaluation_stage == "test")
     predicting = property(lambda self: self._evaluation_stage == "predict")
     evaluating = property(lambda self: self._evaluation_stage in ("validate", "test") and not self.sanity_checking)
+    #: Lightning's: the running (or last) training batch is the epoch's last. A loader without a length
+    #: (an IterableDataset's) is not known to end before it does: False there, where Lightning looks one batch ahead.
+    is_last_batch = property(lambda self: self.batch_idx + 1 == self.num_training_batches)
 
     # --- the arguments, as Lightning reports them
     limit_train_batches = property(lambda self: _limit(self.limits["train"]))
@@ -140,7 +144,21 @@ class TrainerProperties:
 
     @ckpt_path.setter
     def ckpt_path(self: Trainer, value: str | os.PathLike | None) -> None:
-        self._ckpt_path = Path(value) if value is not None else None
+        """As in Lightning, ``trainer.ckpt_path = path`` makes the following stages load ``path`` when they are
+        given no ``ckpt_path`` (you are in charge of setting it back to None); one given wins, with a warning."""
+        self._ckpt_path, self._ckpt_path_set = (Path(value) if value is not None else None), True
+
+    def _stage_ckpt_path(self: Trainer, stage: str, ckpt_path: Any) -> Any:
+        """The ``ckpt_path`` a stage loads: the one it was given, else the one set with ``trainer.ckpt_path = ...``."""
+        if not self._ckpt_path_set:
+            return ckpt_path
+        if ckpt_path is None:
+            return self._ckpt_path
+        if self.is_global_zero:
+            warn(f"`trainer.ckpt_path = {self.ckpt_path!r}` was set, but then you passed "
+                 f"`trainer.{stage}(ckpt_path={str(ckpt_path)!r})`: the latter is loaded.")
+        self._ckpt_path_set = False  # as Lightning: the Trainer chooses again from now on
+        return ckpt_path
 
     # --- what Lightning's accelerator connector and signal connector answer
     @property

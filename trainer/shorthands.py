@@ -74,9 +74,14 @@ LIGHTNING_ONLY = {
 }
 
 
-def reject_unknown_arguments(unknown: dict[str, Any], function: Callable[..., Any], where: str = "Trainer") -> None:
+def reject_unknown_arguments(unknown: dict[str, Any], function: Callable[..., Any], where: str = "Trainer",
+                             weights_only: Any = None) -> None:
     """Raise a TypeError for keyword arguments ``function`` does not take, naming the close match
-    (``max_epoch`` -> ``max_epochs``) or, for a Lightning argument, the Cadence way."""
+    (``max_epoch`` -> ``max_epochs``) or, for a Lightning argument, the Cadence way; and for a stage's
+    ``weights_only`` that is not None, True or False (Lightning's, passed on to ``torch.load``: Cadence reads
+    every checkpoint as plain data, as ``weights_only=True`` does, and refuses a file that holds objects)."""
+    if weights_only is not None and not isinstance(weights_only, bool):
+        raise TypeError(f"{where}(weights_only={weights_only!r}): use None, True or False.")
     if not unknown:
         return
     parameters = inspect.signature(function).parameters

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import callbacks as callbacks_package
+from callbacks.console import warn
 from strategies import checkpoint as checkpoint_io
 from trainer.data_source import prepare_data
 from trainer.hooks import step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks
@@ -35,18 +36,23 @@ if TYPE_CHECKING:
 
 
 def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_path: Any,
-                   log_dir: Path | None) -> tuple[list[Callback], Any, Path]:
+                   log_dir: Path | None, resumes: bool = True) -> tuple[list[Callback], Any, Path]:
     """In the calling process, before the strategy launches: the Trainer's callbacks with the
     module's, the checkpoint path (resolved: ``"last"``, ``"best"`` or a file) and the log
-    directory (``log_dir``, the last stage's, or a new one), returned in that order."""
+    directory (``log_dir``, the last stage's, or a new one), returned in that order. ``resumes``:
+    a ``fit`` given no ``ckpt_path`` may pick one itself (torchrun's restart, an OnExceptionCheckpoint's
+    file); not a search (the Tuner's), which runs no loop from a checkpoint."""
     callbacks = callbacks_package.with_module_callbacks(trainer.callbacks, module.configure_callbacks(),
                                                         type(module).__name__)
     if rank_zero_only.rank == 0:
         warn_uncalled_hooks([module, *callbacks])
     loggers = [c for c in callbacks if isinstance(c, callbacks_package.Logger)]
-    restart = elastic_restart() if stage == "fit" and ckpt_path is None else 0
+    restart = elastic_restart() if stage == "fit" and ckpt_path is None and resumes else 0
     if restart:  # torchrun restarted the group after a failure: continue from the newest checkpoint by itself
         ckpt_path = "last"
+    on_exception = [Path(c.ckpt_path) for c in callbacks if isinstance(c, callbacks_package.OnExceptionCheckpoint)]
+    if stage == "fit" and ckpt_path is None and on_exception and resumes:  # as Lightning: a failed run's file, if any
+        ckpt_path = failed_run_checkpoint(on_exception, trainer.is_global_zero)
     if ckpt_path is not None:  # before anything starts, so a wrong path costs nothing
         checkpoints = [c for c in callbacks if isinstance(c, callbacks_package.ModelCheckpoint)]
         directories = [Path(c.dirpath) for c in checkpoints if c.dirpath is not None]
@@ -55,7 +61,8 @@ def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_pa
         best = checkpoints[0].best_model_path if checkpoints else None
         versions = versions_root(loggers, trainer.default_root_dir)
         ckpt_path = checkpoint_io.resolve_ckpt_path(ckpt_path, stage, directories, versions,
-                                                    trainer.is_global_zero and not restart, best=best)
+                                                    trainer.is_global_zero and not restart, best=best,
+                                                    also_last=on_exception)
     if restart and rank_zero_only.rank == 0:
         found = f"resumes from {ckpt_path}" if ckpt_path is not None else "starts over: no last.ckpt was written yet"
         print(f"Cadence: torchrun restarted the job (restart {restart} of at most "
@@ -64,6 +71,20 @@ def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_pa
     if log_dir is None:  # a resumed run keeps the version directory its checkpoint is in
         log_dir = choose_log_dir(loggers, trainer.default_root_dir, ckpt_path if stage == "fit" else None)
     return callbacks, ckpt_path, log_dir
+
+
+def failed_run_checkpoint(paths: list[Path], say: bool) -> Path | None:
+    """``fit`` without ``ckpt_path`` beside an ``OnExceptionCheckpoint``: as in Lightning, the run continues
+    from the newest of its files that exists (a run that failed left it; one that ended well removed it),
+    saying so when ``say``; None when there is none."""
+    found = [path for path in paths if checkpoint_io.is_checkpoint(path)]
+    if not found:
+        return None
+    newest = max(found, key=os.path.getmtime)
+    if say:
+        warn(f"fit got no ckpt_path, and the OnExceptionCheckpoint's {newest} is there (a run failed): as in "
+             "Lightning, fit resumes from it. Delete the file to start over, or pass ckpt_path=... to choose.")
+    return newest
 
 
 def elastic_restart() -> int:

@@ -149,7 +149,7 @@ def fitted_module(trainer: Trainer, stage: str, ckpt_path: Any) -> tuple[Trainin
     if trainer.lightning_module is None:
         raise TypeError(f"Trainer.{stage}() got no model, and this Trainer has run none yet (`trainer.{stage}()` "
                         f"requires a `LightningModule`, a TrainingModule). Pass the module: trainer.{stage}(model, ...).")
-    best = getattr(trainer.checkpoint_callback, "best_model_path", "")  # "": none, or a user's own Checkpoint
+    best = next((c.best_model_path for c in trainer.checkpoint_callbacks if hasattr(c, "best_model_path")), "")
     if ckpt_path is None and best:
         if trainer.is_global_zero:
             warn(f"Trainer.{stage}() got no model and no ckpt_path, so it loads the best checkpoint of the "
@@ -240,25 +240,28 @@ class Resumed:
 
 def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: bool = False,
             sampler: ResumableBatchSampler | None = None) -> Resumed | None:
-    """Load ``state``, the checkpoint :func:`read_checkpoint` read from ``path``: the weights and,
-    unless ``model_only``, the optimizers, schedulers, callbacks, RNG states and ``sampler``'s
-    generators (the next epoch's order); returns where the loop continues (None with
-    ``model_only``). Under FSDP each rank read its own part of the shards (resharded when the
-    checkpoint was written by another number of processes). A datamodule's state was restored
-    when it was read."""
+    """Load ``state``, the checkpoint :func:`read_checkpoint` read from ``path``, in Lightning's order:
+    the module's ``on_load_checkpoint``, its weights, the callbacks' ``on_load_checkpoint`` and their
+    states (for validate, test and predict too, as Lightning), then, unless ``model_only``, the
+    optimizers, schedulers, RNG states and ``sampler``'s generators (the next epoch's order); returns
+    where the loop continues (None with ``model_only``). Under FSDP each rank read its own part of the
+    shards (resharded when the checkpoint was written by another number of processes). A datamodule's
+    state was restored when it was read."""
     strategy, module = trainer.strategy, trainer.module
     if not model_only:
         checkpoint_io.check_resumable(state, path)
     module.on_load_checkpoint(state)
-    for callback in trainer.callbacks:
-        callback.on_load_checkpoint(trainer, module, state)
     checkpoint_io.check_weights(module, state, path)
     strategy.load_module_state_dict(module, state["state_dict"])
+    for callback in trainer.callbacks:
+        callback.on_load_checkpoint(trainer, module, state)
+    _restore_callbacks(trainer, state.get("callbacks") or {}, path)  # none in a weights-only checkpoint
     if model_only:
+        if trainer.is_global_zero:  # Lightning's line
+            print(f"Loaded model weights from the checkpoint at {path}", file=sys.stderr, flush=True)
         return None
     checkpoint_io.load_optimizers(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], state, path,
                                   functools.partial(strategy.load_optimizer_state_dict, module))
-    _restore_callbacks(trainer, state["callbacks"], path)
     rng = state["rng"]  # one entry per rank; None from a checkpoint Lightning wrote
     processes = trainer.world_size if rng is None else len(rng)
     dealt = sampler is not None and isinstance(sampler.sampler, DistributedSampler)  # the epoch's rest re-dealt

@@ -121,7 +121,7 @@ class Trainer(TrainerProperties, SearchSeams):
         self.datamodule: DataModule | None = None  # the DataModule of the latest stage given one
         self._data: DataSource | None = None  # where the running stage's loaders come from
         self._log_dir: Path | None = None  # the running or last stage's (trainer.log_dir: trainer/properties.py)
-        self.ckpt_path = None  # the checkpoint the running or last stage loaded, if any (a str: trainer/properties.py)
+        self._ckpt_path, self._ckpt_path_set = None, False  # the last stage's checkpoint; set by the user (properties.py)
         self._evaluation_stage: str | None = None  # the evaluation loop running: "validate", "test" or "predict"
         self.module: TrainingModule | None = None  # the user's module while a stage runs
         self.model: torch.nn.Module | None = None  # what the strategy wrapped (DDP), or the module
@@ -144,37 +144,37 @@ class Trainer(TrainerProperties, SearchSeams):
 
     # --- the public entry points -----------------------------------------------------------
     def fit(self, model: TrainingModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
-            datamodule: DataModule | None = None, ckpt_path: str | os.PathLike | None = None, **unknown: Any) -> None:
-        """Train ``model`` on loaders (``val_dataloaders`` may be a list or dict of them), a ``DataModule``
-        (``datamodule=dm``, or ``fit(model, dm)``), or the module's ``*_dataloader`` hooks. ``ckpt_path``: a
-        checkpoint file, or "last" (``strategies/checkpoint/``); the run continues exactly where it was
-        written, in the same log directory. The loop below does, in order, what docs/module-and-trainer.md
-        ("The loop, in order") lists, hook by hook; a hook that nobody implements costs nothing per step."""
-        reject_unknown_arguments(unknown, Trainer.fit, "Trainer.fit")  # val_dataloader=: did you mean ...?
+            datamodule: DataModule | None = None, ckpt_path: CheckpointPath = None, weights_only: bool | None = None,
+            **unknown: Any) -> None:
+        """Train ``model`` on loaders (``val_dataloaders``: one, a list or a dict), a ``DataModule`` (``fit(model, dm)``), or
+        the module's ``*_dataloader`` hooks. ``ckpt_path``: a file or "last"; the run continues exactly where it was written, in
+        the same log directory. ``weights_only``: Lightning's; checkpoints are read as plain data (one holding objects is refused).
+        The loop does, in order, what docs/module-and-trainer.md ("The loop, in order") lists; a hook nobody implements costs nothing."""
+        reject_unknown_arguments(unknown, Trainer.fit, "Trainer.fit", weights_only)  # val_dataloader=: did you mean?
         data = collect_data("fit", model, train_dataloaders, val_dataloaders, datamodule,
                             validates=self.limits["validate"] != 0)
-        self._launch("fit", model, data, ckpt_path)
+        self._launch("fit", model, data, self._stage_ckpt_path("fit", ckpt_path))  # or trainer.ckpt_path = ...
 
     def validate(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
-                 verbose: bool = True, datamodule: DataModule | None = None, **unknown: Any) -> list[dict[str, float]]:
-        """Run ``validation_step`` over ``dataloaders`` (one loader, or a list or dict of them);
-        return one dict of epoch metrics per loader, ``[{metric: value}]``. Without ``model``: the
-        module of the last ``fit``, with the weights of ``ckpt_path`` (``"best"``, ``"last"`` or a
-        file; by default the best checkpoint of that fit, if any). ``verbose`` prints the metrics."""
-        return self._evaluate("validate", model, dataloaders, ckpt_path, datamodule, verbose, unknown)
+                 verbose: bool = True, datamodule: DataModule | None = None, weights_only: bool | None = None,
+                 **unknown: Any) -> list[dict[str, float]]:
+        """Run ``validation_step`` over ``dataloaders`` (one, a list or a dict); return one dict of epoch metrics per loader.
+        Without ``model``: the last ``fit``'s module, with the weights of ``ckpt_path`` ("best", "last" or a file; by default
+        that fit's best checkpoint, if any). ``verbose`` prints the metrics; ``weights_only``: as for :meth:`fit`."""
+        return self._evaluate("validate", model, dataloaders, ckpt_path, datamodule, verbose, unknown, weights_only)
 
     def test(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
-             verbose: bool = True, datamodule: DataModule | None = None, **unknown: Any) -> list[dict[str, float]]:
-        """Run ``test_step`` over ``dataloaders``; return one dict of epoch metrics per loader
-        (see :meth:`validate` for ``model``, ``ckpt_path`` and ``verbose``)."""
-        return self._evaluate("test", model, dataloaders, ckpt_path, datamodule, verbose, unknown)
+             verbose: bool = True, datamodule: DataModule | None = None, weights_only: bool | None = None,
+             **unknown: Any) -> list[dict[str, float]]:
+        """Run ``test_step`` over ``dataloaders``; return one dict of epoch metrics per loader (see :meth:`validate`)."""
+        return self._evaluate("test", model, dataloaders, ckpt_path, datamodule, verbose, unknown, weights_only)
 
     def predict(self, model: TrainingModule | None = None, dataloaders: Any = None, datamodule: DataModule | None = None,
-                return_predictions: bool | None = None, ckpt_path: CheckpointPath = None, **unknown: Any) -> list[Any] | None:
-        """Run ``predict_step`` over ``dataloaders``; return the outputs, one per batch, in order (a list of
-        such lists for several loaders; None with ``return_predictions=False``). Under DDP every rank's come
-        back on the CPU: the whole dataset, in order, each sample once. See :meth:`validate`."""
-        predictions = self._evaluate("predict", model, dataloaders, ckpt_path, datamodule, False, unknown)
+                return_predictions: bool | None = None, ckpt_path: CheckpointPath = None, weights_only: bool | None = None,
+                **unknown: Any) -> list[Any] | None:
+        """Run ``predict_step`` over ``dataloaders``; return the outputs, one per batch, in order (a list of lists for several
+        loaders; None with ``return_predictions=False``); under DDP every sample once, in order, on the CPU. See :meth:`validate`."""
+        predictions = self._evaluate("predict", model, dataloaders, ckpt_path, datamodule, False, unknown, weights_only)
         return None if return_predictions is False else predictions
 
     @measured("checkpointing")
@@ -197,8 +197,9 @@ class Trainer(TrainerProperties, SearchSeams):
 
     # --- launch and per-process setup ------------------------------------------------------
     def _evaluate(self, stage: str, model: TrainingModule | None, dataloaders: Any, ckpt_path: Any, datamodule: Any,
-                  verbose: bool, unknown: dict[str, Any]) -> Any:
-        reject_unknown_arguments(unknown, getattr(Trainer, stage), f"Trainer.{stage}")  # a close match named
+                  verbose: bool, unknown: dict[str, Any], weights_only: Any) -> Any:
+        reject_unknown_arguments(unknown, getattr(Trainer, stage), f"Trainer.{stage}", weights_only)  # a close match named
+        ckpt_path = self._stage_ckpt_path(stage, ckpt_path)  # the one given, or set with trainer.ckpt_path = ...
         if model is None:  # the module of the last fit, by default with its best checkpoint
             model, ckpt_path = fitted_module(self, stage, ckpt_path)
         data = collect_data(stage, model, dataloaders, None, datamodule, previous_datamodule=self.datamodule)
@@ -208,12 +209,11 @@ class Trainer(TrainerProperties, SearchSeams):
         return output
 
     def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any, search: Any = None) -> Any:
-        self.callbacks, self.ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path, self._log_dir)
-        ckpt_path = self._ckpt_path  # resolved ("last", "best": the file; trainer/stage.py)
+        self.callbacks, self._ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path, self._log_dir, search is None)
         module.trainer, self.lightning_module = self, module  # both answer after the stage too (test(model=None))
         self.datamodule = data.datamodule if data.datamodule is not None else self.datamodule
         with self._preemption.interruptible(stage, self.is_global_zero):  # KeyboardInterrupt: status 130, one line
-            output, handoff = self.strategy.launch(self._run_stage, stage, module, data, ckpt_path, search)
+            output, handoff = self.strategy.launch(self._run_stage, stage, module, data, self._ckpt_path, search)
         if handoff is not None:  # the work ran in other processes: bring its results here
             self.current_epoch, self.global_step, self._preemption.signal_number, end_of_fit = receive_handoff(
                 module, self.callbacks, self.metrics, handoff, data.datamodule)  # also weights, callbacks, metrics

@@ -330,7 +330,8 @@ def read_file(path: Path, map_location: Any = "cpu", what: str = "Checkpoint", m
             raise ValueError(
                 f"Refusing to load {what.lower()} {path}: it contains a pickled {unsafe.group(1)}, which "
                 "would run code when loaded. Cadence loads only tensors and plain data "
-                "(torch.load(weights_only=True)). If you trust the file, load it yourself and save "
+                "(torch.load(weights_only=True)), whatever weights_only= the Trainer's stages or "
+                "load_from_checkpoint are given. If you trust the file, load it yourself and save "
                 "the plain parts (state_dict()s) again."
             ) from error
         raise corrupted(path, error, what) from error

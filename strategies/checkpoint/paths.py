@@ -58,20 +58,23 @@ def newest_last(directories: Iterable[Path]) -> Path | None:
 
 
 def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], versions: Path, warn: bool,
-                      best: str | None = None) -> Path | None:
+                      best: str | None = None, also_last: Iterable[Path] = ()) -> Path | None:
     """The checkpoint ``Trainer.<stage>(ckpt_path=...)`` loads, checked before anything starts.
 
     ``"last"`` is the newest ``last.ckpt`` (a file, or a sharded directory) in ``checkpoint_dirs``
     (the ModelCheckpoints' explicit dirpaths) if there are any, else under
     ``<versions>/version_*/checkpoints/`` (``versions``: the run's ``<default_root_dir>/cadence_logs``,
-    or its first logger's ``<save_dir>/<name>``). When there is none, ``fit`` starts from scratch
-    (returns None, with a warning if ``warn``), so one command both starts a run and resumes it;
-    the other stages need a checkpoint. ``"best"`` (validate, test, predict) is ``best``, the
-    ModelCheckpoint's ``best_model_path`` (None: there is no ModelCheckpoint).
+    or its first logger's ``<save_dir>/<name>``). When there is none, nothing is loaded (returns None,
+    with a warning if ``warn``), as in Lightning: ``fit`` starts from scratch, so one command both
+    starts a run and resumes it, and the other stages run the module's own weights. ``"best"`` is
+    ``best``, the ModelCheckpoint's ``best_model_path`` (None: there is no ModelCheckpoint); ``fit``
+    continues from it, as in Lightning. ``also_last``: more candidates for ``"last"`` (an
+    ``OnExceptionCheckpoint``'s file, as in Lightning): the newest wins.
+    Lightning's ``"hpc"`` and ``"registry"`` are refused with the Cadence way.
     """
     if not isinstance(ckpt_path, (str, os.PathLike)):
-        names = '"last"' if stage == "fit" else '"last", "best"'
-        raise TypeError(f"Trainer.{stage}(ckpt_path={ckpt_path!r}): pass a checkpoint path, {names} or None.")
+        raise TypeError(f'Trainer.{stage}(ckpt_path={ckpt_path!r}): pass a checkpoint path, "last", "best" or None.')
+    _refuse_lightning_sources(ckpt_path, stage)
     if str(ckpt_path) == "best":
         return _best(stage, best)
     if str(ckpt_path) != "last":
@@ -81,19 +84,32 @@ def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], v
         last, where = newest_last(checkpoint_dirs), " or ".join(map(str, checkpoint_dirs))
     else:
         last, where = newest_last(run_checkpoint_directories(versions)), f"{versions}/version_*/checkpoints"
+    found = [path for path in (last, *map(Path, also_last)) if path is not None and is_checkpoint(path)]
+    last = max(found, key=os.path.getmtime) if found else None
     if last is not None:
         return check_exists(last)
-    if stage != "fit":
-        raise FileNotFoundError(f"Trainer.{stage}(ckpt_path=\"last\") found no last.ckpt in {where}. Pass a checkpoint path.")
-    if warn:
+    if warn and stage == "fit":
         warnings.warn(f"fit(ckpt_path=\"last\") found no last.ckpt in {where}; training starts from scratch.", stacklevel=5)
+    elif warn:  # as Lightning: not an error, so that "last" can be set before the first fit has written one
+        warnings.warn(f"Trainer.{stage}(ckpt_path=\"last\") found no last.ckpt in {where}: no checkpoint is loaded, the "
+                      "module keeps its weights (as in Lightning). Pass a checkpoint path to load one.", stacklevel=6)
     return None
 
 
+def _refuse_lightning_sources(ckpt_path: Any, stage: str) -> None:
+    """Lightning's ``ckpt_path="hpc"`` (its SLURM requeue checkpoints) and ``"registry[:name]"`` (its model
+    registry, through the litmodels package), which Cadence does not have, refused with the Cadence way."""
+    text = str(ckpt_path)
+    if text == "hpc":
+        raise ValueError(f'Trainer.{stage}(ckpt_path="hpc") loads Lightning\'s SLURM requeue checkpoint (hpc_ckpt_N.ckpt), '
+                         "which Cadence does not write: on SIGTERM or SIGUSR1 it saves last.ckpt and stops. Pass "
+                         'ckpt_path="last" (in the requeued job too) or a path.')
+    if text.lower() == "registry" or text.lower().startswith("registry:"):
+        raise ValueError(f"Trainer.{stage}(ckpt_path={text!r}) downloads from Lightning's model registry (litmodels); "
+                         "Cadence reads local checkpoint files only. Download the checkpoint and pass its path.")
+
+
 def _best(stage: str, best: str | None) -> Path:
-    if stage == "fit":
-        raise ValueError('Trainer.fit(ckpt_path="best"): fit continues from "last" or a checkpoint file; "best" '
-                         "loads the best weights into validate, test or predict.")
     if best is None:
         raise ValueError(f'Trainer.{stage}(ckpt_path="best") loads the best checkpoint of a callbacks.ModelCheckpoint, '
                          'and this Trainer has none. Pass ckpt_path="last" or a path.')

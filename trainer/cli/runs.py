@@ -191,7 +191,7 @@ def _best_recorded_in(last: Path, trainer: Trainer) -> Path:
         raise ConfigError(f"ckpt_path: best: {error}", "ckpt_path") from None
     recorded = {key: value for key, value in state.get("callbacks", {}).items()
                 if key.startswith("ModelCheckpoint") and value.get("best_model_path")}
-    ours = trainer.checkpoint_callback.state_key if trainer.checkpoint_callback is not None else None
+    ours = next((c.state_key for c in trainer.checkpoint_callbacks if hasattr(c, "best_model_path")), None)  # a ModelCheckpoint
     chosen = recorded.get(ours) if ours in recorded else next(iter(recorded.values()), None) if len(recorded) == 1 else None
     if chosen is None:
         found = ", ".join(recorded) or "none"

@@ -200,6 +200,19 @@ def test_a_loader_without_a_length_is_read_one_batch_ahead(make_trainer):
                       ("made", 4), ("step", 3), ("step", 4)]
 
 
+def test_is_last_batch_is_true_at_the_last_batch_of_a_loader_without_a_length(make_trainer):
+    # Lightning sets it from its fetcher, which has read one batch ahead, before training_step runs
+    class SeesLastBatch(LinearRegression):
+        seen: list = []
+
+        def training_step(self, batch, batch_idx):
+            self.seen.append(self.trainer.is_last_batch)
+            return super().training_step(batch, batch_idx)
+
+    make_trainer(max_epochs=1).fit(SeesLastBatch(), DataLoader(Recorded([]), batch_size=None))
+    assert SeesLastBatch.seen == [False, False, False, False, True]
+
+
 def test_a_loader_without_a_length_ends_its_accumulation_window_at_its_last_batch(make_trainer):
     # 5 batches, accumulate 2: Lightning steps after batches 1, 3 and the last, 4 (it knows the last one
     # by reading ahead), so 2 epochs take 6 steps and train as the same batches from a loader with a length.

@@ -44,7 +44,7 @@ from callbacks.pruning import ModelPruning
 from callbacks.refused import (  # noqa: F401
     CometLogger, LitLogger, MLFlowLogger, NeptuneLogger,  # noqa: F401
     RichModelSummary, RichProgressBar, SpikeDetection, WandbLogger,  # noqa: F401
-    XLAProfiler,  # noqa: F401
+    ServableModule, ServableModuleValidator, XLAProfiler,  # noqa: F401
 )
 from callbacks.progress import ProgressBar, TQDMProgressBar
 from callbacks.stochastic_weight_avg import StochasticWeightAveraging

@@ -58,3 +58,22 @@ class LitLogger(Refused):
 
 class XLAProfiler(Refused):
     way = "Cadence runs on CPUs, CUDA GPUs and Apple GPUs, not XLA; use SimpleProfiler or PyTorchProfiler"
+
+
+_SERVE = ("Cadence starts no model server (fastapi and uvicorn are not dependencies): export the trained module "
+          "(module.to_onnx(...), torch.export) and serve that, and check its answers with trainer.predict")
+
+
+class ServableModuleValidator(Refused):
+    """Lightning's ``lightning.pytorch.serve.ServableModuleValidator``."""
+
+    way = _SERVE
+
+
+class ServableModule:
+    """Lightning's ``lightning.pytorch.serve.ServableModule``, a base class: a class deriving from it is refused
+    when it is defined (a mixin's ``__init__`` is not reached through the module's)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            f"{cls.__name__} derives from ServableModule, which is Lightning's; Cadence does not have it. Instead: {_SERVE}.")

@@ -164,12 +164,20 @@ def test_on_exception_checkpoint_is_a_checkpoint_callback_as_in_lightning(make_t
 @pytest.mark.parametrize("name, way", [
     ("SpikeDetection", "divergence_threshold"), ("RichProgressBar", "callbacks.ProgressBar"),
     ("RichModelSummary", r"callbacks.ModelSummary\(max_depth=...\)"), ("WandbLogger", "write a callbacks.Logger"),
-    ("XLAProfiler", "not XLA"),
+    ("XLAProfiler", "not XLA"), ("ServableModuleValidator", "starts no model server"),
 ])
 def test_lightning_callbacks_cadence_lacks_import_and_refuse_with_the_way(name, way):
     refused = getattr(callbacks, name)
     with pytest.raises(NotImplementedError, match=rf"{name} is Lightning's; Cadence does not have it. Instead: .*{way}"):
         refused(swa_lrs=0.01)
+
+
+def test_a_module_deriving_from_servable_module_is_refused_where_it_is_defined():
+    # Lightning's examples/pytorch/servable_module/production.py: class ProductionReadyModel(LitModule, ServableModule)
+    with pytest.raises(NotImplementedError, match="ProductionReadyModel derives from ServableModule, which is "
+                                                  "Lightning's; Cadence does not have it. Instead: .*to_onnx"):
+        class ProductionReadyModel(Predicting, callbacks.ServableModule):
+            pass
 
 
 def test_a_prediction_loader_of_two_batches_hands_the_writer_two_batches(make_trainer, regression_loader):

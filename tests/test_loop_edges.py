@@ -168,6 +168,66 @@ def test_a_loader_without_a_length_validates_at_each_epochs_end_by_default(make_
     assert trainer.global_step == 10
 
 
+class Recorded(IterableDataset):
+    """Twenty's samples in 5 batches of 4, appending ("made", i) to ``events`` as batch i is produced."""
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def __iter__(self):
+        x, y = regression_samples(20)
+        for index in range(5):
+            self.events.append(("made", index))
+            yield x[4 * index:4 * index + 4], y[4 * index:4 * index + 4]
+
+
+class RecordsSteps(LinearRegression):
+    def __init__(self, events: list) -> None:
+        super().__init__()
+        self.events = events
+
+    def training_step(self, batch, batch_idx):
+        self.events.append(("step", batch_idx))
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_loader_without_a_length_is_read_one_batch_ahead(make_trainer):
+    # Lightning's fetcher (loops/fetchers.py, _PrefetchDataFetcher) reads such a loader one batch ahead:
+    # an agent that plays an episode to make a batch (the RL examples) plays it while the last one trains.
+    events: list = []
+    make_trainer(max_epochs=1).fit(RecordsSteps(events), DataLoader(Recorded(events), batch_size=None))
+    assert events == [("made", 0), ("made", 1), ("step", 0), ("made", 2), ("step", 1), ("made", 3), ("step", 2),
+                      ("made", 4), ("step", 3), ("step", 4)]
+
+
+def test_is_last_batch_is_true_at_the_last_batch_of_a_loader_without_a_length(make_trainer):
+    # Lightning sets it from its fetcher, which has read one batch ahead, before training_step runs
+    class SeesLastBatch(LinearRegression):
+        seen: list = []
+
+        def training_step(self, batch, batch_idx):
+            self.seen.append(self.trainer.is_last_batch)
+            return super().training_step(batch, batch_idx)
+
+    make_trainer(max_epochs=1).fit(SeesLastBatch(), DataLoader(Recorded([]), batch_size=None))
+    assert SeesLastBatch.seen == [False, False, False, False, True]
+
+
+def test_a_loader_without_a_length_ends_its_accumulation_window_at_its_last_batch(make_trainer):
+    # 5 batches, accumulate 2: Lightning steps after batches 1, 3 and the last, 4 (it knows the last one
+    # by reading ahead), so 2 epochs take 6 steps and train as the same batches from a loader with a length.
+    torch.manual_seed(0)
+    without_length = LinearRegression()
+    trainer = make_trainer(max_epochs=2, accumulate_grad_batches=2)
+    trainer.fit(without_length, DataLoader(Recorded([]), batch_size=None))
+    torch.manual_seed(0)
+    with_length = LinearRegression()
+    make_trainer(max_epochs=2, accumulate_grad_batches=2).fit(
+        with_length, DataLoader(torch.utils.data.TensorDataset(*regression_samples(20)), batch_size=4))
+    assert trainer.global_step == 6
+    assert torch.equal(without_length.layer.weight, with_length.layer.weight)
+
+
 def test_should_stop_mid_epoch_validates_then_ends_the_epoch(make_trainer, regression_loader):
     module = ValidationSteps(stop_at=4)
     trainer = make_trainer(max_epochs=1, num_sanity_val_steps=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import types
 import warnings
 
 import pytest
@@ -113,3 +114,29 @@ def test_lightning_utilities_rank_is_set_when_that_package_is_installed(tmp_path
                              [str(tmp_path), *filter(None, [utilities.os.environ.get("PYTHONPATH")])]),
                               "RANK": "3"})
     assert run.stdout.strip() == "3"
+
+
+def test_cli_lightning_logo_imports_from_trainer_and_prints_the_frameworks_name(capsys):
+    from trainer import cli_lightning_logo  # Lightning's examples: from lightning.pytorch import cli_lightning_logo
+
+    cli_lightning_logo()
+    assert capsys.readouterr().out == "\nCadence\n\n"
+
+
+def test_get_torchvision_model_builds_torchvisions_model_by_name(monkeypatch):
+    # torchvision is not a dependency: a stand-in package with torchvision's get_model (the machine lacks it)
+    built = []
+    models = types.ModuleType("torchvision.models")
+    models.get_model = lambda name, **kwargs: built.append((name, kwargs)) or nn.Linear(2, 2)
+    torchvision = types.ModuleType("torchvision")
+    torchvision.models = models
+    monkeypatch.setitem(sys.modules, "torchvision", torchvision)
+    monkeypatch.setitem(sys.modules, "torchvision.models", models)
+    assert isinstance(utilities.get_torchvision_model("resnet50", weights="DEFAULT"), nn.Linear)
+    assert built == [("resnet50", {"weights": "DEFAULT"})]
+
+
+def test_get_torchvision_model_without_torchvision_says_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # importing it fails, installed or not
+    with pytest.raises(ImportError, match="needs torchvision: pip install torchvision"):
+        utilities.get_torchvision_model("resnet50")

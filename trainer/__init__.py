@@ -29,6 +29,10 @@ def __getattr__(name: str):
         from trainer.cli import LightningCLI
 
         return LightningCLI
+    if name == "cli_lightning_logo":  # Lightning's examples start with it (lightning.pytorch.cli_lightning_logo)
+        from trainer.utilities import cli_lightning_logo
+
+        return cli_lightning_logo
     # The rest of ``lightning.pytorch``'s namespace, as ``import trainer as pl`` reaches it:
     # pl.callbacks.EarlyStopping, pl.loggers.CSVLogger, pl.profilers.SimpleProfiler, pl.strategies.DDPStrategy.
     if name in ("callbacks", "loggers", "profilers", "strategies"):

@@ -111,9 +111,9 @@ class TrainerProperties:
     testing = property(lambda self: self._evaluation_stage == "test")
     predicting = property(lambda self: self._evaluation_stage == "predict")
     evaluating = property(lambda self: self._evaluation_stage in ("validate", "test") and not self.sanity_checking)
-    #: Lightning's: the running (or last) training batch is the epoch's last. A loader without a length
-    #: (an IterableDataset's) is not known to end before it does: False there, where Lightning looks one batch ahead.
-    is_last_batch = property(lambda self: self.batch_idx + 1 == self.num_training_batches)
+    #: Lightning's: the running (or last) training batch is the epoch's last; for a loader without a length
+    #: (an IterableDataset's) known by reading it one batch ahead, as Lightning does (stage_loaders.train_batches).
+    is_last_batch = property(lambda self: self.batch_idx + 1 == self._progress.epoch_batches)
 
     # --- the arguments, as Lightning reports them
     limit_train_batches = property(lambda self: _limit(self.limits["train"]))

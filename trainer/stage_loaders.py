@@ -250,6 +250,7 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
     through the batch ``transfer`` hooks when any is defined (trainer/batch_transfer.py)."""
     for each in loader.flattened if isinstance(loader, CombinedLoader) else (loader,):
         set_sampler_epoch(each, epoch)
+    progress.epoch_batches = limit
     resumed = progress.resumed
     skip = resumed.batches_done if resumed is not None and resumed.epoch == epoch else 0
     rest = None
@@ -269,7 +270,21 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
         # generator when it runs out, so stopping one next() early changes every later epoch's order.
         # A CombinedLoader stops where its length (under its limits) says, as in Lightning.
         return transferred(itertools.islice(batches, limit - skip), transfer)
-    return transferred(batches, transfer)
+    return transferred(batches if limit != math.inf else _one_ahead(batches, progress), transfer)
+
+
+def _one_ahead(batches: Iterator[tuple[int, Any]], progress: Progress) -> Iterator[tuple[int, Any]]:
+    """A loader without a length read one batch ahead, as Lightning's fetcher reads it: the last batch
+    is known before it trains (``progress.epoch_batches`` set then), so the optimizer steps there under
+    accumulation and the epoch's schedulers step before its hooks; and what making a batch does (an
+    agent playing an episode in an IterableDataset) happens while the batch before it trains."""
+    pending = next(batches, None)
+    for ahead in batches:
+        yield pending
+        pending = ahead
+    if pending is not None:
+        progress.epoch_batches = pending[0] + 1
+        yield pending
 
 
 def evaluation_batches(loader: Any, limit: int | float, transfer: BatchTransfer | None = None,

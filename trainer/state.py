@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 import os
 import platform
 import sys
@@ -52,6 +53,9 @@ class Progress:
     validation_pending: bool = False  # the running batch's validation is due and has not started
     sampler: ResumableBatchSampler | None = None  # the training loader's; it records each epoch's RNG
     resumed: Resumed | None = None  # where a restored run continues, until its first epoch ends
+    # The running epoch's number of batches: its limit, or over a loader without a length, its count once
+    # the batch before the last is running (stage_loaders.train_batches reads such a loader one batch ahead).
+    epoch_batches: int | float = math.inf
 
 
 def logger_step(trainer: Trainer, progress: Progress, automatic_optimization: bool) -> int:
@@ -61,7 +65,7 @@ def logger_step(trainer: Trainer, progress: Progress, automatic_optimization: bo
     50th step are written at step 49, as Lightning writes them."""
     if not automatic_optimization:
         return progress.batches_seen - 1
-    stepped = ends_accumulation_window(trainer.batch_idx, trainer.accumulate_grad_batches, trainer.num_training_batches)
+    stepped = ends_accumulation_window(trainer.batch_idx, trainer.accumulate_grad_batches, progress.epoch_batches)
     return trainer.global_step - 1 if stepped else trainer.global_step
 
 
@@ -84,7 +88,7 @@ def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
     batch_idx = trainer.batch_idx - failed_before_batch_end(sys.exc_info()[1])
     epoch, batches_done = loop_position(trainer.current_epoch, batch_idx, progress.in_epoch_end)
     sampler = progress.sampler
-    window_ended = ends_accumulation_window(batch_idx, trainer.accumulate_grad_batches, trainer.num_training_batches)
+    window_ended = ends_accumulation_window(batch_idx, trainer.accumulate_grad_batches, progress.epoch_batches)
     if trainer.stage == "fit" and batches_done and not window_ended and trainer.is_global_zero:
         warn(
             f"save_checkpoint after batch {batch_idx}, inside an accumulation window of "

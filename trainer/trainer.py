@@ -357,7 +357,7 @@ class Trainer(TrainerProperties, SearchSeams):
                     hook(self, module, batch, batch_idx)
                 for hook in hooks.module_batch_start:
                     hook(batch, batch_idx)
-                outputs = self._training_step(module, batch, batch_idx, num_batches)
+                outputs = self._training_step(module, batch, batch_idx, progress.epoch_batches)
                 if hooks.batch_end or hooks.module_batch_end:  # Lightning's {"loss": detached, ...}: no graph kept alive
                     outputs = batch_end_outputs(outputs, self.accumulate_grad_batches)
             progress.batches_seen += 1  # first: a checkpoint written in on_train_batch_end counts this batch
@@ -372,7 +372,7 @@ class Trainer(TrainerProperties, SearchSeams):
             if progress.validation_pending or (schedule is not None and self.should_stop and self._may_stop()):
                 self._run_validation()
             times.ready = clock()  # the next batch is asked for now
-            if self._preemption.stop_now and ends_accumulation_window(batch_idx, self.accumulate_grad_batches, num_batches):
+            if self._preemption.stop_now and ends_accumulation_window(batch_idx, self.accumulate_grad_batches, progress.epoch_batches):
                 times.end_loop(progress.batches_seen)  # the performance report counts this loop's batches
                 self._log(self.metrics.flush(self._logger_step()))  # what was logged since the last log step
                 save_for_preemption(self, self._preemption.reason)  # last.ckpt, and should_stop
@@ -482,7 +482,7 @@ class Trainer(TrainerProperties, SearchSeams):
         step = self._logger_step()
         self._log(self.metrics.end_train_batches(step))  # the epoch's values so far in callback_metrics, for the hooks
         automatic = self._plan.automatic_optimization  # as in Lightning, manual optimization steps its own
-        if automatic and math.isinf(self.num_training_batches):  # no last batch was known: the others now
+        if automatic and math.isinf(self._progress.epoch_batches):  # no last batch was known (an early stop)
             step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics, plateau=False)
         for callback in self.callbacks:
             if not callback.monitors_metrics:

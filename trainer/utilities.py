@@ -263,6 +263,26 @@ def is_shared_filesystem(strategy: Any, path: str | os.PathLike | None = None, t
     return shared
 
 
+def cli_lightning_logo() -> None:
+    """Lightning's banner for a script run from the command line (its examples call it first): the
+    framework's name between blank lines; here Cadence's."""
+    print()
+    print("Cadence")
+    print()
+
+
+def get_torchvision_model(model_name: str, **kwargs: Any) -> nn.Module:
+    """``torchvision.models``' model ``model_name`` built with ``kwargs`` (``weights="DEFAULT"``), as
+    Lightning's ``lightning.pytorch.utilities.model_helpers.get_torchvision_model``."""
+    try:
+        from torchvision import models
+    except ImportError as error:
+        raise ImportError(f"get_torchvision_model({model_name!r}) needs torchvision: pip install torchvision") from error
+    if hasattr(models, "get_model"):  # torchvision 0.14 and later
+        return models.get_model(model_name, **kwargs)
+    return getattr(models, model_name)(**kwargs)
+
+
 def disable_possible_user_warnings(module: str = "") -> None:
     """Refused: Cadence has no PossibleUserWarning category."""
     raise NotImplementedError(

@@ -52,8 +52,8 @@ MAP: dict[str, str | Refused] = {
     "lightning.pytorch.callbacks.ThroughputMonitor": "callbacks.ThroughputMonitor",
     "lightning.pytorch.callbacks.SpikeDetection": Refused("on_nonfinite_loss; EarlyStopping(divergence_threshold)"),
     "lightning.pytorch.callbacks.ModelPruning": "callbacks.ModelPruning",
-    "lightning.pytorch.callbacks.RichProgressBar": Refused("callbacks.ProgressBar (tqdm; rich is not a dependency)"),
-    "lightning.pytorch.callbacks.RichModelSummary": Refused("callbacks.ModelSummary (rich is not a dependency)"),
+    "lightning.pytorch.callbacks.RichProgressBar": "callbacks.RichProgressBar",
+    "lightning.pytorch.callbacks.RichModelSummary": "callbacks.RichModelSummary",
     # lightning.pytorch.loggers
     "lightning.pytorch.loggers.Logger": "callbacks.Logger",
     "lightning.pytorch.loggers.TensorBoardLogger": "callbacks.TensorBoardLogger",

@@ -29,7 +29,7 @@ from callbacks.lr_finder import LearningRateFinder, LRFinder
 from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.microbatch import AutoMicrobatch
 from callbacks.model_checkpoint import ModelCheckpoint
-from callbacks.model_summary import ModelSummary
+from callbacks.model_summary import ModelSummary, RichModelSummary
 from callbacks.performance import PerformanceReport
 from callbacks.profiler import Profiler
 from callbacks.profilers import AdvancedProfiler, PassThroughProfiler, ProfiledHooks, SimpleProfiler
@@ -43,10 +43,10 @@ from callbacks.pruning import ModelPruning
 # Lightning's names Cadence refuses (making one says what to use instead): importable, not offered in __all__.
 from callbacks.refused import (  # noqa: F401
     CometLogger, LitLogger, MLFlowLogger, NeptuneLogger,  # noqa: F401
-    RichModelSummary, RichProgressBar, SpikeDetection, WandbLogger,  # noqa: F401
+    SpikeDetection, WandbLogger,  # noqa: F401
     ServableModule, ServableModuleValidator, XLAProfiler,  # noqa: F401
 )
-from callbacks.progress import ProgressBar, TQDMProgressBar
+from callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
 from callbacks.stochastic_weight_avg import StochasticWeightAveraging
 from callbacks.sync_batchnorm import SyncBatchNorm
 from callbacks.tensorboard_logger import TensorBoardLogger, tensorboard_available
@@ -62,7 +62,7 @@ __all__ = [
     "GradientAccumulationScheduler",
     "GradientCheckpointing", "LRFinder", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "Logger",
     "ModelCheckpoint", "ModelPruning", "ModelSummary", "OnExceptionCheckpoint", "PassThroughProfiler", "PerformanceReport",
-    "ProfiledHooks", "Profiler", "ProgressBar", "PyTorchProfiler", "SimpleProfiler", "TQDMProgressBar", "profiler_of",
+    "ProfiledHooks", "Profiler", "ProgressBar", "PyTorchProfiler", "RichModelSummary", "RichProgressBar", "SimpleProfiler", "TQDMProgressBar", "profiler_of",
     "StochasticWeightAveraging", "SyncBatchNorm", "TensorBoardLogger", "Throughput", "ThroughputMonitor", "Timer", "TorchFlags", "TruePrecision", "WeightAveraging", "EMAWeightAveraging", "default_callbacks", "observability_callbacks",
     "with_module_callbacks",
 ]

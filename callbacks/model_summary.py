@@ -136,3 +136,14 @@ def _short(count: int) -> str:
         if count >= size:
             return f"{count / size:.1f} {unit}"
     return str(count)
+
+
+class RichModelSummary(ModelSummary):
+    """Lightning's RichModelSummary, printed as the plain summary (rich is not a dependency): the same
+    rows to ``max_depth``. Lightning hands ``summarize_kwargs`` to rich's table only; they are refused."""
+
+    def __init__(self, max_depth: int = 1, **summarize_kwargs: Any) -> None:
+        if summarize_kwargs:
+            raise ValueError(f"RichModelSummary({', '.join(summarize_kwargs)}=...): Cadence prints this summary as "
+                             "plain text (rich is not a dependency), and those style rich's table only. Leave them out.")
+        super().__init__(max_depth)

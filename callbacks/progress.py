@@ -292,5 +292,22 @@ class ProgressBar(Callback):
 TQDMProgressBar = ProgressBar
 
 
+class RichProgressBar(ProgressBar):
+    """Lightning's RichProgressBar, drawn with tqdm (rich is not a dependency): the same bars, counts and
+    metrics, and ``leave``. Its ``refresh_rate`` is redraws per second (0 turns it off); tqdm redraws
+    at most ten times a second by itself, so any other value draws every batch. ``theme`` and
+    ``console_kwargs`` style rich's output only, and are refused rather than ignored."""
+
+    def __init__(self, refresh_rate: int = 100, leave: bool = False, theme: Any = None,
+                 console_kwargs: dict[str, Any] | None = None) -> None:
+        if theme is not None or console_kwargs is not None:
+            raise ValueError("RichProgressBar(theme=..., console_kwargs=...): Cadence draws this bar with tqdm (rich is "
+                             "not a dependency), and those set rich's look only. Leave them out.")
+        if isinstance(refresh_rate, bool) or not isinstance(refresh_rate, (int, float)) or refresh_rate < 0:
+            raise ValueError(f"RichProgressBar(refresh_rate={refresh_rate!r}): redraws per second, a number >= 0 "
+                             "(0 turns the bars off).")
+        super().__init__(refresh_rate=1 if refresh_rate else 0, leave=leave)
+
+
 def _total(value: int | float) -> int | None:
     return None if value == math.inf else int(value)

@@ -28,14 +28,6 @@ class SpikeDetection(Refused):
            "EarlyStopping(monitor, divergence_threshold=...) to stop a run whose loss diverges")
 
 
-class RichProgressBar(Refused):
-    way = "callbacks.ProgressBar (Lightning's TQDMProgressBar, also named TQDMProgressBar); rich is not a dependency"
-
-
-class RichModelSummary(Refused):
-    way = "callbacks.ModelSummary(max_depth=...); rich is not a dependency"
-
-
 class WandbLogger(Refused):
     way = _SERVICES
 

@@ -359,7 +359,7 @@ def test_a_class_path_typo_lists_only_the_modules_own_classes_and_functions(part
         ("lightning.pytorch.callbacks.EarlyStopping", r"is PyTorch Lightning's; Cadence's is callbacks.EarlyStopping"),
         ("lightning.pytorch.cli.ReduceLROnPlateau",
          r"is PyTorch Lightning's; use torch.optim.lr_scheduler.ReduceLROnPlateau, with monitor: in its init_args"),
-        ("pytorch_lightning.callbacks.RichProgressBar", r"is PyTorch Lightning's; Cadence does not have it; instead: callbacks.ProgressBar"),
+        ("pytorch_lightning.callbacks.SpikeDetection", r"is PyTorch Lightning's; Cadence does not have it; instead: Trainer\(on_nonfinite_loss"),
         ("lightning.pytorch.callbacks.Bogus", r"is PyTorch Lightning's; Cadence has no class of that name"),
     ],
 )

@@ -162,8 +162,7 @@ def test_on_exception_checkpoint_is_a_checkpoint_callback_as_in_lightning(make_t
 
 
 @pytest.mark.parametrize("name, way", [
-    ("SpikeDetection", "divergence_threshold"), ("RichProgressBar", "callbacks.ProgressBar"),
-    ("RichModelSummary", r"callbacks.ModelSummary\(max_depth=...\)"), ("WandbLogger", "write a callbacks.Logger"),
+    ("SpikeDetection", "divergence_threshold"), ("WandbLogger", "write a callbacks.Logger"),
     ("XLAProfiler", "not XLA"), ("ServableModuleValidator", "starts no model server"),
 ])
 def test_lightning_callbacks_cadence_lacks_import_and_refuse_with_the_way(name, way):
@@ -223,3 +222,18 @@ def test_the_prediction_writer_is_told_each_batchs_dataset_indices_as_lightnings
     assert [len(indices) for indices in writer.batch_indices] == [2, 2, 1]
     assert sorted(i for indices in writer.batch_indices for i in indices) == [0, 1, 2, 3, 4]
     assert writer.epoch_indices == [writer.batch_indices]  # one list per loader, as Lightning's
+
+
+def test_the_rich_progress_bar_and_summary_run_drawn_as_the_plain_ones_and_refuse_rich_styling(make_trainer, capsys):
+    # lightning-hydra-template's default callbacks: RichProgressBar() and RichModelSummary(max_depth=-1).
+    bar, summary = callbacks.RichProgressBar(), callbacks.RichModelSummary(max_depth=-1)
+    trainer = make_trainer(max_epochs=1, enable_progress_bar=True, enable_model_summary=True, callbacks=[bar, summary])
+    trainer.fit(LinearRegression(), DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=4))
+    assert trainer.progress_bar_callback is bar and trainer.global_step == 2
+    assert "Trainable params" in capsys.readouterr().err  # the summary, printed once
+    assert [type(c) for c in trainer.callbacks].count(callbacks.ProgressBar) == 0  # no second bar beside it
+    with pytest.raises(ValueError, match=r"RichProgressBar\(theme=..., console_kwargs=...\): Cadence draws this bar "
+                                         "with tqdm"):
+        callbacks.RichProgressBar(theme=object())
+    with pytest.raises(ValueError, match=r"RichModelSummary\(header_style=...\): Cadence prints this summary as plain"):
+        callbacks.RichModelSummary(header_style="bold")

@@ -279,6 +279,9 @@ def test_print_on_gpu_example_input_array_and_rank_zero_only(make_trainer, regre
     from trainer.utilities import rank_zero_only as from_utilities
 
     class Says(Model):
+        def forward(self, x):  # the model summary runs example_input_array through it, as Lightning's does
+            return self.layer(x)
+
         def on_train_start(self):
             self.print("starting on", self.device.type, "gpu:", self.on_gpu)
 

@@ -141,6 +141,28 @@ def test_step_values_reach_loggers_only_at_log_steps(make_trainer, regression_lo
     assert steps == [2, 5, 8, 11, 14]
 
 
+def test_a_per_step_name_logged_again_gives_the_loggers_its_last_value_before_each_log_step(make_trainer, regression_loader):
+    # The first call registers the name; the later ones (a shorter path) must still replace the value.
+    values = []
+
+    class Listener(Callback):
+        def on_log(self, trainer, module, metrics, step):
+            if "train/last" in metrics:
+                values.append(metrics["train/last"])
+
+    class LogsThrice(Model):
+        def training_step(self, batch, batch_idx):
+            for call in range(3):
+                self.log("train/last", torch.tensor(10.0 * batch_idx + call))
+            return super().training_step(batch, batch_idx)
+
+    trainer = make_trainer(max_epochs=1, log_every_n_steps=3, limit_val_batches=0, callbacks=[Listener()])
+    trainer.fit(LogsThrice(), regression_loader)
+    # Log steps after batches 2 and 5 (8 batches): the last call of each, 10 * batch_idx + 2.
+    assert values == [22.0, 52.0]
+    assert trainer.callback_metrics["train/last"] == 72.0  # the epoch's last batch, published at its end
+
+
 @pytest.mark.parametrize(
     "name, value, kwargs, match",
     [

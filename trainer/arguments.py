@@ -85,7 +85,10 @@ def check_trainer_arguments(
 def loss_of(outputs: Any, batch_idx: int) -> torch.Tensor:
     """The loss in what training_step returned (not None: see :func:`skipped_batch`), checked without
     reading its value."""
-    loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs  # any mapping, as in Lightning
+    if isinstance(outputs, torch.Tensor):  # first: a Mapping check is an ABC's, ~1k instructions a step
+        loss = outputs
+    else:
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs  # any mapping, as in Lightning
     if not isinstance(loss, torch.Tensor):
         mapping = isinstance(outputs, Mapping)
         what = "a dict without a 'loss' key" if mapping else type(loss).__name__

@@ -54,6 +54,9 @@ class StageMetrics:
         self.has_loggers = has_loggers  # False: self.log(logger=True) gets Lightning's warning
         self.specs: dict[str, MetricSpec] = {}
         self.step_values: dict[str, Any] = {}
+        #: Names whose later calls only replace the step value (on_step only, no metric object, no loader
+        #: suffix): for them, ``TrainingModule.log`` writes ``step_values`` itself.
+        self.step_only: set[str] = set()
         self.epoch_totals: dict[str, list[Any]] = {}  # name -> [device total, weight]
         self.metric_objects: dict[str, Any] = {}  # name -> the metric object logged under it
         self.objects_logged: set[str] = set()  # metric objects logged since the last read of the epoch values
@@ -69,14 +72,15 @@ class StageMetrics:
         """Evaluation runs loader ``dataloader_idx`` of several (None: one loader, or outside the loaders)."""
         self.dataloader_idx = dataloader_idx
         self.dataloader_suffix = "" if dataloader_idx is None else f"/dataloader_idx_{dataloader_idx}"
+        if self.dataloader_suffix:  # names now get a suffix: every call goes through log()
+            self.step_only = set()
 
     def log(self, name: str, value: Any, prog_bar: bool, logger: bool | None, on_step: bool | None,
             on_epoch: bool | None, reduce_fx: Any, sync_dist: bool, sync_dist_group: Any,
             add_dataloader_idx: bool, batch_size: int | None, rank_zero_only: bool) -> None:
+        logged_as = name
         if self.dataloader_suffix and add_dataloader_idx:
-            name, logged_as = name + self.dataloader_suffix, name
-        else:
-            logged_as = name
+            name = name + self.dataloader_suffix
         spec = self.specs.get(name)
         if spec is None:
             if add_dataloader_idx and "/dataloader_idx_" in logged_as:
@@ -160,6 +164,8 @@ class StageMetrics:
             == torch.float64,
         )
         spec.accumulates = spec.on_epoch and not metric
+        if spec.on_step and not spec.on_epoch and not metric and not self.dataloader_suffix:
+            self.step_only.add(name)
         if logger and not self.has_loggers:  # once per name and stage: the first call registers it
             warn(f"You called `self.log({logged_as!r}, ..., logger=True)` but have no logger configured. Enable one "
                  "with Trainer(logger=True) or a logger callback, or remove `logger=True` to suppress this warning.")
@@ -194,10 +200,8 @@ class StageMetrics:
             total[0] = total[0] + value * weight
         elif reduce_fx == "sum":
             total[0] = total[0] + value
-        elif reduce_fx == "max":
-            total[0] = torch.maximum(torch.as_tensor(total[0]), torch.as_tensor(value))
         else:
-            total[0] = torch.minimum(torch.as_tensor(total[0]), torch.as_tensor(value))
+            total[0] = (torch.maximum if reduce_fx == "max" else torch.minimum)(torch.as_tensor(total[0]), torch.as_tensor(value))
         total[1] += weight
 
     def take_step_values(self) -> dict[str, tuple[Any, MetricSpec]]:
@@ -319,17 +323,19 @@ class MetricStore:
         ``name``, as in Lightning), and with ``loggers`` the loggers."""
         if not values:
             return []
-        if callback:
-            for key, value in values.items():
-                spec = specs[key]
-                tensor = torch.tensor(value, dtype=torch.float64 if spec.float64 else None)
+        logged = {}
+        for key, value in values.items():
+            spec = specs[key]  # one tensor in both dicts, as Lightning's; float64 under 64-true
+            tensor = torch.tensor(value, dtype=torch.float64 if spec.float64 else None)
+            if callback:
                 self.callback_metrics[key] = tensor
                 if spec.on_step and spec.on_epoch:
                     self.callback_metrics[spec.base + spec.suffix] = tensor
-        self.progress_bar_metrics.update({key: value for key, value in values.items() if specs[key].prog_bar})
-        logged = {key: value for key, value in values.items() if specs[key].logger}
-        self.logged_metrics.update({key: torch.tensor(value, dtype=torch.float64 if specs[key].float64 else None)
-                                    for key, value in logged.items()})  # tensors, as Lightning's
+            if spec.prog_bar:
+                self.progress_bar_metrics[key] = value
+            if spec.logger:
+                logged[key] = value
+                self.logged_metrics[key] = tensor
         return [(step, logged)] if loggers and logged else []
 
     def publish_pending(self) -> list[tuple[int, dict]]:
@@ -398,9 +404,7 @@ class MetricStore:
     def receive(self) -> tuple[int, dict[str, float], dict[str, MetricSpec]] | None:
         """``(step, values, specs)`` of the last ``send_step_values``, or None if nothing is pending."""
         pending, self._pending = self._pending, None
-        if pending is None:
-            return None
-        return pending.step, pending.values(), pending.specs
+        return None if pending is None else (pending.step, pending.values(), pending.specs)
 
     def keep_evaluation_step_values(self, batch_idx: int) -> None:
         """After an evaluation batch: keep what it logged ``on_step`` (on the device) for the end."""
@@ -438,6 +442,8 @@ class MetricStore:
 class _NoStage:
     """What ``self.log`` writes to between stages: nothing is recorded."""
 
+    step_only: frozenset[str] = frozenset()
+
     def log(self, *args: Any) -> None:
         return None
 
@@ -445,7 +451,7 @@ class _NoStage:
 _NO_STAGE = _NoStage()
 
 
-class _Barebones:
+class _Barebones(_NoStage):
     """What ``self.log`` writes to under ``Trainer(barebones=True)``: nothing, with Lightning's warning."""
 
     def log(self, *args: Any) -> None:

@@ -326,13 +326,18 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
         trainer = self._trainer
         if trainer is None:
             return  # outside a run (a unit test calling training_step): nothing to record
-        if metric_attribute is not None:
-            self._check_metric_attribute(name, value, metric_attribute)
-        if not isinstance(value, torch.Tensor) and isinstance(value, numbers.Real):
+        stage = trainer.metrics.current
+        if isinstance(value, torch.Tensor):
+            if name in stage.step_only and metric_attribute is None:  # hot loop: logged before, per step only
+                stage.step_values[name] = value  # the latest value replaces the last (trainer/metrics.py)
+                return
+        elif isinstance(value, numbers.Real):
             # As Lightning: a number (bool, int, NumPy's) is logged as a tensor of the default dtype, at least float32.
             value = float(value) if torch.get_default_dtype() == torch.float64 else float(np.float32(value))
-        trainer.metrics.current.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist,
-                                    sync_dist_group, add_dataloader_idx, batch_size, rank_zero_only)
+        if metric_attribute is not None:
+            self._check_metric_attribute(name, value, metric_attribute)
+        stage.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, sync_dist_group,
+                  add_dataloader_idx, batch_size, rank_zero_only)
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
         """``self.log`` for each item; the keyword arguments (``self.log``'s) apply to all."""

@@ -251,8 +251,10 @@ class SplitLogs:
     while one batch runs: each microbatch's calls are kept apart, then each metric is logged once
     with the batch's value (:meth:`commit`). A microbatch that ran out of memory is dropped whole."""
 
+    step_only: frozenset[str] = frozenset()  # self.log's per-step shortcut is off: every call is kept apart
+
     def __init__(self, stage: Any) -> None:
-        self.stage = stage  # the training StageMetrics (trainer/metrics.py)
+        self.stage = stage  # the training StageMetrics (trainer/stage_metrics.py)
         self.pieces: list[tuple[float, list[tuple[str, Any, tuple]]]] = []  # (share, [(name, value, settings)])
 
     def log(self, name: str, value: Any, *settings: Any) -> None:

@@ -27,7 +27,7 @@ from strategies import (
 from strategies.loaders import shard_dataloader
 from strategies.spawn import failure_message, host_store
 from trainer.host_copy import check_same_sync_keys
-from trainer.metrics import MetricSpec
+from trainer.stage_metrics import MetricSpec
 from trainer import Trainer
 
 TORCHRUN_ENVIRONMENT = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",

@@ -294,3 +294,18 @@ def test_under_gradient_accumulation_a_log_step_is_every_nth_optimizer_step(make
     logger = Remember()
     make_trainer(max_epochs=3, accumulate_grad_batches=2, log_every_n_steps=2, logger=logger).fit(Batches(), loader(40, 8))
     assert [row for row in logger.rows if row[2] is not None] == [(1, 0, 3.0), (3, 1, 1.0), (5, 1, 4.0), (7, 2, 3.0)]
+
+
+def test_an_epoch_mean_of_numbers_is_summed_in_float32_as_lightnings(make_trainer):
+    # Lightning sums value * batch_size in a float32 tensor: 0.1 over 100 batches of one drifts in float32
+    # (10.000002 / 100), which Python's float arithmetic would not show.
+    class Tenth(LinearRegression):
+        def validation_step(self, batch, batch_idx):
+            self.log("tenth", 0.1)
+
+    trainer = make_trainer(max_epochs=1)
+    (results,) = trainer.validate(Tenth(), loader(count=100, batch_size=1))
+    total = torch.tensor(0.0)
+    for _ in range(100):
+        total = total + torch.tensor(0.1) * 1
+    assert results["tenth"] == (total / 100).item() != torch.tensor(0.1).item()

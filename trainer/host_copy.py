@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from trainer.metrics import MetricSpec
+    from trainer.stage_metrics import MetricSpec
 
 
 class HostCopy:

@@ -305,20 +305,17 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
                 ``update``/``compute``/``reset`` (``compute()`` is logged at the epoch end, then
                 ``reset()``; per step, the value of its last ``metric(...)`` call).
             prog_bar: show it in the progress bar.
-            logger: send it to the loggers (default True); False keeps it in
-                ``trainer.callback_metrics`` and the bar only.
+            logger: send it to the loggers (default True); False: ``trainer.callback_metrics`` and the bar only.
             on_step: log the value of each log step. Default: True in training, False elsewhere.
             on_epoch: log its reduction over the epoch. Default: False in training, True elsewhere.
-            reduce_fx: ``"mean"``, ``"sum"``, ``"max"`` or ``"min"`` (or ``torch.mean`` ...), for
-                the epoch value.
+            reduce_fx: the epoch value's: ``"mean"``, ``"sum"``, ``"max"`` or ``"min"`` (or ``torch.mean`` ...).
             enable_graph: accepted for Lightning; Cadence hands logged values on as host numbers, so
                 no graph outlives the step either way.
             sync_dist: reduce over processes (DDP) when it is read; costs a collective then. A
                 metric object syncs itself in ``compute()``, so this does not apply to it.
             sync_dist_group: only None (all processes) is supported.
-            add_dataloader_idx: with several evaluation loaders, add ``/dataloader_idx_N`` to the
-                name (False: the name is yours to make unique).
-            batch_size: weight of this value in the epoch mean (default 1 per call).
+            add_dataloader_idx: with several evaluation loaders, add ``/dataloader_idx_N`` to the name (False: don't).
+            batch_size: weight of this value in the epoch mean (default: the batch's size, inferred as Lightning does).
             metric_attribute: the attribute of this module that holds the metric object (checked).
             rank_zero_only: you call ``self.log`` on rank zero only: the value is never reduced
                 over processes (a collective would wait for the others forever).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from trainer.metrics import MetricSpec
+from trainer.stage_metrics import MetricSpec
 
 
 def split_by_dataloader(values: dict[str, float], count: int,

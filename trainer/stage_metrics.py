@@ -1,0 +1,273 @@
+"""What ``self.log`` records in one stage (training, or the running evaluation) between two reads.
+
+Per step, ``log`` only keeps a reference (``on_step``) or adds in place on the device (``on_epoch``):
+no ``.item()``, no copy to the host; the store (``trainer/metrics.py``) reads them at log steps and
+epoch ends. How a name is logged (:class:`MetricSpec`) is fixed by its first call in a stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from callbacks.console import warn
+from trainer.utilities import extract_batch_size
+
+REDUCE_FX = ("mean", "sum", "max", "min")
+#: Lightning's callables for ``reduce_fx``, by the name Cadence uses.
+REDUCE_CALLABLES = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min", sum: "sum", max: "max", min: "min"}
+
+
+@dataclass
+class MetricSpec:
+    """How one metric name was logged (fixed by its first ``self.log`` call)."""
+
+    prog_bar: bool
+    on_step: bool
+    on_epoch: bool
+    sync_dist: bool
+    reduce_fx: str
+    logger: bool = True  # False: callback_metrics and the progress bar only, not the loggers
+    add_dataloader_idx: bool = True
+    metric: bool = False  # an update/compute/reset object: compute() at the epoch end, then reset()
+    accumulates: bool = False  # an on_epoch number or tensor, summed on the device per step
+    base: str = ""  # the name given to self.log
+    suffix: str = ""  # "/dataloader_idx_N" (several evaluation loaders), else ""
+    dataloader_idx: int | None = None  # the evaluation loader it was logged in (of several); None: outside them
+    float64: bool = False  # a float64 tensor, or a number under float64 default (64-true): float64 in callback_metrics
+
+
+def is_metric_object(value: Any) -> bool:
+    """True for objects with torchmetrics' protocol: ``update``, ``compute`` and ``reset`` methods."""
+    return not isinstance(value, torch.Tensor) and all(
+        callable(getattr(value, method, None)) for method in ("update", "compute", "reset"))
+
+
+class StageMetrics:
+    """The metrics of one stage (train, or the current evaluation) between two reads."""
+
+    def __init__(self, default_on_step: bool, has_loggers: bool = True) -> None:
+        self.default_on_step = default_on_step
+        self.has_loggers = has_loggers  # False: self.log(logger=True) gets Lightning's warning
+        self.specs: dict[str, MetricSpec] = {}
+        self.step_values: dict[str, Any] = {}
+        #: Names whose later calls only replace the step value (on_step only, no metric object, no loader
+        #: suffix): for them, ``TrainingModule.log`` writes ``step_values`` itself.
+        self.step_only: set[str] = set()
+        self.epoch_totals: dict[str, list[Any]] = {}  # name -> [device total, weight]
+        self.metric_objects: dict[str, Any] = {}  # name -> the metric object logged under it
+        self.objects_logged: set[str] = set()  # metric objects logged since the last read of the epoch values
+        self.computed_objects: set[str] = set()  # computed for the epoch end, reset after its hooks
+        #: "/dataloader_idx_N" while evaluation runs loader N of several (Lightning's keys), else "" (set_loader).
+        self.dataloader_suffix = ""
+        self.dataloader_idx: int | None = None
+        #: The running batch, set by the loop (None outside batches): its size weighs epoch means, as in Lightning.
+        self.batch: Any = None
+        self._sized: tuple[Any, int] = (None, 1)  # (batch, its size): inferred once per batch
+
+    def set_loader(self, dataloader_idx: int | None) -> None:
+        """Evaluation runs loader ``dataloader_idx`` of several (None: one loader, or outside the loaders)."""
+        self.dataloader_idx = dataloader_idx
+        self.dataloader_suffix = "" if dataloader_idx is None else f"/dataloader_idx_{dataloader_idx}"
+        if self.dataloader_suffix:  # names now get a suffix: every call goes through log()
+            self.step_only = set()
+
+    def log(self, name: str, value: Any, prog_bar: bool, logger: bool | None, on_step: bool | None,
+            on_epoch: bool | None, reduce_fx: Any, sync_dist: bool, sync_dist_group: Any,
+            add_dataloader_idx: bool, batch_size: int | None, rank_zero_only: bool) -> None:
+        logged_as = name
+        if self.dataloader_suffix and add_dataloader_idx:
+            name = name + self.dataloader_suffix
+        spec = self.specs.get(name)
+        if spec is None:
+            if add_dataloader_idx and "/dataloader_idx_" in logged_as:
+                raise ValueError(f'self.log("{logged_as}", ...): with add_dataloader_idx=True the Trainer adds '
+                                 '"/dataloader_idx_N" itself (you called `self.log` with the key '
+                                 f'`{logged_as}`); log the name without it, or pass add_dataloader_idx=False.')
+            spec = self._register(name, logged_as, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist,
+                                  sync_dist_group, add_dataloader_idx, rank_zero_only)
+        elif spec.metric or not isinstance(value, (torch.Tensor, float)):
+            self._check_same_kind(name, value, spec)
+        if spec.on_step:
+            self.step_values[name] = value
+        if spec.metric:
+            self.objects_logged.add(name)
+        if spec.accumulates:
+            if batch_size is None:  # Lightning's rule: a mean weighs each value by its batch's size
+                batch_size = self._inferred_batch_size() if spec.reduce_fx == "mean" else 1
+            self._accumulate(name, value, spec.reduce_fx, batch_size)
+
+    def _check_same_kind(self, name: str, value: Any, spec: MetricSpec) -> None:
+        if spec.metric != is_metric_object(value):
+            first, then = ("a metric object", type(value).__name__) if spec.metric else ("a number", "a metric object")
+            raise ValueError(f'self.log("{spec.base}", ...) got {first}, then {then}: a key holds one metric object '
+                             "or numbers, as in Lightning. Give each its own name.")
+        if spec.metric:  # as Lightning, the epoch's value is the compute() of the last object logged under the key
+            self.metric_objects[name] = value
+
+    def _inferred_batch_size(self) -> int:
+        """The running batch's size (host metadata, no device sync), or 1 outside a batch."""
+        if self.batch is None:
+            return 1
+        if self._sized[0] is not self.batch:
+            self._sized = (self.batch, extract_batch_size(self.batch))
+        return self._sized[1]
+
+    def _register(self, name: str, logged_as: str, value: Any, prog_bar: bool, logger: bool | None, on_step: bool | None,
+                  on_epoch: bool | None, reduce_fx: Any, sync_dist: bool, sync_dist_group: Any,
+                  add_dataloader_idx: bool, rank_zero_only: bool) -> MetricSpec:
+        if not isinstance(logged_as, str) or not logged_as:
+            raise ValueError(f"self.log(name={logged_as!r}): the name must be a non-empty string.")
+        reduce_fx = REDUCE_CALLABLES.get(reduce_fx, reduce_fx) if callable(reduce_fx) else reduce_fx
+        if isinstance(reduce_fx, str):  # Lightning reads the name case-insensitively, "avg" as "mean"
+            reduce_fx = "mean" if reduce_fx.lower() == "avg" else reduce_fx.lower()
+        if reduce_fx not in REDUCE_FX:
+            raise ValueError(f'self.log("{name}", reduce_fx={reduce_fx!r}): use one of {REDUCE_FX} '
+                             "(or torch.mean, torch.sum, torch.max, torch.min).")
+        if sync_dist_group is not None:
+            raise ValueError(f'self.log("{name}", sync_dist_group=...): Cadence reduces over all processes; '
+                             "leave sync_dist_group out.")
+        metric = is_metric_object(value)
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(
+                    f'self.log("{name}", ...) got a tensor of shape {tuple(value.shape)}; log a '
+                    "scalar, e.g. its .mean()."
+                )
+        elif not metric and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            shown = str(value) if len(str(value)) <= 200 else f"<{type(value).__name__}>"
+            raise ValueError(
+                f"`self.log({name}, {shown})` was called, but {type(value).__name__} values cannot be logged: log a "
+                "number, a one-element tensor or a metric object (update/compute/reset)."
+            )
+        # Lightning's defaults: per step in training batches; per epoch elsewhere (on_train_epoch_start/_end too).
+        in_steps = self.default_on_step and self.batch is not None
+        spec = MetricSpec(
+            prog_bar=bool(prog_bar),
+            on_step=in_steps if on_step is None else bool(on_step),
+            on_epoch=(not in_steps) if on_epoch is None else bool(on_epoch),
+            # A metric object syncs itself in compute(); a value logged on rank zero only has no
+            # partner on the other ranks for a collective.
+            sync_dist=bool(sync_dist) and not metric and not rank_zero_only,
+            reduce_fx=reduce_fx,
+            logger=True if logger is None else bool(logger),
+            add_dataloader_idx=bool(add_dataloader_idx),
+            metric=metric,
+            base=logged_as if name != logged_as else name,
+            suffix=name[len(logged_as):] if name != logged_as else "",
+            dataloader_idx=self.dataloader_idx,
+            # As Lightning's: a number becomes a tensor of the default dtype (float64 in 64-true's steps).
+            float64=not metric and (value.dtype if isinstance(value, torch.Tensor) else torch.get_default_dtype())
+            == torch.float64,
+        )
+        spec.accumulates = spec.on_epoch and not metric
+        if spec.on_step and not spec.on_epoch and not metric and not self.dataloader_suffix:
+            self.step_only.add(name)
+        if logger and not self.has_loggers:  # once per name and stage: the first call registers it
+            warn(f"You called `self.log({logged_as!r}, ..., logger=True)` but have no logger configured. Enable one "
+                 "with Trainer(logger=True) or a logger callback, or remove `logger=True` to suppress this warning.")
+        if not (spec.on_step or spec.on_epoch):
+            raise ValueError(f'self.log("{name}", on_step=False, on_epoch=False) records nothing (`self.log(on_step=False, '
+                             'on_epoch=False)` is not useful); set one.')
+        if metric:
+            if spec.on_step and not hasattr(value, "_forward_cache"):
+                raise ValueError(
+                    f'self.log("{name}", <{type(value).__name__}>, on_step=True): a metric object is logged per step '
+                    "through the value of its last metric(...) call (torchmetrics' forward), which this object "
+                    "does not keep. Log it with on_step=False, on_epoch=True (compute() at the epoch end), or "
+                    "log the batch's value as a tensor."
+                )
+            self.metric_objects[name] = value
+        self.specs[name] = spec
+        return spec
+
+    def _accumulate(self, name: str, value: Any, reduce_fx: str, weight: int) -> None:
+        if isinstance(value, torch.Tensor):
+            value = value.detach().reshape(())
+            if value.dtype in (torch.float16, torch.bfloat16):  # AMP: sum in float32, or value * batch_size overflows
+                value = value.float()
+        else:  # a number: summed as a tensor of the default dtype, as Lightning's (its float32 arithmetic, not Python's)
+            value = torch.tensor(value, dtype=torch.float64 if self.specs[name].float64 else torch.float32)
+        total = self.epoch_totals.get(name)
+        if total is None:
+            start = value * weight if reduce_fx == "mean" else value
+            if isinstance(start, torch.Tensor):
+                start = start.to(torch.float64 if start.dtype == torch.float64 else torch.float32, copy=True)
+            self.epoch_totals[name] = [start, weight]
+            return
+        if reduce_fx == "mean":
+            total[0] = total[0] + value * weight
+        elif reduce_fx == "sum":
+            total[0] = total[0] + value
+        else:
+            total[0] = (torch.maximum if reduce_fx == "max" else torch.minimum)(torch.as_tensor(total[0]), torch.as_tensor(value))
+        total[1] += weight
+
+    def take_step_values(self) -> dict[str, tuple[Any, MetricSpec]]:
+        """The latest value of each ``on_step`` metric since the last read, then forget them.
+        A metric object gives the value of its last ``metric(...)`` call (torchmetrics' forward)."""
+        taken = {name: (value, self.specs[name]) for name, value in self.step_values.items()}
+        self.step_values = {}
+        for name in self.metric_objects.keys() & taken.keys():
+            value = taken[name][0]._forward_cache
+            if value is None:  # logged before its first metric(...) call
+                del taken[name]
+            else:
+                taken[name] = (_scalar(name, value), taken[name][1])
+        return taken
+
+    def take_epoch_values(self, final: bool = True) -> dict[str, tuple[Any, MetricSpec]]:
+        """Each ``on_epoch`` metric logged since the last read, reduced over the epoch, then forget
+        them. Metric objects give their ``compute()``; they are ``reset()`` at the ``final`` read
+        (after the epoch-end hooks, as in Lightning, so a hook may still call ``compute()``)."""
+        taken = {}
+        for name, (total, weight) in self.epoch_totals.items():
+            spec = self.specs[name]
+            taken[name] = (total / weight if spec.reduce_fx == "mean" else total, spec)
+        self.epoch_totals = {}
+        for name in self.objects_logged:  # not one only read again (the epoch end reads more than once)
+            if self.specs[name].on_epoch:
+                taken[name] = (_scalar(name, self.metric_objects[name].compute()), self.specs[name])
+        self.computed_objects |= self.objects_logged
+        self.objects_logged = set()
+        if final:
+            for name in self.computed_objects:
+                self.metric_objects[name].reset()
+            self.computed_objects = set()
+        return taken
+
+
+def _scalar(name: str, value: Any) -> Any:
+    """A metric object's value as one number or one-element tensor, or an error naming the metric."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+    raise ValueError(f"The `.compute()` return of the metric logged as '{name}' must be a tensor (a scalar): it "
+                     f"computed {what}. Log each element under its own name.")
+
+
+class NoStage:
+    """What ``self.log`` writes to between stages: nothing is recorded."""
+
+    step_only: frozenset[str] = frozenset()
+
+    def log(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+NO_STAGE = NoStage()
+
+
+class Barebones(NoStage):
+    """What ``self.log`` writes to under ``Trainer(barebones=True)``: nothing, with Lightning's warning."""
+
+    def log(self, *args: Any, **kwargs: Any) -> None:
+        warn("`self.log()` was called, but `Trainer(barebones=True)` is configured. Logging can impact raw speed so "
+             "it is disabled under this setting: nothing is recorded.")
+
+
+BAREBONES = Barebones()

@@ -222,24 +222,12 @@ _LOADER_KIND = {"validation_step": "val", "test_step": "test", "predict_step": "
 def _mode_hooks(stage: str, trainer: Any, module: TrainingModule) -> tuple[Any, Any]:
     """What puts ``trainer.model`` in eval mode before ``stage`` and gives it its modes back after,
     as Lightning: the module's ``on_<stage>_model_eval`` / ``_model_train`` where overridden (their
-    defaults do the same); the modes are captured now. Inside fit, a validation that does not cut an
-    accumulation window first calls an overridden ``on_validation_model_zero_grad`` (the default's
-    work is done: the step cleared the gradients)."""
+    defaults do the same); the modes are captured now."""
     from trainer.datamodule import overrides
-    from trainer.optim import ends_accumulation_window
 
     model, name = trainer.model, {"validate": "validation"}.get(stage, stage)
     modes = train_modes(model)
     model_eval = getattr(module, f"on_{name}_model_eval") if overrides(module, f"on_{name}_model_eval") else model.eval
-    if (stage == "validate" and trainer.stage == "fit" and not trainer.sanity_checking
-            and overrides(module, "on_validation_model_zero_grad") and ends_accumulation_window(
-                trainer.batch_idx, trainer.accumulate_grad_batches, trainer.num_training_batches)):
-        zero_grad, eval_mode = module.on_validation_model_zero_grad, model_eval
-
-        def model_eval() -> None:
-            zero_grad()
-            eval_mode()
-
     if stage != "predict" and overrides(module, f"on_{name}_model_train"):
         return model_eval, getattr(module, f"on_{name}_model_train")
     return model_eval, functools.partial(restore_train_modes, model, modes)

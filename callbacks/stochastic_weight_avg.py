@@ -48,6 +48,7 @@ class _EpochScheduler:
     monitor: str | None = None
     strict: bool = True
     needs_metric: bool = False
+    step_with: Any = None  # the module's lr_scheduler_step (its default calls step()), as Lightning steps SWALR
 
 
 class StochasticWeightAveraging(Callback):
@@ -165,9 +166,9 @@ class StochasticWeightAveraging(Callback):
                      "per epoch.")
             if trainer.is_global_zero:
                 cadence_logger().info(f"Swapping scheduler `{type(config.scheduler).__name__}` for `SWALR`")
-            trainer.lr_scheduler_configs[0] = _EpochScheduler(self._swa_scheduler)
+            trainer.lr_scheduler_configs[0] = _EpochScheduler(self._swa_scheduler, step_with=module.lr_scheduler_step)
         else:
-            trainer.lr_scheduler_configs.append(_EpochScheduler(self._swa_scheduler))
+            trainer.lr_scheduler_configs.append(_EpochScheduler(self._swa_scheduler, step_with=module.lr_scheduler_step))
         if self.n_averaged is None:
             self.n_averaged = torch.tensor(self._init_n_averaged, dtype=torch.long, device=module.device)
 

@@ -96,8 +96,10 @@ def run(make_trainer):
 
 
 def evaluation(stage: str, step: str, batches: int) -> list[str]:
-    """One evaluation pass up to its epoch end (its metrics are read next, then ``on_<stage>_end``)."""
+    """One evaluation pass up to its epoch end (its metrics are read next, then ``on_<stage>_end``),
+    from the module's hook that puts the model in eval mode (Lightning's order)."""
     return [
+        f"module.on_{stage}_model_eval",
         f"callback.on_{stage}_start", f"module.on_{stage}_start",
         f"callback.on_{stage}_epoch_start", f"module.on_{stage}_epoch_start",
         *["module.on_before_batch_transfer", "module.on_after_batch_transfer",  # the batch, then on the device
@@ -138,6 +140,7 @@ def test_fit_calls_the_hooks_in_the_order_of_its_docstring(run):
         # sanity validation: one batch, nothing logged (no on_log)
         "callback.on_sanity_check_start",
         *validation(batches=1), "callback.on_validation_end", "module.on_validation_end",
+        "module.on_validation_model_train",  # overridden (recorded): called instead of giving the modes back
         "callback.on_sanity_check_end",
         "callback.on_train_start", "module.on_train_start",
         "callback.on_train_epoch_start", "module.on_train_epoch_start",
@@ -145,8 +148,9 @@ def test_fit_calls_the_hooks_in_the_order_of_its_docstring(run):
         *training_batch(), "callback.on_log",  # batch 1: batch 0's values reach on_log
         # validation at val_check_interval=1.0 (the end of the epoch): first batch 1's values
         # (the logs stay in step order), then its own metrics -> on_log
-        "callback.on_log",
+        "callback.on_log", "module.on_validation_model_zero_grad",  # in fit, not in the sanity check
         *validation(batches=2), "callback.on_log", "callback.on_validation_end", "module.on_validation_end",
+        "module.on_validation_model_train",
         # the epoch's end: nothing left to publish (train/loss is logged per step only)
         "callback.on_train_epoch_end", "module.on_train_epoch_end",
         "callback.on_train_end", "module.on_train_end",
@@ -162,14 +166,14 @@ def test_validate_test_and_predict_call_their_own_hooks_in_order(run):
     assert calls == [
         "callback.setup", "module.setup", "module.configure_model", "callback.configure_model",
         *validation(batches=1), "callback.on_log", "callback.on_validation_end", "module.on_validation_end",
-        "callback.teardown", "module.teardown",
+        "module.on_validation_model_train", "callback.teardown", "module.teardown",
     ]
     calls.clear()
     trainer.test(module, one_batch)
     assert calls == [
         "callback.setup", "module.setup", "module.configure_model", "callback.configure_model",
         *evaluation("test", "test_step", batches=1), "callback.on_log", "callback.on_test_end", "module.on_test_end",
-        "callback.teardown", "module.teardown",
+        "module.on_test_model_train", "callback.teardown", "module.teardown",
     ]
     calls.clear()
     trainer.predict(module, one_batch)
@@ -375,7 +379,7 @@ def test_configure_callbacks_replaces_the_trainers_callback_of_the_same_class(ma
 
 def test_a_lightning_hook_cadence_never_calls_gets_one_warning_naming_it(make_trainer, regression_loader):
     class OldStyle(Model):
-        def training_epoch_end(self, outputs):
+        def training_step_end(self, outputs):
             pass
 
     class OldCallback(Callback):
@@ -389,7 +393,7 @@ def test_a_lightning_hook_cadence_never_calls_gets_one_warning_naming_it(make_tr
     messages = [str(w.message) for w in warned if "never calls" in str(w.message)]
     assert len(messages) == 2
     assert messages[0].startswith("OldStyle defines Lightning hooks that Cadence never calls, so their code does not "
-                                  "run: training_epoch_end (removed in Lightning 2.0: use on_train_epoch_end")
+                                  "run: training_step_end (removed in Lightning 2.0: finish the step in training_step)")
     assert messages[1].startswith("OldCallback defines Lightning hooks that Cadence never calls, so their code does not "
                                   "run: on_epoch_start (removed in Lightning 2.0: use on_train_epoch_start)")
 

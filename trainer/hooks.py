@@ -2,7 +2,8 @@
 
 Training calls only the per-batch hooks that do something (:func:`step_hooks`); evaluation calls
 its stage's hooks (:func:`evaluation_hooks`). A Lightning hook that Cadence never
-calls, defined on a module or a callback, gets one warning (:func:`warn_uncalled_hooks`).
+calls, defined on a module or a callback, gets one warning (:func:`warn_uncalled_hooks`); those
+whose code Lightning 2 would run or refuse are refused (:func:`refuse_module_hooks`).
 """
 
 from __future__ import annotations
@@ -166,6 +167,8 @@ class EvaluationHooks:
     epoch_end: list[Any]
     end: list[Any]
     step_takes_dataloader_idx: bool = False  # pass dataloader_idx to the step (several loaders)
+    model_eval: Any = None  # before the start hooks: eval mode (or the module's on_<stage>_model_eval)
+    model_train: Any = None  # after the end hooks: each submodule's mode back (or on_<stage>_model_train)
 
 
 def evaluation_hooks(stage: str, trainer: Any, callbacks: list[Callback], module: TrainingModule,
@@ -204,6 +207,7 @@ def evaluation_hooks(stage: str, trainer: Any, callbacks: list[Callback], module
              TrainingModule.on_predict_batch_end),
         )
     hooks.step_takes_dataloader_idx = _takes_dataloader_idx(step, several) and several
+    hooks.model_eval, hooks.model_train = _mode_hooks(stage, trainer, module)
     kind = {"validate": "val"}.get(stage, stage)  # as in Lightning, the module's batch hooks are checked too
     for name in {"validate": ("on_validation_batch_start", "on_validation_batch_end")}.get(
             stage, (f"on_{stage}_batch_start", f"on_{stage}_batch_end")):
@@ -213,6 +217,20 @@ def evaluation_hooks(stage: str, trainer: Any, callbacks: list[Callback], module
 
 
 _LOADER_KIND = {"validation_step": "val", "test_step": "test", "predict_step": "predict"}
+
+
+def _mode_hooks(stage: str, trainer: Any, module: TrainingModule) -> tuple[Any, Any]:
+    """What puts ``trainer.model`` in eval mode before ``stage`` and gives it its modes back after,
+    as Lightning: the module's ``on_<stage>_model_eval`` / ``_model_train`` where overridden (their
+    defaults do the same); the modes are captured now."""
+    from trainer.datamodule import overrides
+
+    model, name = trainer.model, {"validate": "validation"}.get(stage, stage)
+    modes = train_modes(model)
+    model_eval = getattr(module, f"on_{name}_model_eval") if overrides(module, f"on_{name}_model_eval") else model.eval
+    if stage != "predict" and overrides(module, f"on_{name}_model_train"):
+        return model_eval, getattr(module, f"on_{name}_model_train")
+    return model_eval, functools.partial(restore_train_modes, model, modes)
 
 
 class DataloaderIdxError(RuntimeError, TypeError):
@@ -319,23 +337,20 @@ def warn_eval_modules(module: TrainingModule) -> None:
 # =============================================================================================
 # Lightning hooks that Cadence does not call
 # =============================================================================================
-_EVAL_MODE = "the Trainer itself puts the model in eval mode around evaluation, then gives each submodule its mode back"
 _REMOVED = "removed in Lightning 2.0"
 
-#: LightningModule hooks (core/hooks.py and core/module.py), with what to do in Cadence. Those
-#: TrainingModule defines are called; the others are named in a warning when a module defines them.
+#: LightningModule hooks whose code a module must not keep: Lightning 2 raises for the epoch-end
+#: ones; Cadence does not call ``backward`` (its backward runs through the strategy and AMP seams).
+REFUSED_MODULE_HOOKS = {
+    "backward": "Cadence calls loss.backward() itself, through DDP and AMP; move this code to on_before_backward "
+                "or on_after_backward, or to a callback that sets owns_backward = True",
+    "training_epoch_end": f"{_REMOVED}: use on_train_epoch_end and keep the outputs you need as attributes",
+    "validation_epoch_end": f"{_REMOVED}: use on_validation_epoch_end and keep the outputs you need as attributes",
+    "test_epoch_end": f"{_REMOVED}: use on_test_epoch_end and keep the outputs you need as attributes",
+}
+#: LightningModule hooks (core/hooks.py and core/module.py) that Lightning 2 no longer calls either,
+#: with what to do instead: named in a warning when a module defines them.
 MODULE_HOOKS = {
-    "on_validation_model_zero_grad": _EVAL_MODE, "on_validation_model_eval": _EVAL_MODE,
-    "on_validation_model_train": _EVAL_MODE, "on_test_model_eval": _EVAL_MODE, "on_test_model_train": _EVAL_MODE,
-    "on_predict_model_eval": _EVAL_MODE,
-    "backward": "use on_before_backward/on_after_backward, or a callback that owns the backward seam",
-    "configure_gradient_clipping": "use Trainer(gradient_clip_val=..., gradient_clip_algorithm=...)",
-    "lr_scheduler_step": "step a custom scheduler yourself in on_train_batch_end or on_train_epoch_end",
-    "configure_sharded_model": "renamed configure_model in Lightning 2.1, which Cadence calls",
-    "prepare_data": "call it yourself before fit",
-    "training_epoch_end": f"{_REMOVED}: use on_train_epoch_end and keep the outputs you need yourself",
-    "validation_epoch_end": f"{_REMOVED}: use on_validation_epoch_end and keep the outputs you need yourself",
-    "test_epoch_end": f"{_REMOVED}: use on_test_epoch_end and keep the outputs you need yourself",
     "training_step_end": f"{_REMOVED}: finish the step in training_step",
     "validation_step_end": f"{_REMOVED}: finish the step in validation_step",
     "test_step_end": f"{_REMOVED}: finish the step in test_step",
@@ -353,6 +368,24 @@ CALLBACK_HOOKS = {
     "on_keyboard_interrupt": f"{_REMOVED}: use on_exception",
 }
 _warned: weakref.WeakSet[type] = weakref.WeakSet()  # classes warned about in this process
+
+
+def refuse_module_hooks(module: TrainingModule, warns: bool) -> None:
+    """Raise when ``module`` defines a hook of :data:`REFUSED_MODULE_HOOKS`; with ``warns`` (rank zero),
+    say once that ``configure_sharded_model`` is deprecated (setup calls it, as Lightning)."""
+    cls = type(module)
+    refused = [name for name in REFUSED_MODULE_HOOKS if callable(getattr(cls, name, None))
+               and getattr(cls, name) is not getattr(TrainingModule, name, None)]
+    if refused:
+        what = "; ".join(f"{name} ({REFUSED_MODULE_HOOKS[name]})" for name in refused)
+        raise NotImplementedError(f"{cls.__name__} defines {', '.join(refused)}, which Cadence does not call: {what}.")
+    if callable(getattr(cls, "configure_sharded_model", None)):
+        if getattr(cls, "configure_model") is not TrainingModule.configure_model:
+            raise RuntimeError(f"Both {cls.__name__}.configure_model and {cls.__name__}.configure_sharded_model are "
+                               "defined; configure_sharded_model is the deprecated name: keep configure_model only.")
+        if warns and cls not in _warned:
+            warn(f"{cls.__name__}.configure_sharded_model is deprecated (Lightning 2.1 renamed it configure_model): "
+                 "rename it. It is called where configure_model is.", FutureWarning)
 
 
 def warn_uncalled_hooks(objects: list[Any]) -> None:

@@ -21,6 +21,7 @@ from trainer import export
 from trainer.data_hooks import DataHooks
 from trainer.hparams import HParams, HyperparametersMixin
 from trainer.loading import load_module
+from trainer.model_hooks import ModelHooks
 from trainer.optim import (
     clip_optimizer_gradients, freeze_other_optimizers, optimizers_for_module, unfreeze_other_optimizers,
 )
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
-class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
+class TrainingModule(HyperparametersMixin, DataHooks, ModelHooks, nn.Module):
     """A model plus the steps that train, validate, test and predict with it.
 
     Override ``training_step`` and ``configure_optimizers``; everything else is optional.
@@ -170,8 +171,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
 
     @property
     def example_input_array(self) -> Any:
-        """An example input of ``forward`` (a tensor, a tuple of arguments or a dict of keyword
-        arguments), as in Lightning; Cadence stores it for your own use (export, summaries)."""
+        """An example input of ``forward`` (a tensor, tuple of arguments or dict of keyword arguments), as Lightning's."""
         return self._example_input_array
 
     @example_input_array.setter
@@ -231,14 +231,14 @@ class TrainingModule(HyperparametersMixin, DataHooks, nn.Module):
 
     def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
                        gradient_clip_algorithm: str | None = None) -> None:
-        """Clip the gradients of ``optimizer``'s parameters, for manual optimization (Lightning's API).
-
-        Under ``AMP("fp16")`` the gradients are unscaled first (once per step), so the threshold
-        applies to the true gradients. Call it between ``self.manual_backward`` and ``opt.step()``.
+        """Clip the gradients of ``optimizer``'s parameters: in manual optimization between
+        ``self.manual_backward`` and ``opt.step()``; in automatic, from ``configure_gradient_clipping``.
+        Under ``AMP("fp16")`` the gradients are unscaled first (once per step): the threshold applies
+        to the true gradients.
 
         Args:
             optimizer: one of ``self.optimizers()``.
-            gradient_clip_val: the largest total 2-norm (or value); None clips nothing.
+            gradient_clip_val: the largest total 2-norm (or value); None: the Trainer's (None: no clipping).
             gradient_clip_algorithm: ``"norm"`` (default) or ``"value"``.
         """
         clip_optimizer_gradients(self._require_trainer("clip_gradients"), optimizer, gradient_clip_val,

@@ -33,6 +33,7 @@ class SchedulerConfig:
     monitor: str | None = None
     strict: bool = True  # False: a missing monitored metric skips the step with a warning (Lightning's)
     name: str | None = None  # the name LearningRateMonitor logs its rates under (Lightning's)
+    step_with: Any = None  # the module's lr_scheduler_step override, called instead of scheduler.step()
 
     @property
     def needs_metric(self) -> bool:
@@ -138,9 +139,27 @@ def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, m
                     f"ReduceLROnPlateau watches {config.monitor!r}, which was not logged; logged "
                     f"metrics are {sorted(metrics)}. Log it with self.log or fix 'monitor'."
                 )
-            config.scheduler.step(float(metrics[config.monitor]))
+            if config.step_with is not None:  # Lightning passes the logged value as it is
+                config.step_with(config.scheduler, metrics[config.monitor])
+            else:
+                config.scheduler.step(float(metrics[config.monitor]))
+        elif config.step_with is not None:
+            config.step_with(config.scheduler, None)
         else:
             config.scheduler.step()
+
+
+def check_scheduler_api(configs: list[SchedulerConfig], module_steps_them: bool) -> None:
+    """As Lightning: a scheduler that is not one of torch's (``LRScheduler``, ``ReduceLROnPlateau``)
+    needs the module's ``lr_scheduler_step`` to say how it steps (timm's take the epoch)."""
+    for config in configs:
+        if not module_steps_them and not isinstance(config.scheduler, (
+                torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
+            raise TypeError(
+                f"configure_optimizers returned {type(config.scheduler).__name__}, which is not a torch LR "
+                "scheduler, so the Trainer cannot know how to step it (Lightning: it doesn't follow PyTorch's "
+                "LRScheduler API). Override lr_scheduler_step(self, scheduler, metric) in your module to step it, "
+                "e.g. scheduler.step(epoch=self.current_epoch).")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,6 +185,17 @@ def single_owner(owners: list[Any], seam: str) -> Any:
 def step_owner(callbacks: list[Any]) -> Any:
     """The callback that owns the optimizer step (AMP's GradScaler), or None."""
     return single_owner([c for c in callbacks if c.owns_optimizer_step], "owns_optimizer_step")
+
+
+def trainer_clipping(optimizer: torch.optim.Optimizer, value: float, algorithm: str) -> Any:
+    """``Trainer(gradient_clip_val=value, gradient_clip_algorithm=algorithm)``'s clipping of the
+    optimizer of automatic optimization: a function of the optimizer being stepped."""
+    parameters = ClippedParameters(optimizer)
+
+    def clip(stepped: torch.optim.Optimizer) -> None:
+        clip_gradients(parameters(), value, algorithm)
+
+    return clip
 
 
 class ClippedParameters:
@@ -196,10 +226,16 @@ def clip_gradients(parameters: list[torch.nn.Parameter], value: float, algorithm
 
 def clip_optimizer_gradients(trainer: Any, optimizer: Any, value: Any, algorithm: Any) -> None:
     """``TrainingModule.clip_gradients``: unscale ``optimizer``'s gradients if a callback of the
-    running ``trainer`` scaled them (AMP float16), then clip them. ``value`` None clips nothing,
-    as in Lightning."""
+    running ``trainer`` scaled them (AMP float16), then clip them. As in Lightning, ``value`` and
+    ``algorithm`` None take the Trainer's (``gradient_clip_val`` None: nothing is clipped); given,
+    they must agree with a ``Trainer(gradient_clip_val=...)``."""
+    if value is None:
+        value = trainer.gradient_clip_val
+    elif trainer.gradient_clip_val is not None and value != trainer.gradient_clip_val:
+        raise ValueError(f"clip_gradients(gradient_clip_val={value!r}) differs from Trainer(gradient_clip_val="
+                         f"{trainer.gradient_clip_val!r}); use only one of them.")
     if algorithm is None:
-        algorithm = "norm"
+        algorithm = trainer.gradient_clip_algorithm or "norm"
     if algorithm not in CLIP_ALGORITHMS:
         raise ValueError(f'clip_gradients(gradient_clip_algorithm={algorithm!r}): use "norm" or "value".')
     if value is None:

@@ -25,7 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.arguments import loss_of
 from trainer.hooks import StepHooks
-from trainer.optim import ClippedParameters, SchedulerConfig, parse_optimizers, single_owner, step_owner
+from trainer.datamodule import overrides
+from trainer.optim import (
+    SchedulerConfig, check_scheduler_api, parse_optimizers, single_owner, step_owner, trainer_clipping,
+)
 
 import torch
 
@@ -49,8 +52,10 @@ class StagePlan:
             the strategy (DDP), bound once.
         automatic_optimization: the module's ``automatic_optimization``, read once per fit.
         step_owner: the callback that owns the optimizer step (AMP float16), or None.
-        clip_parameters: what gradient clipping walks: the first optimizer's parameters, in every
-            param group, also those added during fit (``optim.ClippedParameters``).
+        clip: clips the gradients of the optimizer it is given before it steps (automatic
+            optimization): the module's ``configure_gradient_clipping`` override with the Trainer's
+            settings, or ``Trainer(gradient_clip_val=...)``'s clipping (``optim.trainer_clipping``),
+            or None.
         step_hook_handles: manual optimization's optimizer hooks (``global_step``,
             ``on_before_optimizer_step``), removed at teardown.
         copy_losses: the non-finite guard keeps a copy of each step's loss, because a CUDA graph
@@ -66,7 +71,7 @@ class StagePlan:
     backward: Callable[[torch.Tensor], None]
     automatic_optimization: bool = True
     step_owner: Callback | None = None
-    clip_parameters: Callable[[], list[Any]] = list
+    clip: Callable[[torch.optim.Optimizer], None] | None = None
     step_hook_handles: list[Any] = dataclasses.field(default_factory=list)
     copy_losses: bool = True
     forward_backward: Callable[[Any, int, bool], tuple[Any, torch.Tensor]] | None = None
@@ -80,6 +85,8 @@ def setup_model(module: TrainingModule, strategy: Strategy, callbacks: list[Call
         for callback in callbacks:
             if (context := callback.module_init_context()) is not None:
                 contexts.enter_context(context)
+        if callable(getattr(module, "configure_sharded_model", None)):  # Lightning's deprecated name (a warning said)
+            module.configure_sharded_model()
         module.configure_model()
     module = strategy.setup_module(module)
     for callback in callbacks:
@@ -117,6 +124,7 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
     optimizer_states_to(optimizers, None)
     automatic = module.automatic_optimization  # read once: the hot loop reads it every step
     handles: list[Any] = []
+    clip = None
     if automatic:
         if len(optimizers) > 1:
             raise ValueError(
@@ -124,6 +132,15 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
                 "need manual optimization: set self.automatic_optimization = False in __init__ and "
                 "step them in training_step (self.optimizers(), self.manual_backward(loss))."
             )
+        steps_them = overrides(module, "lr_scheduler_step")
+        check_scheduler_api(scheduler_configs, steps_them)
+        for config in scheduler_configs if steps_them else ():
+            config.step_with = module.lr_scheduler_step
+        if overrides(module, "configure_gradient_clipping"):  # called at every step, as in Lightning
+            clip = functools.partial(module.configure_gradient_clipping, gradient_clip_val=trainer.gradient_clip_val,
+                                     gradient_clip_algorithm=trainer.gradient_clip_algorithm)
+        elif trainer.gradient_clip_val is not None:
+            clip = trainer_clipping(optimizers[0], trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
     else:
         if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val is not None:
             raise ValueError(
@@ -161,7 +178,7 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
         forward_backward = functools.partial(splitter.forward_backward, trainer, module, forward=forward)
     plan = StagePlan(
         hooks, training_step, backward, automatic_optimization=automatic, step_owner=step_owner(callbacks),
-        clip_parameters=ClippedParameters(optimizers[0]),
+        clip=clip,
         step_hook_handles=handles,
         copy_losses=strategy.may_replay_graphs or any(callback.may_replay_graphs for callback in callbacks),
         forward_backward=forward_backward,

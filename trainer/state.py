@@ -349,6 +349,8 @@ def receive_handoff(module: TrainingModule, callbacks: list[Any], metrics: Metri
     ``(current_epoch, global_step, preempted_by, end_of_fit)``."""
     # Layers that configure_model builds (late, in the workers) are built here too; built on the
     # meta device (for FSDP), they take the trained tensors as they are (assign).
+    if callable(getattr(module, "configure_sharded_model", None)):  # Lightning's deprecated name
+        module.configure_sharded_model()
     module.configure_model()
     on_meta = any(tensor.is_meta for tensor in itertools.chain(module.parameters(), module.buffers()))
     if not on_meta:  # the workers converted it (TruePrecision: "64-true", "bf16-true"): the same dtypes here

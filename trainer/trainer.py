@@ -27,11 +27,11 @@ from trainer.arguments import batch_end_outputs, loss_of, loss_without_grad, no_
 from trainer.data_source import STAGE_KIND, DataSource, collect_data
 from trainer.datamodule import DataModule
 from trainer.guards import LossGuard
-from trainer.hooks import evaluation_hooks, restore_train_modes, step_hooks, train_modes, warn_eval_modules
+from trainer.hooks import evaluation_hooks, step_hooks, warn_eval_modules
 from trainer.metrics import MetricStore
 from trainer.results import format_results, split_by_dataloader
 from trainer.module import TrainingModule
-from trainer.optim import SchedulerConfig, clip_gradients, ends_accumulation_window, step_schedulers
+from trainer.optim import SchedulerConfig, ends_accumulation_window, step_schedulers
 from trainer.preemption import Preemption, save_for_preemption
 from trainer.properties import TrainerProperties
 from trainer.searches import SearchSeams
@@ -459,8 +459,8 @@ class Trainer(TrainerProperties, SearchSeams):
             plan.step_owner.unscale_gradients(self, self.module, optimizer)
         if plan.hooks.before_step:
             plan.hooks.call_before_optimizer_step(self, self.module, optimizer)
-        if self.gradient_clip_val is not None:
-            clip_gradients(plan.clip_parameters(), self.gradient_clip_val, self.gradient_clip_algorithm)
+        if plan.clip is not None:  # Trainer(gradient_clip_val=...) or the module's configure_gradient_clipping
+            plan.clip(optimizer)
         if plan.step_owner is not None:
             applied = plan.step_owner.optimizer_step(self, self.module, optimizer) if backward_ran else True
         else:  # after a skipped backward it moves no weight that got no gradient
@@ -539,9 +539,9 @@ class Trainer(TrainerProperties, SearchSeams):
         under ``torch.inference_mode`` (``torch.no_grad`` within fit, as Lightning, or with ``inference_mode=False``); in eval
         mode, after which each submodule gets back its own mode (a frozen one stays in eval mode)."""
         several = len(loaders) > 1  # then steps and batch hooks get dataloader_idx, metrics a suffix
-        hooks = evaluation_hooks(stage, self, self.callbacks, self.module, several)
-        self._evaluation_stage, modes = stage, train_modes(self.model)
-        self.model.eval()
+        hooks = evaluation_hooks(stage, self, self.callbacks, self.module, several)  # captures the modes
+        self._evaluation_stage = stage
+        hooks.model_eval()
         self.metrics.start_evaluation()
         with self.strategy.evaluation_context(self.inference_mode and self.stage != "fit"):  # no_grad under FSDP
             for hook in hooks.start:
@@ -558,7 +558,7 @@ class Trainer(TrainerProperties, SearchSeams):
             self._log(published)
             for hook in hooks.end:
                 hook()
-        restore_train_modes(self.model, modes)
+        hooks.model_train()
         self._evaluation_stage = None
         if stage != "predict":
             return split_by_dataloader(values, len(loaders), specs)

@@ -27,6 +27,7 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from strategies import checkpoint as checkpoint_io
+from trainer.loading import restore_datamodule_state
 from trainer.optim import ends_accumulation_window
 from trainer.resume import failed_before_batch_end
 from trainer.seed import capture_rng_state, restore_rng_state
@@ -149,8 +150,8 @@ def read_checkpoint(strategy: Strategy, ckpt_path: Path | None, module: Training
     if ckpt_path is None:
         return None
     checkpoint = strategy.load_checkpoint(ckpt_path, module, optimizers)
-    if datamodule is not None and "datamodule" in checkpoint:
-        datamodule.load_state_dict(checkpoint["datamodule"])
+    if datamodule is not None:
+        restore_datamodule_state(datamodule, checkpoint)
     return checkpoint
 
 
@@ -173,7 +174,9 @@ def fitted_module(trainer: Trainer, stage: str, ckpt_path: Any) -> tuple[Trainin
 def _datamodule_state(datamodule: DataModule | None) -> dict[str, Any]:
     if datamodule is None:
         return {}
-    return {"datamodule": datamodule.state_dict(),
+    state = datamodule.state_dict()
+    # Lightning's key, the class's qualified name, written only when there is a state (as Lightning)
+    return {**({type(datamodule).__qualname__: state} if state else {}),
             "datamodule_hyper_parameters": checkpoint_io.plain_hyperparameters(datamodule.hparams),
             "datamodule_hyper_parameters_inexact": checkpoint_io.inexact_hyperparameters(datamodule.hparams),
             "datamodule_hparams_name": getattr(datamodule, "_hparams_name", "kwargs")}

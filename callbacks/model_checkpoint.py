@@ -176,7 +176,7 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
             return
         metrics = self._monitor_candidates(trainer)
         missing = self.monitor is not None and self.monitor not in metrics
-        stale = self.monitor is not None and not self._saves_on_train_epoch_end(trainer) and _validates_next(trainer, batch_idx)
+        stale = self.monitor is not None and not self._saves_on_train_epoch_end(trainer) and _validates_next(trainer)
         if missing or stale:  # rank after the validation that logs it; keep the state meanwhile
             self._defer_save_until_validation = True
             if self.save_last:
@@ -431,10 +431,10 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
             states[self.state_key] = states.pop(legacy)
 
 
-def _validates_next(trainer: Trainer, batch_idx: int) -> bool:
+def _validates_next(trainer: Trainer) -> bool:
     """The epoch's last batch ran, and an end-of-epoch validation follows it (Lightning defers then)."""
     every = trainer.check_val_every_n_epoch
-    return (batch_idx + 1 == trainer.num_training_batches and sum(trainer.num_val_batches) > 0
+    return (trainer.is_last_batch and sum(trainer.num_val_batches) > 0  # also a loader without a length
             and (every is None or (trainer.current_epoch + 1) % every == 0))
 
 

@@ -75,7 +75,7 @@ def is_accumulated_log_step(trainer: Trainer, progress: Progress) -> bool:
     just ran ends a log step, as Lightning's ``should_update_logs``: every ``log_every_n_steps``
     optimizer steps, at the end of a window, never inside one. (Without accumulation the loop checks
     ``batches_seen`` itself, at no cost.)"""
-    if not ends_accumulation_window(trainer.batch_idx, trainer.accumulate_grad_batches, trainer.num_training_batches):
+    if not ends_accumulation_window(trainer.batch_idx, trainer.accumulate_grad_batches, progress.epoch_batches):
         return False
     return (logger_step(trainer, progress, True) + 1) % trainer.log_every_n_steps == 0
 

@@ -41,7 +41,7 @@ from trainer.shorthands import reject_unknown_arguments, translate, with_lightni
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
     NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_batches, evaluation_loaders, gather_predictions, limit_reached,
-    load_fit_data, one_or_list, reload_due, say_min_not_met, say_trained_nothing, train_batches, val_reload_due, validation_schedule,
+    load_fit_data, one_or_list, reload_due, resumed_fit_loaders, say_min_not_met, say_trained_nothing, train_batches, val_reload_due, validation_schedule,
 )
 from trainer.state import (
     Progress, fitted_module, handoff_state, is_accumulated_log_step, logger_step, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
@@ -264,12 +264,12 @@ class Trainer(TrainerProperties, SearchSeams):
         checkpoint = read_checkpoint(self.strategy, ckpt_path, module, self.optimizers, data.datamodule)
         if self._fit_loaders is None:  # made already if configure_optimizers asked for estimated_stepping_batches
             self._make_loaders("fit", data)
-        self.should_stop, self._said_min_not_met, self._end_of_fit, self._progress.resumed = False, False, None, None
-        self._guard.losses = []
+        self.should_stop, self._said_min_not_met, self._end_of_fit, self._progress.resumed, self._guard.losses = False, False, None, None, []
         if ckpt_path is not None:  # the loop continues where the checkpoint was written
             resumed = restore(self, ckpt_path, state=checkpoint, sampler=self._progress.sampler)
             self.current_epoch, self.global_step, self.batch_idx = resumed.epoch, resumed.global_step, resumed.batches_done - 1
             self._progress.resumed, self._progress.batches_seen = resumed, resumed.batches_seen
+            self._fit_loaders = resumed_fit_loaders(self._fit_loaders, self)  # reloads count from here, as Lightning's
             self.callback_metrics.update(resumed.callback_metrics)
             self._guard.last_checkpoint = (str(ckpt_path), self.global_step)
         for callback in self.callbacks:

@@ -116,6 +116,20 @@ def test_test_after_fit_with_a_datamodule_uses_that_datamodule(make_trainer):
     assert "test_dataloader" in calls
 
 
+def test_a_stage_given_loaders_after_fit_with_a_datamodule_still_sets_that_datamodule_up(make_trainer, tmp_path):
+    # As Lightning's: trainer.datamodule stays fit's, so its prepare_data, setup and teardown run for a later stage
+    # given loaders; its loader hooks are not asked.
+    calls: list[str] = []
+    trainer = make_trainer(max_epochs=1)
+    model = Regressor(calls)
+    data = RegressionData(calls)
+    trainer.fit(model, datamodule=data)
+    calls.clear()
+    trainer.test(model, DataLoader(data.datasets["val"], batch_size=8), verbose=False)
+    assert calls == ["prepare_data", "datamodule.setup(test)", "module.setup(test)", "datamodule.teardown(test)"]
+    assert trainer.datamodule is data
+
+
 def test_the_datamodule_state_is_kept_in_checkpoints_and_restored(make_trainer, tmp_path):
     calls: list[str] = []
     checkpoints = ModelCheckpoint(dirpath=tmp_path / "checkpoints")

@@ -189,7 +189,7 @@ class Trainer(TrainerProperties, SearchSeams):
         (``ModelCheckpoint(async_save=True)``'s): wait for a snapshot only, and write it in that writer's thread."""
         if self.module is not None:  # a stage runs: never write weights a NaN/inf loss produced
             self._guard.check(self.strategy, self.current_epoch)
-        datamodule = self._data.datamodule if self._data is not None else None
+        datamodule = self.datamodule if self._data is not None else None  # as Lightning's: also an earlier stage's
         step = write_checkpoint(self, filepath, self._progress, datamodule, self._end_of_fit, bool(weights_only),
                                 storage_options, background)
         if not weights_only:  # the last checkpoint a run can resume from, named when a loss turns NaN
@@ -216,7 +216,7 @@ class Trainer(TrainerProperties, SearchSeams):
             output, handoff = self.strategy.launch(self._run_stage, stage, module, data, self._ckpt_path, search)
         if handoff is not None:  # the work ran in other processes: bring its results here
             self.current_epoch, self.global_step, self._preemption.signal_number, end_of_fit = receive_handoff(
-                module, self.callbacks, self.metrics, handoff, data.datamodule)  # also weights, callbacks, metrics
+                module, self.callbacks, self.metrics, handoff, self.datamodule)  # also weights, callbacks, metrics
             self._end_of_fit = (module, end_of_fit) if end_of_fit is not None else self._end_of_fit
         self._preemption.exit_if_stopped()  # SystemExit(128 + signal) once a signal stopped fit
         return output
@@ -242,12 +242,12 @@ class Trainer(TrainerProperties, SearchSeams):
                 with self._preemption.handle_signals(self.strategy.world_size, self.is_global_zero):  # save, stop
                     output = self._run_fit(module, data, ckpt_path)
             else:
-                checkpoint = read_checkpoint(self.strategy, ckpt_path, module, [], data.datamodule)  # weights only
+                checkpoint = read_checkpoint(self.strategy, ckpt_path, module, [], self.datamodule)  # weights only
                 if ckpt_path is not None:
                     restore(self, ckpt_path, model_only=True, state=checkpoint)
                 self._make_loaders(stage, data)
                 output = self._evaluation_loop(stage, *self._evaluation_loaders)
-            handoff = (handoff_state(self, module, stage, data.datamodule, self._end_of_fit, self._preemption.stopping_signal())
+            handoff = (handoff_state(self, module, stage, self.datamodule, self._end_of_fit, self._preemption.stopping_signal())
                        if self.strategy.launches_subprocesses else None)
             return output, handoff
         except BaseException as error:
@@ -261,7 +261,7 @@ class Trainer(TrainerProperties, SearchSeams):
 
     # --- fit: the loop ---------------------------------------------------------------------
     def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
-        checkpoint = read_checkpoint(self.strategy, ckpt_path, module, self.optimizers, data.datamodule)
+        checkpoint = read_checkpoint(self.strategy, ckpt_path, module, self.optimizers, self.datamodule)
         if self._fit_loaders is None:  # made already if configure_optimizers asked for estimated_stepping_batches
             self._make_loaders("fit", data)
         self.should_stop, self._said_min_not_met, self._end_of_fit, self._progress.resumed, self._guard.losses = False, False, None, None, []

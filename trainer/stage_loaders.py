@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from callbacks.console import warn
+from callbacks.console import info, warn
 from strategies.loaders import recording_batch_indices
 from strategies.transfer import move_to_device
 from trainer.batch_transfer import BatchTransfer, transferred
@@ -179,6 +179,15 @@ def say_min_not_met(min_epochs: int | None, min_steps: int | None, say: bool) ->
         print(f"Cadence: trainer.should_stop was set, but the required `min_epochs={min_epochs}` or "
               f"`min_steps={min_steps}` has not been met. Training will continue until they are.", file=sys.stderr)
     return True
+
+
+def say_fit_stopped(max_epochs: int | None, max_steps: int, epoch: int, step: int, say: bool) -> None:
+    """Lightning's line (``say``: rank zero) when fit ends at ``max_steps`` or ``max_epochs``, through
+    logging at INFO when the program configured it (else on stderr); nothing when something else stopped it."""
+    if say and max_steps != -1 and step >= max_steps:
+        info(f"`Trainer.fit` stopped: `max_steps={max_steps!r}` reached.")
+    elif say and max_epochs not in (None, -1) and epoch >= max_epochs:
+        info(f"`Trainer.fit` stopped: `max_epochs={max_epochs!r}` reached.")
 
 
 def say_trained_nothing(limit: str | None) -> None:

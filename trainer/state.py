@@ -31,7 +31,7 @@ from trainer.loading import restore_datamodule_state
 from trainer.optim import ends_accumulation_window
 from trainer.resume import failed_before_batch_end
 from trainer.seed import capture_rng_state, restore_rng_state
-from callbacks.console import warn
+from callbacks.console import info, warn
 
 if TYPE_CHECKING:
     from strategies import Strategy
@@ -272,7 +272,7 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
     _restore_callbacks(trainer, state.get("callbacks") or {}, path)  # none in a weights-only checkpoint
     if model_only:
         if trainer.is_global_zero:  # Lightning's line
-            print(f"Loaded model weights from the checkpoint at {path}", file=sys.stderr, flush=True)
+            info(f"Loaded model weights from the checkpoint at {path}")  # through logging when configured, as Lightning's
         return None
     checkpoint_io.load_optimizers(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], state, path,
                                   functools.partial(strategy.load_optimizer_state_dict, module))

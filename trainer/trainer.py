@@ -41,7 +41,7 @@ from trainer.shorthands import reject_unknown_arguments, translate, with_lightni
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
     NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_batches, evaluation_loaders, gather_predictions, limit_reached,
-    load_fit_data, one_or_list, reload_due, resumed_fit_loaders, say_min_not_met, say_trained_nothing, train_batches, val_reload_due, validation_schedule,
+    load_fit_data, one_or_list, reload_due, resumed_fit_loaders, say_fit_stopped, say_min_not_met, say_trained_nothing, train_batches, val_reload_due, validation_schedule,
 )
 from trainer.state import (
     Progress, fitted_module, handoff_state, is_accumulated_log_step, logger_step, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
@@ -89,8 +89,7 @@ class Trainer(TrainerProperties, SearchSeams):
         seed: int | None = None, deterministic: bool = False, on_nonfinite_loss: str = "raise",
         accelerator: str = "auto", num_nodes: int = 1, fast_dev_run: bool | int = False,
         min_epochs: int | None = None, min_steps: int | None = None, max_time: str | datetime.timedelta | dict[str, int] | None = None,
-        overfit_batches: int | float = 0.0, enable_model_summary: bool | None = None,
-        benchmark: bool | None = None, detect_anomaly: bool = False,
+        overfit_batches: int | float = 0.0, enable_model_summary: bool | None = None, benchmark: bool | None = None, detect_anomaly: bool = False,
         inference_mode: bool = True, use_distributed_sampler: bool = True, sync_batchnorm: bool = False,
         reload_dataloaders_every_n_epochs: int = 0, profiler: Any = None, report: bool = True, barebones: bool = False,
         **unknown: Any,
@@ -291,6 +290,7 @@ class Trainer(TrainerProperties, SearchSeams):
                 self._make_loaders("fit", data, ("train",))  # the val loaders when validation is next due
                 loaded_at = self.current_epoch
             self._run_train_epoch()
+        say_fit_stopped(self.max_epochs, self.max_steps, self.current_epoch, self.global_step, self.is_global_zero)
         # What save_checkpoint writes after fit returns (optimizer states by reference: nothing copied).
         self._end_of_fit = (module, training_state(self, self._progress))
         for callback in self.callbacks:

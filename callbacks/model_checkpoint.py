@@ -130,8 +130,8 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
 
     # --- when to save ---------------------------------------------------------------------
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
-        if self._dir is None:
-            self.dirpath = Path(trainer.log_dir) / "checkpoints"
+        if self._dir is None:  # as Lightning's: relative when the log directory is (a dirpath given is made absolute)
+            self._dir = Path(trainer.log_dir) / "checkpoints"
         if self._dir.exists() and not self._dir.is_dir():
             raise ValueError(f"ModelCheckpoint(dirpath={self.dirpath!r}) is a file; use a directory.")
         if self._background is not None and not trainer.strategy.supports_background_saves:
@@ -409,8 +409,8 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
         self._validated = state_dict.get("validated", False)
         saved_in = state_dict.get("dirpath")
         if self._dir is None and saved_in is not None:  # the caller of a spawned fit: where the workers saved
-            self.dirpath = saved_in
-        elif self._dir is not None and saved_in is not None and Path(saved_in) != self._dir:
+            self._dir = Path(saved_in)
+        elif self._dir is not None and saved_in is not None and os.path.realpath(saved_in) != os.path.realpath(self._dir):
             # As Lightning: ranking files in another directory could delete them.
             warn(f"ModelCheckpoint's dirpath changed from {saved_in} to {self.dirpath}; only best_model_path "
                  "is restored, not the top-k bookkeeping of the old directory.")

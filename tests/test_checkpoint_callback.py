@@ -217,6 +217,19 @@ def test_a_step_trigger_at_the_last_batch_of_a_loader_without_a_length_waits_for
     assert checkpoint_names(tmp_path) == ["16-1.0.ckpt", "8-2.0.ckpt"]
 
 
+def test_with_a_relative_default_root_dir_the_checkpoint_paths_stay_relative_as_lightnings(
+        make_trainer, regression_loader, tmp_path, monkeypatch):
+    # Lightning joins default_root_dir (no logger) and "checkpoints" as given; a dirpath given is made absolute.
+    monkeypatch.chdir(tmp_path)
+    checkpoint = ModelCheckpoint()
+    make_trainer(max_epochs=1, default_root_dir="runs", callbacks=[checkpoint]).fit(Scored([1.0]), regression_loader)
+    assert checkpoint.dirpath == str(Path("runs", "checkpoints"))
+    assert checkpoint.best_model_path == str(Path("runs", "checkpoints", "epoch=0-step=8.ckpt"))
+    assert Path(checkpoint.best_model_path).is_file()
+    given = ModelCheckpoint(dirpath="mine")
+    assert given.dirpath == str(tmp_path.resolve() / "mine")
+
+
 def test_a_nan_score_ranks_as_the_worst(make_trainer, regression_loader, tmp_path):
     checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="val/score", filename="{epoch}")
     make_trainer(max_epochs=2, callbacks=[checkpoint], num_sanity_val_steps=0).fit(

@@ -159,6 +159,7 @@ def test_a_datamodule_state_under_lightnings_key_or_cadences_old_one_is_restored
     trainer.fit(Regressor(), datamodule=RegressionData([]))
     trainer.save_checkpoint(path)
     saved = torch.load(path, weights_only=True)
+    assert "datamodule_hyper_parameters" in saved  # RegressionData saved batch_size
     saved[key] = {"epochs_loaded": 5}
     saved.pop("RegressionData" if key == "datamodule" else "datamodule", None)
     torch.save(saved, path)
@@ -166,6 +167,19 @@ def test_a_datamodule_state_under_lightnings_key_or_cadences_old_one_is_restored
     make_trainer(max_epochs=2).fit(Regressor(calls), datamodule=RegressionData(calls), ckpt_path=path)
     assert "load_state_dict({'epochs_loaded': 5})" in calls
     assert RegressionData.load_from_checkpoint(path, calls=[]).epochs_loaded == 5
+
+
+def test_a_datamodule_without_hyperparameters_or_state_adds_no_keys_to_checkpoints(make_trainer, tmp_path, regression_data):
+    # As Lightning's dump_checkpoint: its hyperparameters and its state only when it has some.
+    class Plain(DataModule):
+        def train_dataloader(self):
+            return DataLoader(regression_data, batch_size=16)
+
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(Regressor(), datamodule=Plain())
+    trainer.save_checkpoint(tmp_path / "plain.ckpt")
+    saved = torch.load(tmp_path / "plain.ckpt", weights_only=True)
+    assert [key for key in saved if "datamodule" in key or "Plain" in key] == []
 
 
 def test_from_datasets_serves_the_datasets_it_was_given(make_trainer, regression_data):

@@ -175,11 +175,11 @@ def _datamodule_state(datamodule: DataModule | None) -> dict[str, Any]:
     if datamodule is None:
         return {}
     state = datamodule.state_dict()
-    # Lightning's key, the class's qualified name, written only when there is a state (as Lightning)
+    # As Lightning: its state under the class's qualified name, its hyperparameters, each only when there are any
     return {**({type(datamodule).__qualname__: state} if state else {}),
-            "datamodule_hyper_parameters": checkpoint_io.plain_hyperparameters(datamodule.hparams),
-            "datamodule_hyper_parameters_inexact": checkpoint_io.inexact_hyperparameters(datamodule.hparams),
-            "datamodule_hparams_name": getattr(datamodule, "_hparams_name", "kwargs")}
+            **({"datamodule_hyper_parameters": checkpoint_io.plain_hyperparameters(datamodule.hparams),
+                "datamodule_hyper_parameters_inexact": checkpoint_io.inexact_hyperparameters(datamodule.hparams),
+                "datamodule_hparams_name": getattr(datamodule, "_hparams_name", "kwargs")} if datamodule.hparams else {})}
 
 
 def end_of_fit_checkpoint(trainer: Trainer, end_of_fit: tuple[TrainingModule, dict[str, Any]] | None,

@@ -75,12 +75,14 @@ class CSVLogger(AsyncLogger):
                 kept = [row for row in rows if resume_step > 0 and _number(row[step]) < resume_step]  # step n - 1: step n's
                 self.columns = header if resume_step > 0 else self.columns  # or, at step 0, start over
                 self._replace(kept, self.columns)
-        self._file = open(self.path, "a", newline="")
-        self._csv = csv.writer(self._file)
-        if self._file.tell() == 0:
-            self._csv.writerow(self.columns)
+        self._file = None  # metrics.csv is made by the first row, as Lightning's: a run that logs nothing leaves none
 
     def write(self, metrics: dict[str, float], step: int) -> None:
+        if self._file is None:
+            self._file = open(self.path, "a", newline="")
+            self._csv = csv.writer(self._file)
+            if self._file.tell() == 0:
+                self._csv.writerow(self.columns)
         new = [name for name in metrics if name not in self.columns]
         if new:
             previous, self.columns = self.columns, sorted(self.columns + new)
@@ -108,7 +110,8 @@ class CSVLogger(AsyncLogger):
         os.replace(temporary, self.path)
 
     def flush(self) -> None:
-        self._file.flush()
+        if self._file is not None:
+            self._file.flush()
 
     def close(self) -> None:
         if getattr(self, "_file", None) is not None:

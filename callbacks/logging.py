@@ -153,7 +153,8 @@ def write_hparams(directory: Path, hparams: Mapping[str, Any]) -> None:
 
     directory.mkdir(parents=True, exist_ok=True)
     temporary = directory / f".hparams.yaml.{threading.get_ident()}.tmp"
-    temporary.write_text(yaml.safe_dump(plain_hparams(hparams), sort_keys=False))  # in the order saved, as Lightning
+    # Keys sorted, as Lightning's yaml.dump writes them (OmegaConf, when installed, keeps their order there)
+    temporary.write_text(yaml.safe_dump(plain_hparams(hparams), sort_keys=True))
     os.replace(temporary, directory / "hparams.yaml")
 
 

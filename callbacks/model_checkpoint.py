@@ -130,8 +130,8 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
 
     # --- when to save ---------------------------------------------------------------------
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
-        if self._dir is None:
-            self.dirpath = Path(trainer.log_dir) / "checkpoints"
+        if self._dir is None:  # as Lightning's: relative when the log directory is (a dirpath given is made absolute)
+            self._dir = Path(trainer.log_dir) / "checkpoints"
         if self._dir.exists() and not self._dir.is_dir():
             raise ValueError(f"ModelCheckpoint(dirpath={self.dirpath!r}) is a file; use a directory.")
         if self._background is not None and not trainer.strategy.supports_background_saves:
@@ -176,7 +176,7 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
             return
         metrics = self._monitor_candidates(trainer)
         missing = self.monitor is not None and self.monitor not in metrics
-        stale = self.monitor is not None and not self._saves_on_train_epoch_end(trainer) and _validates_next(trainer, batch_idx)
+        stale = self.monitor is not None and not self._saves_on_train_epoch_end(trainer) and _validates_next(trainer)
         if missing or stale:  # rank after the validation that logs it; keep the state meanwhile
             self._defer_save_until_validation = True
             if self.save_last:
@@ -409,8 +409,8 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
         self._validated = state_dict.get("validated", False)
         saved_in = state_dict.get("dirpath")
         if self._dir is None and saved_in is not None:  # the caller of a spawned fit: where the workers saved
-            self.dirpath = saved_in
-        elif self._dir is not None and saved_in is not None and Path(saved_in) != self._dir:
+            self._dir = Path(saved_in)
+        elif self._dir is not None and saved_in is not None and os.path.realpath(saved_in) != os.path.realpath(self._dir):
             # As Lightning: ranking files in another directory could delete them.
             warn(f"ModelCheckpoint's dirpath changed from {saved_in} to {self.dirpath}; only best_model_path "
                  "is restored, not the top-k bookkeeping of the old directory.")
@@ -431,10 +431,10 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
             states[self.state_key] = states.pop(legacy)
 
 
-def _validates_next(trainer: Trainer, batch_idx: int) -> bool:
+def _validates_next(trainer: Trainer) -> bool:
     """The epoch's last batch ran, and an end-of-epoch validation follows it (Lightning defers then)."""
     every = trainer.check_val_every_n_epoch
-    return (batch_idx + 1 == trainer.num_training_batches and sum(trainer.num_val_batches) > 0
+    return (trainer.is_last_batch and sum(trainer.num_val_batches) > 0  # also a loader without a length
             and (every is None or (trainer.current_epoch + 1) % every == 0))
 
 

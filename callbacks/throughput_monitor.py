@@ -183,11 +183,13 @@ class ThroughputMonitor(Callback):
         self._start(trainer, "train")
 
     def on_train_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        # Written when an accumulation window ends (the optimizer step is in the time) at a log step.
+        # Written when an accumulation window ends (the optimizer step is in the time) at a log step, at
+        # Lightning's step: the optimizer steps before this one (every batch under manual optimization).
         count = self._counts.get("train")
         seen = count.batches + 1 if count is not None else 0
-        window_ends = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 == trainer.num_training_batches
-        self._update(trainer, module, "train", batch, window_ends and seen % trainer.log_every_n_steps == 0, seen - 1)
+        window_ends = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or trainer.is_last_batch
+        stepped = trainer.global_step if module.automatic_optimization else seen
+        self._update(trainer, module, "train", batch, window_ends and stepped % trainer.log_every_n_steps == 0, stepped - 1)
 
     def on_validation_start(self, trainer: Trainer, module: TrainingModule) -> None:
         if not trainer.sanity_checking:

@@ -195,6 +195,41 @@ def test_a_step_trigger_before_the_first_validation_ranks_after_it(make_trainer,
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["loops"]["global_step"] == 16
 
 
+class Stream(torch.utils.data.IterableDataset):
+    """A loader without a length: 64 samples of the regression problem, in batches of 8."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __iter__(self):
+        return iter(self.data)
+
+
+def test_a_step_trigger_at_the_last_batch_of_a_loader_without_a_length_waits_for_the_validation_after_it(
+        make_trainer, regression_data, tmp_path):
+    # Lightning's rule, also when the epoch's length is known only at its last batch: the score of the
+    # last validation is stale there, so the ranked file waits for the end-of-epoch validation.
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="val/score", every_n_train_steps=8, save_top_k=-1,
+                                 save_on_train_epoch_end=False, filename="{step}-{val/score:.1f}",
+                                 auto_insert_metric_name=False, save_last=False)
+    stream = torch.utils.data.DataLoader(Stream(regression_data), batch_size=8)
+    make_trainer(max_epochs=2, callbacks=[checkpoint], num_sanity_val_steps=0).fit(Scored([2.0, 1.0]), stream, stream)
+    assert checkpoint_names(tmp_path) == ["16-1.0.ckpt", "8-2.0.ckpt"]
+
+
+def test_with_a_relative_default_root_dir_the_checkpoint_paths_stay_relative_as_lightnings(
+        make_trainer, regression_loader, tmp_path, monkeypatch):
+    # Lightning joins default_root_dir (no logger) and "checkpoints" as given; a dirpath given is made absolute.
+    monkeypatch.chdir(tmp_path)
+    checkpoint = ModelCheckpoint()
+    make_trainer(max_epochs=1, default_root_dir="runs", callbacks=[checkpoint]).fit(Scored([1.0]), regression_loader)
+    assert checkpoint.dirpath == str(Path("runs", "checkpoints"))
+    assert checkpoint.best_model_path == str(Path("runs", "checkpoints", "epoch=0-step=8.ckpt"))
+    assert Path(checkpoint.best_model_path).is_file()
+    given = ModelCheckpoint(dirpath="mine")
+    assert given.dirpath == str(tmp_path.resolve() / "mine")
+
+
 def test_a_nan_score_ranks_as_the_worst(make_trainer, regression_loader, tmp_path):
     checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="val/score", filename="{epoch}")
     make_trainer(max_epochs=2, callbacks=[checkpoint], num_sanity_val_steps=0).fit(

@@ -87,6 +87,19 @@ def test_reloading_calls_the_hooks_in_the_epochs_lightning_calls_them(make_train
     assert [epoch for kind, epoch in module.loads if kind == "val"] == val_epochs
 
 
+def test_a_resumed_fit_counts_reloads_from_the_epoch_it_resumes_at(make_trainer, tmp_path):
+    """Lightning's rule on resume: its loaders are made when the resumed fit starts (epoch 3 here), so with
+    every 2 epochs they are made again at epochs 5 and 7 (not at 4 and 6, as a run from epoch 0 would)."""
+    first = make_trainer(max_epochs=3, reload_dataloaders_every_n_epochs=2, num_sanity_val_steps=0)
+    first.fit(CountsLoads())
+    first.save_checkpoint(tmp_path / "epoch3.ckpt")
+    module = CountsLoads()
+    make_trainer(max_epochs=8, reload_dataloaders_every_n_epochs=2).fit(module, ckpt_path=tmp_path / "epoch3.ckpt")
+    # The first loads come before the checkpoint's state is restored (docs/lightning.md), at its epoch 0.
+    assert [epoch for kind, epoch in module.loads if kind == "train"] == [0, 5, 7]
+    assert [epoch for kind, epoch in module.loads if kind == "val"] == [0, 5, 7]
+
+
 @pytest.mark.parametrize("stage, step", [("fit", "training_step"), ("fit", "validation_step"),
                                          ("test", "test_step"), ("predict", "predict_step")])
 def test_a_step_taking_dataloader_iter_is_refused_before_anything_runs(make_trainer, stage, step):

@@ -116,6 +116,20 @@ def test_test_after_fit_with_a_datamodule_uses_that_datamodule(make_trainer):
     assert "test_dataloader" in calls
 
 
+def test_a_stage_given_loaders_after_fit_with_a_datamodule_still_sets_that_datamodule_up(make_trainer, tmp_path):
+    # As Lightning's: trainer.datamodule stays fit's, so its prepare_data, setup and teardown run for a later stage
+    # given loaders; its loader hooks are not asked.
+    calls: list[str] = []
+    trainer = make_trainer(max_epochs=1)
+    model = Regressor(calls)
+    data = RegressionData(calls)
+    trainer.fit(model, datamodule=data)
+    calls.clear()
+    trainer.test(model, DataLoader(data.datasets["val"], batch_size=8), verbose=False)
+    assert calls == ["prepare_data", "datamodule.setup(test)", "module.setup(test)", "datamodule.teardown(test)"]
+    assert trainer.datamodule is data
+
+
 def test_the_datamodule_state_is_kept_in_checkpoints_and_restored(make_trainer, tmp_path):
     calls: list[str] = []
     checkpoints = ModelCheckpoint(dirpath=tmp_path / "checkpoints")
@@ -123,7 +137,7 @@ def test_the_datamodule_state_is_kept_in_checkpoints_and_restored(make_trainer, 
     data = RegressionData(calls)
     trainer.fit(Regressor(calls), datamodule=data)
     saved = torch.load(checkpoints.last_model_path, weights_only=True)
-    assert saved["datamodule"] == {"epochs_loaded": 1}
+    assert saved["RegressionData"] == {"epochs_loaded": 1}  # Lightning's key: the class's __qualname__
     assert saved["datamodule_hyper_parameters"] == {"batch_size": 8}
 
     resumed_calls: list[str] = []
@@ -135,6 +149,37 @@ def test_the_datamodule_state_is_kept_in_checkpoints_and_restored(make_trainer, 
     make_trainer().test(Regressor(test_calls), datamodule=RegressionData(test_calls), ckpt_path=checkpoints.last_model_path,
                         verbose=False)
     assert test_calls.index("load_state_dict({'epochs_loaded': 1})") < test_calls.index("test_dataloader")
+
+
+@pytest.mark.parametrize("key", ["datamodule", "RegressionData"])
+def test_a_datamodule_state_under_lightnings_key_or_cadences_old_one_is_restored(make_trainer, tmp_path, key):
+    # Lightning's checkpoints keep it under the class's __qualname__; Cadence's before round 5 under "datamodule".
+    path = tmp_path / "data.ckpt"
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(Regressor(), datamodule=RegressionData([]))
+    trainer.save_checkpoint(path)
+    saved = torch.load(path, weights_only=True)
+    assert "datamodule_hyper_parameters" in saved  # RegressionData saved batch_size
+    saved[key] = {"epochs_loaded": 5}
+    saved.pop("RegressionData" if key == "datamodule" else "datamodule", None)
+    torch.save(saved, path)
+    calls: list[str] = []
+    make_trainer(max_epochs=2).fit(Regressor(calls), datamodule=RegressionData(calls), ckpt_path=path)
+    assert "load_state_dict({'epochs_loaded': 5})" in calls
+    assert RegressionData.load_from_checkpoint(path, calls=[]).epochs_loaded == 5
+
+
+def test_a_datamodule_without_hyperparameters_or_state_adds_no_keys_to_checkpoints(make_trainer, tmp_path, regression_data):
+    # As Lightning's dump_checkpoint: its hyperparameters and its state only when it has some.
+    class Plain(DataModule):
+        def train_dataloader(self):
+            return DataLoader(regression_data, batch_size=16)
+
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(Regressor(), datamodule=Plain())
+    trainer.save_checkpoint(tmp_path / "plain.ckpt")
+    saved = torch.load(tmp_path / "plain.ckpt", weights_only=True)
+    assert [key for key in saved if "datamodule" in key or "Plain" in key] == []
 
 
 def test_from_datasets_serves_the_datasets_it_was_given(make_trainer, regression_data):

@@ -4,6 +4,7 @@ is what Lightning answers for the same script (its source named where the rule c
 from __future__ import annotations
 
 import inspect
+import logging
 import signal
 
 import pytest
@@ -336,3 +337,20 @@ def test_a_script_written_against_import_lightning_pytorch_as_pl_runs_with_that_
         pl.loggers.WandbLogger()
     with pytest.raises(AttributeError, match="'plugins': Lightning's plugins are Trainer arguments in Cadence"):
         pl.plugins
+
+
+class StopsAtStep(LinearRegression):
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.trainer.global_step == 2:
+            self.trainer.should_stop = True
+
+
+@pytest.mark.parametrize("limits, module, said", [
+    (dict(max_epochs=1), LinearRegression, ["`Trainer.fit` stopped: `max_epochs=1` reached."]),
+    (dict(max_steps=3), LinearRegression, ["`Trainer.fit` stopped: `max_steps=3` reached."]),
+    (dict(max_epochs=3), StopsAtStep, []),  # Lightning says should_stop's at DEBUG only
+])
+def test_fit_says_which_limit_stopped_it_in_lightnings_words(make_trainer, regression_loader, caplog, limits, module, said):
+    with caplog.at_level(logging.INFO):  # pytest configures logging: the line goes there, as Lightning's
+        make_trainer(**limits).fit(module(), regression_loader)
+    assert [message for message in caplog.messages if "stopped" in message] == said

@@ -274,7 +274,18 @@ def test_one_key_logged_as_a_metric_object_and_as_a_tensor_is_an_error_naming_th
         make_trainer(max_epochs=1).fit(Twice(), loader())
 
 
-def test_under_gradient_accumulation_a_log_step_is_every_nth_optimizer_step(make_trainer):
+class Stream(torch.utils.data.IterableDataset):
+    """``dataset``'s samples from a loader without a length (its last batch is known only when it comes)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        return iter(self.dataset)
+
+
+@pytest.mark.parametrize("sized", [True, False], ids=["sized", "iterable"])
+def test_under_gradient_accumulation_a_log_step_is_every_nth_optimizer_step(make_trainer, sized):
     # Lightning logs at the end of a window when its optimizer steps so far (_batches_that_stepped + 1) are a
     # multiple of log_every_n_steps, never inside a window. 5 batches of 8 in windows of 2 (2, 2, 1): 3 optimizer
     # steps an epoch, at batches 1, 3, 4; over 3 epochs, steps 2, 4, 6, 8 are log steps: batch 3 of epoch 0,
@@ -292,7 +303,8 @@ def test_under_gradient_accumulation_a_log_step_is_every_nth_optimizer_step(make
             return super().training_step(batch, batch_idx)
 
     logger = Remember()
-    make_trainer(max_epochs=3, accumulate_grad_batches=2, log_every_n_steps=2, logger=logger).fit(Batches(), loader(40, 8))
+    batches = loader(40, 8) if sized else DataLoader(Stream(loader(40, 8).dataset), batch_size=8)
+    make_trainer(max_epochs=3, accumulate_grad_batches=2, log_every_n_steps=2, logger=logger).fit(Batches(), batches)
     assert [row for row in logger.rows if row[2] is not None] == [(1, 0, 3.0), (3, 1, 1.0), (5, 1, 4.0), (7, 2, 3.0)]
 
 

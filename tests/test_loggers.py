@@ -146,6 +146,8 @@ def test_metrics_csv_rows_are_in_step_order_when_validation_runs_between_log_ste
 def test_hyperparameters_reach_hparams_yaml_and_tensorboard_with_the_final_metrics(logged_run):
     trainer, _, events, _ = logged_run
     assert yaml.safe_load((Path(trainer.log_dir) / "hparams.yaml").read_text()) == {"lr": 0.05, "hidden": 8, "note": "tiny"}
+    # in sorted order, as Lightning's yaml.dump writes them (saved as lr, hidden, note)
+    assert list(yaml.safe_load((Path(trainer.log_dir) / "hparams.yaml").read_text())) == ["hidden", "lr", "note"]
     content = events.PluginTagToContent("hparams")
     start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
     assert {key: value.number_value or value.string_value for key, value in start.hparams.items()} == {
@@ -175,6 +177,15 @@ def test_a_csv_logger_follows_lightnings_directory_scheme_and_sets_the_runs_log_
     assert sorted(path.name for path in run.iterdir()) == ["checkpoints", "hparams.yaml", "metrics.csv"]
     assert [CSVLogger(tmp_path / "logs", name="mnist").version, CSVLogger(tmp_path / "logs", name="").log_dir] == [
         4, str(tmp_path / "logs" / "version_0")]
+
+
+def test_a_csv_logger_given_nothing_to_log_writes_no_metrics_csv(make_trainer, tmp_path):
+    # As Lightning's: metrics.csv is made by the first row written; hparams.yaml is always there.
+    from linear_regression import LinearRegression  # logs nothing
+
+    trainer = make_trainer(max_epochs=1, logger=CSVLogger(tmp_path), log_every_n_steps=1)
+    trainer.fit(LinearRegression(), loader(2))
+    assert sorted(path.name for path in Path(trainer.log_dir).iterdir()) == ["hparams.yaml"]
 
 
 def test_loggers_left_to_their_defaults_share_the_next_version(make_trainer, tmp_path):

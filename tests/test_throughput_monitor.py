@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from linear_regression import LinearRegression
+import torch
+from linear_regression import LinearRegression, regression_samples
 
 from callbacks import Logger, Throughput, ThroughputMonitor
 
@@ -53,3 +54,23 @@ def test_the_monitor_writes_each_stage_at_log_steps_and_warns_once_without_flops
     assert [row["test/batches"] for _, row in recorder.rows if "test/batches" in row] == [4, 8]
     with pytest.raises(TypeError, match=r"ThroughputMonitor got \['windows'\]: besides batch_size_fn and length_fn"):
         ThroughputMonitor(batch_size_fn=len, windows=3)
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """48 samples from a loader without a length: its last batch is known only when it comes."""
+
+    def __iter__(self):
+        return iter(torch.utils.data.TensorDataset(*regression_samples(48)))
+
+
+@pytest.mark.parametrize("log_every_n_steps, expected", [(1, [(0, 4), (1, 6), (2, 10), (3, 12)]), (2, [(1, 6), (3, 12)])])
+def test_under_accumulation_the_monitor_writes_at_window_ends_and_lightnings_steps(make_trainer, log_every_n_steps, expected):
+    # 6 batches an epoch in windows of 4: optimizer steps after batches 4, 6 (the epoch's last, the loader has no
+    # length), 10 and 12; written at Lightning's step (the optimizer steps before) when it is a log step.
+    recorder = Recorder()
+    monitor = ThroughputMonitor(batch_size_fn=lambda batch: batch[0].size(0))
+    trainer = make_trainer(max_epochs=2, accumulate_grad_batches=4, log_every_n_steps=log_every_n_steps, logger=recorder,
+                           callbacks=[monitor])
+    with pytest.warns(UserWarning, match="flops_per_batch"):
+        trainer.fit(LinearRegression(), torch.utils.data.DataLoader(Stream(), batch_size=8))
+    assert [(step, row["train/batches"]) for step, row in recorder.rows if "train/batches" in row] == expected

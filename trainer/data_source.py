@@ -259,11 +259,12 @@ def _check_loader(value: Any, where: str) -> None:
                         "iterable of batches.")
 
 
-def prepare_data(data: DataSource, strategy: Any) -> None:
-    """``prepare_data`` of the datamodule, then of the module, in one process per machine (local rank
+def prepare_data(data: DataSource, strategy: Any, datamodule: DataModule | None) -> None:
+    """``prepare_data`` of the ``datamodule`` (the stage's, or as in Lightning an earlier stage's when this
+    one was given none), then of the module, in one process per machine (local rank
     zero), or in one in all (global rank zero) when their ``prepare_data_per_node`` is False; every
     process then waits for it, so that none reads data still being written."""
-    owners = [owner for owner in (data.datamodule, data.module) if owner is not None and overrides(owner, "prepare_data")]
+    owners = [owner for owner in (datamodule, data.module) if owner is not None and overrides(owner, "prepare_data")]
     for owner in owners:
         rank = strategy.local_rank if owner.prepare_data_per_node else strategy.global_rank
         if rank == 0:

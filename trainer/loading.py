@@ -49,9 +49,17 @@ def load_datamodule(cls: type[DataModule], path: str | os.PathLike, map_location
     state = checkpoint_io.read_checkpoint(path, map_location=_available_or_cpu if map_location is None else map_location,
                                           weights=False)
     datamodule = cls(**init_arguments(cls, state, overrides, Path(path), hparams_file))
-    if state.get("datamodule"):
-        datamodule.load_state_dict(state["datamodule"])
+    restore_datamodule_state(datamodule, state)
     return datamodule
+
+
+def restore_datamodule_state(datamodule: DataModule, checkpoint: dict[str, Any]) -> None:
+    """Load into ``datamodule`` the state a checkpoint kept of it: under its class's ``__qualname__``
+    (Lightning's key, which Cadence writes), or under ``"datamodule"`` (Cadence's checkpoints before
+    it wrote Lightning's key). Nothing is loaded when neither is there (an empty state is not written)."""
+    state = checkpoint.get(type(datamodule).__qualname__, checkpoint.get("datamodule"))
+    if state:
+        datamodule.load_state_dict(state)
 
 
 def init_arguments(cls: type, state: dict[str, Any], overrides: dict[str, Any], path: Path,

@@ -110,8 +110,8 @@ def enter_stage(trainer: Trainer, stage: str, module: TrainingModule, data: Data
     module.trainer = trainer
     for callback in trainer.callbacks:  # as Lightning's: self.log in a callback logs through the running module
         callback.log, callback.log_dict = module.log, module.log_dict
-    if data.datamodule is not None:
-        data.datamodule.trainer = trainer
+    if trainer.datamodule is not None:
+        trainer.datamodule.trainer = trainer
     trainer.metrics.start_stage(stage, has_loggers=bool(trainer.loggers))  # validate, test, predict: an empty progress bar
     if stage == "fit" and not takes_batch_idx(module.training_step):
         # training_step(self, batch) without batch_idx, as Lightning allows: the strategy (and
@@ -135,9 +135,9 @@ def setup_stage(trainer: Trainer, stage: str, module: TrainingModule, data: Data
         if description != described:
             print(description, file=sys.stderr)
             described = description
-    prepare_data(data, trainer.strategy)  # local rank zero; the other processes wait
-    if data.datamodule is not None:  # stage= by keyword, as Lightning calls them (an override may rename the rest)
-        data.datamodule.setup(stage=stage)
+    prepare_data(data, trainer.strategy, trainer.datamodule)  # local rank zero; the other processes wait
+    if trainer.datamodule is not None:  # stage= by keyword, as Lightning calls them (an override may rename the rest)
+        trainer.datamodule.setup(stage=stage)
     for callback in trainer.callbacks:
         callback.setup(trainer, module, stage=stage)
     module.setup(stage=stage)
@@ -149,8 +149,8 @@ def teardown_stage(trainer: Trainer, stage: str, module: TrainingModule, data: D
     """Also after an error: the teardown hooks (datamodule, callbacks, module), the strategy's, what
     the stage attached to the module and the optimizers (``plan``'s step hooks), and the workers of
     the ``loaders`` it made."""
-    if data.datamodule is not None:  # stage= by keyword, as in setup_stage
-        data.datamodule.teardown(stage=stage)
+    if trainer.datamodule is not None:  # stage= by keyword, as in setup_stage
+        trainer.datamodule.teardown(stage=stage)
     for callback in trainer.callbacks:
         callback.teardown(trainer, module, stage=stage)
     module.teardown(stage=stage)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from callbacks.console import warn
+from callbacks.console import info, warn
 from strategies.loaders import recording_batch_indices
 from strategies.transfer import move_to_device
 from trainer.batch_transfer import BatchTransfer, transferred
@@ -133,6 +133,12 @@ def _val_loaded_at(trainer: Trainer) -> float:
     return -math.inf if sanity_check and first != epoch else first
 
 
+def resumed_fit_loaders(loaders: FitLoaders, trainer: Trainer) -> FitLoaders:
+    """``loaders``, made before a checkpoint was restored, counted as Lightning counts them: the val
+    loaders as made when the resumed fit first validates (Lightning makes them then)."""
+    return dataclasses.replace(loaders, val_loaded_at=_val_loaded_at(trainer))
+
+
 def val_reload_due(every: int, epoch: int, loaders: FitLoaders, data: DataSource) -> bool:
     """reload_dataloaders_every_n_epochs (``every``) for the val loaders, asked when validation is about to run:
     as in Lightning, they are made again when ``every`` epochs have passed since they were made."""
@@ -175,6 +181,15 @@ def say_min_not_met(min_epochs: int | None, min_steps: int | None, say: bool) ->
     return True
 
 
+def say_fit_stopped(max_epochs: int | None, max_steps: int, epoch: int, step: int, say: bool) -> None:
+    """Lightning's line (``say``: rank zero) when fit ends at ``max_steps`` or ``max_epochs``, through
+    logging at INFO when the program configured it (else on stderr); nothing when something else stopped it."""
+    if say and max_steps != -1 and step >= max_steps:
+        info(f"`Trainer.fit` stopped: `max_steps={max_steps!r}` reached.")
+    elif say and max_epochs not in (None, -1) and epoch >= max_epochs:
+        info(f"`Trainer.fit` stopped: `max_epochs={max_epochs!r}` reached.")
+
+
 def say_trained_nothing(limit: str | None) -> None:
     """fit found nothing to train (a second fit to the same limit, a resume from the end): why (``limit``,
     from :func:`limit_reached`; None: should_stop was set already) and how to train more."""
@@ -183,9 +198,10 @@ def say_trained_nothing(limit: str | None) -> None:
 
 
 def reload_due(every: int, epoch: int, loaded_at: int, data: DataSource) -> bool:
-    """reload_dataloaders_every_n_epochs (``every``): at epochs 0, n, 2n, ... the train hook makes a new
-    loader (``loaded_at``: the epoch the one in use was made at); the val loaders: :func:`val_reload_due`."""
-    return bool(every) and epoch % every == 0 and epoch != loaded_at and data.from_hook("train")
+    """reload_dataloaders_every_n_epochs (``every``): as Lightning's, the train hook makes a new loader
+    when ``every`` epochs have passed since the one in use was made (``loaded_at``; a resumed fit's counts
+    as made at the epoch it resumes at); the val loaders: :func:`val_reload_due`."""
+    return bool(every) and epoch - loaded_at >= every and data.from_hook("train")
 
 
 @dataclasses.dataclass(frozen=True)

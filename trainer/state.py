@@ -27,10 +27,11 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from strategies import checkpoint as checkpoint_io
+from trainer.loading import restore_datamodule_state
 from trainer.optim import ends_accumulation_window
 from trainer.resume import failed_before_batch_end
 from trainer.seed import capture_rng_state, restore_rng_state
-from callbacks.console import warn
+from callbacks.console import info, warn
 
 if TYPE_CHECKING:
     from strategies import Strategy
@@ -74,7 +75,7 @@ def is_accumulated_log_step(trainer: Trainer, progress: Progress) -> bool:
     just ran ends a log step, as Lightning's ``should_update_logs``: every ``log_every_n_steps``
     optimizer steps, at the end of a window, never inside one. (Without accumulation the loop checks
     ``batches_seen`` itself, at no cost.)"""
-    if not ends_accumulation_window(trainer.batch_idx, trainer.accumulate_grad_batches, trainer.num_training_batches):
+    if not ends_accumulation_window(trainer.batch_idx, trainer.accumulate_grad_batches, progress.epoch_batches):
         return False
     return (logger_step(trainer, progress, True) + 1) % trainer.log_every_n_steps == 0
 
@@ -149,8 +150,8 @@ def read_checkpoint(strategy: Strategy, ckpt_path: Path | None, module: Training
     if ckpt_path is None:
         return None
     checkpoint = strategy.load_checkpoint(ckpt_path, module, optimizers)
-    if datamodule is not None and "datamodule" in checkpoint:
-        datamodule.load_state_dict(checkpoint["datamodule"])
+    if datamodule is not None:
+        restore_datamodule_state(datamodule, checkpoint)
     return checkpoint
 
 
@@ -173,10 +174,12 @@ def fitted_module(trainer: Trainer, stage: str, ckpt_path: Any) -> tuple[Trainin
 def _datamodule_state(datamodule: DataModule | None) -> dict[str, Any]:
     if datamodule is None:
         return {}
-    return {"datamodule": datamodule.state_dict(),
-            "datamodule_hyper_parameters": checkpoint_io.plain_hyperparameters(datamodule.hparams),
-            "datamodule_hyper_parameters_inexact": checkpoint_io.inexact_hyperparameters(datamodule.hparams),
-            "datamodule_hparams_name": getattr(datamodule, "_hparams_name", "kwargs")}
+    state = datamodule.state_dict()
+    # As Lightning: its state under the class's qualified name, its hyperparameters, each only when there are any
+    return {**({type(datamodule).__qualname__: state} if state else {}),
+            **({"datamodule_hyper_parameters": checkpoint_io.plain_hyperparameters(datamodule.hparams),
+                "datamodule_hyper_parameters_inexact": checkpoint_io.inexact_hyperparameters(datamodule.hparams),
+                "datamodule_hparams_name": getattr(datamodule, "_hparams_name", "kwargs")} if datamodule.hparams else {})}
 
 
 def end_of_fit_checkpoint(trainer: Trainer, end_of_fit: tuple[TrainingModule, dict[str, Any]] | None,
@@ -269,7 +272,7 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
     _restore_callbacks(trainer, state.get("callbacks") or {}, path)  # none in a weights-only checkpoint
     if model_only:
         if trainer.is_global_zero:  # Lightning's line
-            print(f"Loaded model weights from the checkpoint at {path}", file=sys.stderr, flush=True)
+            info(f"Loaded model weights from the checkpoint at {path}")  # through logging when configured, as Lightning's
         return None
     checkpoint_io.load_optimizers(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], state, path,
                                   functools.partial(strategy.load_optimizer_state_dict, module))

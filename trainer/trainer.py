@@ -41,7 +41,7 @@ from trainer.shorthands import reject_unknown_arguments, translate, with_lightni
 from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
     NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_batches, evaluation_loaders, gather_predictions, limit_reached,
-    load_fit_data, one_or_list, reload_due, say_min_not_met, say_trained_nothing, train_batches, val_reload_due, validation_schedule,
+    load_fit_data, one_or_list, reload_due, resumed_fit_loaders, say_fit_stopped, say_min_not_met, say_trained_nothing, train_batches, val_reload_due, validation_schedule,
 )
 from trainer.state import (
     Progress, fitted_module, handoff_state, is_accumulated_log_step, logger_step, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
@@ -89,8 +89,7 @@ class Trainer(TrainerProperties, SearchSeams):
         seed: int | None = None, deterministic: bool = False, on_nonfinite_loss: str = "raise",
         accelerator: str = "auto", num_nodes: int = 1, fast_dev_run: bool | int = False,
         min_epochs: int | None = None, min_steps: int | None = None, max_time: str | datetime.timedelta | dict[str, int] | None = None,
-        overfit_batches: int | float = 0.0, enable_model_summary: bool | None = None,
-        benchmark: bool | None = None, detect_anomaly: bool = False,
+        overfit_batches: int | float = 0.0, enable_model_summary: bool | None = None, benchmark: bool | None = None, detect_anomaly: bool = False,
         inference_mode: bool = True, use_distributed_sampler: bool = True, sync_batchnorm: bool = False,
         reload_dataloaders_every_n_epochs: int = 0, profiler: Any = None, report: bool = True, barebones: bool = False,
         **unknown: Any,
@@ -189,7 +188,7 @@ class Trainer(TrainerProperties, SearchSeams):
         (``ModelCheckpoint(async_save=True)``'s): wait for a snapshot only, and write it in that writer's thread."""
         if self.module is not None:  # a stage runs: never write weights a NaN/inf loss produced
             self._guard.check(self.strategy, self.current_epoch)
-        datamodule = self._data.datamodule if self._data is not None else None
+        datamodule = self.datamodule if self._data is not None else None  # as Lightning's: also an earlier stage's
         step = write_checkpoint(self, filepath, self._progress, datamodule, self._end_of_fit, bool(weights_only),
                                 storage_options, background)
         if not weights_only:  # the last checkpoint a run can resume from, named when a loss turns NaN
@@ -216,7 +215,7 @@ class Trainer(TrainerProperties, SearchSeams):
             output, handoff = self.strategy.launch(self._run_stage, stage, module, data, self._ckpt_path, search)
         if handoff is not None:  # the work ran in other processes: bring its results here
             self.current_epoch, self.global_step, self._preemption.signal_number, end_of_fit = receive_handoff(
-                module, self.callbacks, self.metrics, handoff, data.datamodule)  # also weights, callbacks, metrics
+                module, self.callbacks, self.metrics, handoff, self.datamodule)  # also weights, callbacks, metrics
             self._end_of_fit = (module, end_of_fit) if end_of_fit is not None else self._end_of_fit
         self._preemption.exit_if_stopped()  # SystemExit(128 + signal) once a signal stopped fit
         return output
@@ -242,12 +241,12 @@ class Trainer(TrainerProperties, SearchSeams):
                 with self._preemption.handle_signals(self.strategy.world_size, self.is_global_zero):  # save, stop
                     output = self._run_fit(module, data, ckpt_path)
             else:
-                checkpoint = read_checkpoint(self.strategy, ckpt_path, module, [], data.datamodule)  # weights only
+                checkpoint = read_checkpoint(self.strategy, ckpt_path, module, [], self.datamodule)  # weights only
                 if ckpt_path is not None:
                     restore(self, ckpt_path, model_only=True, state=checkpoint)
                 self._make_loaders(stage, data)
                 output = self._evaluation_loop(stage, *self._evaluation_loaders)
-            handoff = (handoff_state(self, module, stage, data.datamodule, self._end_of_fit, self._preemption.stopping_signal())
+            handoff = (handoff_state(self, module, stage, self.datamodule, self._end_of_fit, self._preemption.stopping_signal())
                        if self.strategy.launches_subprocesses else None)
             return output, handoff
         except BaseException as error:
@@ -261,15 +260,15 @@ class Trainer(TrainerProperties, SearchSeams):
 
     # --- fit: the loop ---------------------------------------------------------------------
     def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
-        checkpoint = read_checkpoint(self.strategy, ckpt_path, module, self.optimizers, data.datamodule)
+        checkpoint = read_checkpoint(self.strategy, ckpt_path, module, self.optimizers, self.datamodule)
         if self._fit_loaders is None:  # made already if configure_optimizers asked for estimated_stepping_batches
             self._make_loaders("fit", data)
-        self.should_stop, self._said_min_not_met, self._end_of_fit, self._progress.resumed = False, False, None, None
-        self._guard.losses = []
+        self.should_stop, self._said_min_not_met, self._end_of_fit, self._progress.resumed, self._guard.losses = False, False, None, None, []
         if ckpt_path is not None:  # the loop continues where the checkpoint was written
             resumed = restore(self, ckpt_path, state=checkpoint, sampler=self._progress.sampler)
             self.current_epoch, self.global_step, self.batch_idx = resumed.epoch, resumed.global_step, resumed.batches_done - 1
             self._progress.resumed, self._progress.batches_seen = resumed, resumed.batches_seen
+            self._fit_loaders = resumed_fit_loaders(self._fit_loaders, self)  # reloads count from here, as Lightning's
             self.callback_metrics.update(resumed.callback_metrics)
             self._guard.last_checkpoint = (str(ckpt_path), self.global_step)
         for callback in self.callbacks:
@@ -291,6 +290,7 @@ class Trainer(TrainerProperties, SearchSeams):
                 self._make_loaders("fit", data, ("train",))  # the val loaders when validation is next due
                 loaded_at = self.current_epoch
             self._run_train_epoch()
+        say_fit_stopped(self.max_epochs, self.max_steps, self.current_epoch, self.global_step, self.is_global_zero)
         # What save_checkpoint writes after fit returns (optimizer states by reference: nothing copied).
         self._end_of_fit = (module, training_state(self, self._progress))
         for callback in self.callbacks:

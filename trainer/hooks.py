@@ -325,7 +325,8 @@ _REMOVED = "removed in Lightning 2.0"
 #: LightningModule hooks (core/hooks.py and core/module.py), with what to do in Cadence. Those
 #: TrainingModule defines are called; the others are named in a warning when a module defines them.
 MODULE_HOOKS = {
-    "on_validation_model_zero_grad": _EVAL_MODE, "on_validation_model_eval": _EVAL_MODE,
+    "on_validation_model_zero_grad": "the Trainer frees every gradient (module.zero_grad()) before validation in fit",
+    "on_validation_model_eval": _EVAL_MODE,
     "on_validation_model_train": _EVAL_MODE, "on_test_model_eval": _EVAL_MODE, "on_test_model_train": _EVAL_MODE,
     "on_predict_model_eval": _EVAL_MODE,
     "backward": "use on_before_backward/on_after_backward, or a callback that owns the backward seam",

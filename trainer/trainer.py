@@ -76,8 +76,7 @@ class Trainer(TrainerProperties, SearchSeams):
     """
 
     def __init__(
-        self,
-        max_epochs: int | None = None, max_steps: int = -1,
+        self, max_epochs: int | None = None, max_steps: int = -1,
         strategy: str | Strategy = "auto", devices: int | str | list[int] = "auto", precision: str | int | None = None,
         callbacks: list[Callback] | Callback | None = None, accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None, gradient_clip_algorithm: str = "norm",
@@ -89,8 +88,7 @@ class Trainer(TrainerProperties, SearchSeams):
         seed: int | None = None, deterministic: bool = False, on_nonfinite_loss: str = "raise",
         accelerator: str = "auto", num_nodes: int = 1, fast_dev_run: bool | int = False,
         min_epochs: int | None = None, min_steps: int | None = None, max_time: str | datetime.timedelta | dict[str, int] | None = None,
-        overfit_batches: int | float = 0.0, enable_model_summary: bool | None = None,
-        benchmark: bool | None = None, detect_anomaly: bool = False,
+        overfit_batches: int | float = 0.0, enable_model_summary: bool | None = None, benchmark: bool | None = None, detect_anomaly: bool = False,
         inference_mode: bool = True, use_distributed_sampler: bool = True, sync_batchnorm: bool = False,
         reload_dataloaders_every_n_epochs: int = 0, profiler: Any = None, report: bool = True, barebones: bool = False,
         **unknown: Any,
@@ -528,6 +526,8 @@ class Trainer(TrainerProperties, SearchSeams):
     def _run_validation(self) -> None:
         self._progress.validation_pending = False  # a checkpoint from here on resumes after it
         self._log(self.metrics.publish_pending())  # the last log step's values first: the logs stay in step order
+        if ends_accumulation_window(self.batch_idx, self.accumulate_grad_batches, self._progress.epoch_batches):
+            self.module.zero_grad()  # Lightning's on_validation_model_zero_grad: every gradient freed, an optimizer's or not
         if val_reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, self._fit_loaders, self._data):
             self._make_loaders("fit", self._data, ("val",))  # as in Lightning: when validation is next due
         # It draws from the global RNG (the val loader's iter(), the steps' draws) as Lightning's: the same data order after it.

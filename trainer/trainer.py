@@ -327,7 +327,7 @@ class Trainer(TrainerProperties, SearchSeams):
     def _run_train_epoch(self) -> None:
         module, strategy, hooks, progress = self.module, self.strategy, self._plan.hooks, self._progress
         train_metrics = self.metrics.train  # it weighs epoch means by the running batch's size
-        self.metrics.start_training()  # as in Lightning, the modules' train/eval modes are the user's
+        self.metrics.start_train_epoch()  # as in Lightning, the modules' train/eval modes are the user's
         for callback in self.callbacks:
             callback.on_train_epoch_start(self, module)
         module.on_train_epoch_start()

@@ -189,6 +189,14 @@ class TrainerProperties:
             "trainer.device_ids.")
 
     @property
+    def _accelerator_connector(self: Trainer) -> Any:
+        """Refused: Lightning's private connector (lightning-bolts' SSLOnlineEvaluator reads its ``is_distributed``)."""
+        raise AttributeError(
+            "trainer._accelerator_connector is Lightning's private accelerator connector; Cadence has none. Whether "
+            "the run is distributed: trainer.world_size > 1; how: trainer.strategy (a strategies.DDP or FSDP, whose "
+            "device is trainer.strategy.device).")
+
+    @property
     def received_sigterm(self: Trainer) -> bool:
         """Whether SIGTERM arrived during this fit (Cadence then saves last.ckpt at the end of the step and stops)."""
         return self._preemption.signal_number == signal.SIGTERM

@@ -375,9 +375,11 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
         return Path(path)
 
     def _remove(self, trainer: Trainer, path: str) -> None:
-        """Delete a checkpoint this callback wrote (only inside its directory, never ``last.ckpt``)."""
+        """Delete a checkpoint this callback wrote (only inside its directory, never ``last.ckpt``, nor, as in
+        Lightning, the checkpoint this run resumed from)."""
+        resumed_from = Path(trainer.ckpt_path).absolute() if trainer.ckpt_path is not None else None
         if (trainer.is_global_zero and self._dir in Path(path).parents and path != self.last_model_path
-                and path not in self.best_k_models):
+                and path not in self.best_k_models and Path(path).absolute() != resumed_from):
             if self._background is not None:  # only once the file replacing it is complete
                 self._background.submit(path, functools.partial(remove_checkpoint, path))
             else:

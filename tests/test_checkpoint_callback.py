@@ -82,6 +82,23 @@ def test_top_k_bookkeeping_survives_a_restart(make_trainer, regression_loader, t
                                                                     str(directory / "epoch=4.ckpt"): 2.0}
 
 
+def test_the_checkpoint_a_run_resumed_from_is_never_pruned(make_trainer, regression_loader, tmp_path):
+    # Lightning's _should_remove_checkpoint keeps the file the run resumed from, even when it leaves the top k.
+    scores = [5.0, 3.0, 4.0, 1.0, 2.0, 6.0]
+    directory = tmp_path / "ckpt"
+
+    def checkpoint():
+        return ModelCheckpoint(dirpath=directory, monitor="val/score", save_top_k=1, filename="{epoch}")
+
+    make_trainer(max_epochs=2, callbacks=[checkpoint()], num_sanity_val_steps=0).fit(Scored(scores), regression_loader, regression_loader)
+    assert checkpoint_names(directory) == ["epoch=1.ckpt", "last.ckpt"]  # score 3
+    second = checkpoint()
+    make_trainer(max_epochs=5, callbacks=[second], num_sanity_val_steps=0).fit(
+        Scored(scores), regression_loader, regression_loader, ckpt_path=directory / "epoch=1.ckpt")
+    # epoch 3 (score 1) takes its place in the top 1, but the file stays: it is where this run began
+    assert checkpoint_names(directory) == ["epoch=1.ckpt", "epoch=3.ckpt", "last.ckpt"]
+    assert second.best_k_models == {str(directory / "epoch=3.ckpt"): 1.0}
+
 def test_dirpath_is_a_str_with_the_home_directory_expanded_as_lightnings(tmp_path):
     assert ModelCheckpoint(dirpath="~/checkpoints").dirpath == str(Path.home() / "checkpoints")
     assert ModelCheckpoint(dirpath=Path("~/checkpoints")).dirpath == str(Path.home() / "checkpoints")

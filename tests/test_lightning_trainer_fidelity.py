@@ -136,6 +136,13 @@ def test_the_precision_print_and_sigterm_members_answer_as_lightnings(make_train
     assert not hasattr(trainer, "accelerator")
 
 
+def test_lightnings_private_accelerator_connector_is_refused_naming_the_cadence_way(make_trainer):
+    # lightning-bolts' SSLOnlineEvaluator reads trainer._accelerator_connector.is_distributed in on_fit_start
+    trainer = make_trainer()
+    with pytest.raises(AttributeError, match=r"trainer._accelerator_connector is Lightning's private .* trainer.world_size > 1"):
+        trainer._accelerator_connector  # noqa: B018
+
+
 class SigtermAware(LinearRegression):
     def __init__(self) -> None:
         super().__init__()

@@ -321,3 +321,50 @@ def test_an_epoch_mean_of_numbers_is_summed_in_float32_as_lightnings(make_traine
     for _ in range(100):
         total = total + torch.tensor(0.1) * 1
     assert results["tenth"] == (total / 100).item() != torch.tensor(0.1).item()
+
+
+class Rows(Logger):
+    """The rows a logger receives: (step, metrics without "epoch")."""
+
+    def __init__(self):
+        self.rows = []
+
+    def log_metrics(self, metrics, step=None):
+        self.rows.append((step, {key: value for key, value in metrics.items() if key != "epoch"}))
+
+
+def test_each_training_log_step_repeats_the_latest_value_of_every_step_metric_of_the_epoch(make_trainer):
+    # Lightning's loggers get, at each log step, every on_step name logged so far in the epoch (its latest
+    # value), not only those logged since the last log step; a new epoch starts empty. Lightning 2.6.6, 5 batches
+    # an epoch, log_every_n_steps=2: "sometimes" at batches 0 and 3 comes back at steps 3 and 7 (epoch 1, batch 2).
+    class Sometimes(LinearRegression):
+        def training_step(self, batch, batch_idx):
+            if batch_idx in (0, 3):
+                self.log("sometimes", float(batch_idx))
+            if batch_idx == 1:
+                self.log("once", float(batch_idx), on_step=True, on_epoch=True)
+            self.log("always", float(batch_idx))
+            return super().training_step(batch, batch_idx)
+
+    logger = Rows()
+    make_trainer(max_epochs=2, log_every_n_steps=2, logger=logger).fit(Sometimes(), loader(10, 2))
+    assert logger.rows == [
+        (1, {"sometimes": 0.0, "once_step": 1.0, "always": 1.0}), (3, {"sometimes": 3.0, "once_step": 1.0, "always": 3.0}),
+        (4, {"once_epoch": 1.0}),
+        (5, {"sometimes": 0.0, "always": 0.0}), (7, {"sometimes": 0.0, "once_step": 1.0, "always": 2.0}),
+        (9, {"sometimes": 3.0, "once_step": 1.0, "always": 4.0}), (9, {"once_epoch": 1.0})]
+
+
+def test_each_evaluation_step_row_repeats_the_step_metrics_its_loader_logged_before(make_trainer):
+    # Lightning 2.6.6: a name one validation batch logged on_step is in every later step row of that loader.
+    class Once(LinearRegression):
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            if batch_idx == 0 and dataloader_idx == 0:
+                self.log("once", 7.0, on_step=True, on_epoch=False)
+            self.log("each", float(batch_idx), on_step=True, on_epoch=False)
+
+    logger = Rows()
+    make_trainer(max_epochs=1, num_sanity_val_steps=0, logger=logger).fit(Once(), loader(6, 2), [loader(6, 2), loader(6, 2)])
+    steps = {step: row for step, row in logger.rows if step in (0, 1, 2)}
+    assert steps == {step: {"once/dataloader_idx_0": 7.0, "each/dataloader_idx_0": float(step),
+                            "each/dataloader_idx_1": float(step)} for step in (0, 1, 2)}

@@ -460,3 +460,50 @@ def test_estimated_stepping_batches_over_a_loader_without_length_is_max_steps(ma
     trainer = make_trainer(max_steps=5)
     trainer.fit(module)
     assert module.estimated == 5 == trainer.global_step
+
+
+# --- gradients are freed before validation in fit (Lightning's on_validation_model_zero_grad) --------
+class UnzeroedGradients(LinearRegression):
+    """Adds ``self.extra``, a parameter no optimizer holds, so only the Trainer can free its gradient;
+    records its gradient after each batch's backward. Each batch adds 8 (a sum over 8 samples)."""
+
+    def __init__(self, manual: bool) -> None:
+        super().__init__()
+        self.extra = nn.Parameter(torch.zeros(()))
+        self.automatic_optimization = not manual
+        self.seen: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.mse_loss(self.layer(x), y) + self.extra * len(x)
+        if self.automatic_optimization:
+            return loss
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+
+    def on_after_backward(self):
+        self.seen.append(self.extra.grad.item())
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.layer.parameters(), lr=self.lr)
+
+
+@pytest.mark.parametrize("manual", [True, False])
+def test_validation_during_fit_frees_the_gradients_of_parameters_no_optimizer_zeroes(make_trainer, regression_loader, manual):
+    model = UnzeroedGradients(manual)
+    make_trainer(max_epochs=1, val_check_interval=2, num_sanity_val_steps=0).fit(model, regression_loader, regression_loader)
+    assert model.seen == [8.0, 16.0] * 4  # freed by each validation, after batches 2, 4, 6 and 8
+
+
+def test_validation_inside_an_accumulation_window_keeps_the_window_gradients(make_trainer, regression_loader):
+    model = UnzeroedGradients(manual=False)
+    trainer = make_trainer(max_epochs=1, val_check_interval=3, accumulate_grad_batches=2, num_sanity_val_steps=0)
+    trainer.fit(model, regression_loader, regression_loader)
+    # each batch adds 8 / 2 (the loss divided by the window); validation after batch 3 (inside the window of
+    # batches 3-4) frees nothing, after batch 6 (a window's end) it does
+    assert model.seen == [4.0, 8.0, 12.0, 16.0, 20.0, 24.0, 4.0, 8.0]

@@ -168,3 +168,62 @@ def test_is_last_batch_is_true_in_the_last_training_batch_of_each_epoch(make_tra
     trainer = make_trainer(max_epochs=2, limit_train_batches=3)
     trainer.fit(Notes(), regression_loader)
     assert [last for _, _, last in seen] == [False, False, True, False, False, True]
+
+
+class RecordsState(LinearRegression):
+    """Records (hook, state.fn, state.stage, state.status) as Lightning code reads ``self.trainer.state``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple] = []
+
+    def note(self, where: str) -> None:
+        state = self.trainer.state
+        self.seen.append((where, state.fn, state.stage, state.status))
+
+    def setup(self, stage):
+        self.note("setup")
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 0:
+            self.note("training_step")
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        if batch_idx == 0:
+            self.note("validation_step")
+
+    def test_step(self, batch, batch_idx):
+        if batch_idx == 0:
+            self.note("test_step")
+
+    def teardown(self, stage):
+        self.note("teardown")
+
+
+def test_trainer_state_says_the_method_the_running_stage_and_the_status_as_lightnings(make_trainer, regression_loader):
+    # Lightning 2.6.6, the same script: the sequence below (a string enum compares equal to its value).
+    from trainer.states import RunningStage, TrainerFn, TrainerStatus
+
+    trainer, module = make_trainer(max_epochs=1, num_sanity_val_steps=1), RecordsState()
+    assert (trainer.state.fn, trainer.state.stage, trainer.state.status) == (None, None, TrainerStatus.INITIALIZING)
+    trainer.fit(module, regression_loader, regression_loader)
+    assert (trainer.state.fn, trainer.state.stage, trainer.state.finished) == (TrainerFn.FITTING, None, True)
+    trainer.test(module, regression_loader, verbose=False)
+    assert module.seen == [
+        ("setup", "fit", "train", "running"), ("validation_step", "fit", "sanity_check", "running"),
+        ("training_step", "fit", "train", "running"), ("validation_step", "fit", "validate", "running"),
+        ("teardown", "fit", "train", "running"),
+        ("setup", "test", "test", "running"), ("test_step", "test", "test", "running"), ("teardown", "test", "test", "running")]
+    assert RunningStage.SANITY_CHECKING.evaluating and RunningStage.SANITY_CHECKING.dataloader_prefix == "val"
+
+
+def test_trainer_state_is_interrupted_after_a_stage_that_failed(make_trainer, regression_loader):
+    class Fails(LinearRegression):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("boom")
+
+    trainer = make_trainer(max_epochs=1)
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit(Fails(), regression_loader)
+    assert trainer.state.status == "interrupted" and trainer.state.stopped and trainer.state.stage is None

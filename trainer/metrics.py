@@ -57,6 +57,12 @@ class MetricStore:
     def start_training(self) -> None:
         self.current = self.train if not self.barebones else BAREBONES
 
+    def start_train_epoch(self) -> None:
+        """As in Lightning, each training log step gives the loggers the latest value of every step
+        metric logged in the epoch so far, also those not logged since the last log step."""
+        self.train.step_values = {}
+        self.start_training()
+
     def start_stage(self, stage: str, has_loggers: bool = True) -> None:
         """A stage begins: fresh training metrics, so that a second ``fit`` registers its names (and
         metric objects) anew, and, as in Lightning, no published value of an earlier stage (after
@@ -164,7 +170,7 @@ class MetricStore:
     # --- the path to the host ------------------------------------------------------------
     def send_step_values(self, step: int) -> None:
         """At a log step: start a non-blocking copy of this step's values to the host."""
-        values = self.train.take_step_values()
+        values = self.train.take_step_values(keep=True)  # forgotten when the next epoch starts
         self._pending = HostCopy(step, {_key(s, "step"): (v, s) for n, (v, s) in values.items()}, self.reduce, self.gather)
 
     def receive(self) -> tuple[int, dict[str, float], dict[str, MetricSpec]] | None:
@@ -174,7 +180,7 @@ class MetricStore:
 
     def keep_evaluation_step_values(self, batch_idx: int) -> None:
         """After an evaluation batch: keep what it logged ``on_step`` (on the device) for the end."""
-        values = self.evaluation.take_step_values()
+        values = self.evaluation.take_step_values(keep=True)  # as Lightning: each step row repeats earlier batches' names
         if values:
             self._evaluation_steps.append((batch_idx, values))
         self._evaluation_batches_run = max(self._evaluation_batches_run, batch_idx + 1)  # the longest loader

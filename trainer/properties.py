@@ -21,6 +21,7 @@ import torch
 import callbacks as callbacks_package
 from callbacks.console import warn
 from trainer.log_dir import preview_log_dir
+from trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -187,6 +188,29 @@ class TrainerProperties:
             "trainer.accelerator is Lightning's Accelerator object; Cadence has none. Where the run is, is the "
             "strategy's: trainer.strategy.device (torch.device; .type is 'cpu', 'cuda' or 'mps'), trainer.num_devices, "
             "trainer.device_ids.")
+
+    @property
+    def state(self: Trainer) -> TrainerState:
+        """Lightning's ``trainer.state`` (trainer/states.py): the last method's ``fn``, the ``stage`` running
+        now (None between stages) and the ``status``; a snapshot, read again to see a later stage."""
+        running = self.module is not None  # from enter_stage to after the teardown hooks, in every process
+        if not running:
+            stage = None
+        elif self.sanity_checking:
+            stage = RunningStage.SANITY_CHECKING
+        else:
+            stage = RunningStage(self._evaluation_stage or "train") if self.stage == "fit" else RunningStage(self.stage)
+        status = (TrainerStatus.INITIALIZING if self.stage is None else TrainerStatus.RUNNING if running
+                  else TrainerStatus.INTERRUPTED if self.interrupted else TrainerStatus.FINISHED)
+        return TrainerState(status, TrainerFn(self.stage) if self.stage is not None else None, stage)
+
+    @property
+    def _accelerator_connector(self: Trainer) -> Any:
+        """Refused: Lightning's private connector (lightning-bolts' SSLOnlineEvaluator reads its ``is_distributed``)."""
+        raise AttributeError(
+            "trainer._accelerator_connector is Lightning's private accelerator connector; Cadence has none. Whether "
+            "the run is distributed: trainer.world_size > 1; how: trainer.strategy (a strategies.DDP or FSDP, whose "
+            "device is trainer.strategy.device).")
 
     @property
     def received_sigterm(self: Trainer) -> bool:

@@ -70,6 +70,7 @@ class StageMetrics:
     def set_loader(self, dataloader_idx: int | None) -> None:
         """Evaluation runs loader ``dataloader_idx`` of several (None: one loader, or outside the loaders)."""
         self.dataloader_idx = dataloader_idx
+        self.step_values = {}  # as in Lightning, a loader's step rows repeat its own names only
         self.dataloader_suffix = "" if dataloader_idx is None else f"/dataloader_idx_{dataloader_idx}"
         if self.dataloader_suffix:  # names now get a suffix: every call goes through log()
             self.step_only = set()
@@ -205,11 +206,12 @@ class StageMetrics:
             total[0] = (torch.maximum if reduce_fx == "max" else torch.minimum)(torch.as_tensor(total[0]), torch.as_tensor(value))
         total[1] += weight
 
-    def take_step_values(self) -> dict[str, tuple[Any, MetricSpec]]:
-        """The latest value of each ``on_step`` metric since the last read, then forget them.
-        A metric object gives the value of its last ``metric(...)`` call (torchmetrics' forward)."""
+    def take_step_values(self, keep: bool = False) -> dict[str, tuple[Any, MetricSpec]]:
+        """The latest value of each ``on_step`` metric since the last read, then forget them (``keep``:
+        since they were last forgotten). A metric object gives its last ``metric(...)`` call's value."""
         taken = {name: (value, self.specs[name]) for name, value in self.step_values.items()}
-        self.step_values = {}
+        if not keep:
+            self.step_values = {}
         for name in self.metric_objects.keys() & taken.keys():
             value = taken[name][0]._forward_cache
             if value is None:  # logged before its first metric(...) call

@@ -76,8 +76,7 @@ class Trainer(TrainerProperties, SearchSeams):
     """
 
     def __init__(
-        self,
-        max_epochs: int | None = None, max_steps: int = -1,
+        self, max_epochs: int | None = None, max_steps: int = -1,
         strategy: str | Strategy = "auto", devices: int | str | list[int] = "auto", precision: str | int | None = None,
         callbacks: list[Callback] | Callback | None = None, accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None, gradient_clip_algorithm: str = "norm",
@@ -329,7 +328,7 @@ class Trainer(TrainerProperties, SearchSeams):
     def _run_train_epoch(self) -> None:
         module, strategy, hooks, progress = self.module, self.strategy, self._plan.hooks, self._progress
         train_metrics = self.metrics.train  # it weighs epoch means by the running batch's size
-        self.metrics.start_training()  # as in Lightning, the modules' train/eval modes are the user's
+        self.metrics.start_train_epoch()  # as in Lightning, the modules' train/eval modes are the user's
         for callback in self.callbacks:
             callback.on_train_epoch_start(self, module)
         module.on_train_epoch_start()
@@ -528,6 +527,8 @@ class Trainer(TrainerProperties, SearchSeams):
     def _run_validation(self) -> None:
         self._progress.validation_pending = False  # a checkpoint from here on resumes after it
         self._log(self.metrics.publish_pending())  # the last log step's values first: the logs stay in step order
+        if ends_accumulation_window(self.batch_idx, self.accumulate_grad_batches, self._progress.epoch_batches):
+            self.module.on_validation_model_zero_grad()  # default: module.zero_grad(), every gradient freed (Lightning)
         if val_reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, self._fit_loaders, self._data):
             self._make_loaders("fit", self._data, ("val",))  # as in Lightning: when validation is next due
         # It draws from the global RNG (the val loader's iter(), the steps' draws) as Lightning's: the same data order after it.

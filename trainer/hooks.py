@@ -379,8 +379,8 @@ def refuse_module_hooks(module: TrainingModule, warns: bool) -> None:
     if refused:
         what = "; ".join(f"{name} ({REFUSED_MODULE_HOOKS[name]})" for name in refused)
         raise NotImplementedError(f"{cls.__name__} defines {', '.join(refused)}, which Cadence does not call: {what}.")
-    if callable(getattr(cls, "configure_sharded_model", None)):
-        if getattr(cls, "configure_model") is not TrainingModule.configure_model:
+    if cls.configure_sharded_model is not TrainingModule.configure_sharded_model:
+        if cls.configure_model is not TrainingModule.configure_model:
             raise RuntimeError(f"Both {cls.__name__}.configure_model and {cls.__name__}.configure_sharded_model are "
                                "defined; configure_sharded_model is the deprecated name: keep configure_model only.")
         if warns and cls not in _warned:

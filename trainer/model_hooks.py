@@ -48,6 +48,10 @@ class ModelHooks:
         """Before predict: put the model in eval mode (as ``on_validation_model_eval``)."""
         self.trainer.model.eval()
 
+    def configure_sharded_model(self) -> None:
+        """Deprecated (Lightning 2.1 renamed it ``configure_model``): an override is called at setup,
+        before ``configure_model``, with a warning."""
+
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
         """Clip the gradients before ``optimizer`` steps (automatic optimization): by default with

@@ -85,7 +85,7 @@ def setup_model(module: TrainingModule, strategy: Strategy, callbacks: list[Call
         for callback in callbacks:
             if (context := callback.module_init_context()) is not None:
                 contexts.enter_context(context)
-        if callable(getattr(module, "configure_sharded_model", None)):  # Lightning's deprecated name (a warning said)
+        if overrides(module, "configure_sharded_model"):  # Lightning's deprecated name (a warning said)
             module.configure_sharded_model()
         module.configure_model()
     module = strategy.setup_module(module)

@@ -27,6 +27,7 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from strategies import checkpoint as checkpoint_io
+from trainer.datamodule import overrides
 from trainer.loading import restore_datamodule_state
 from trainer.optim import ends_accumulation_window
 from trainer.resume import failed_before_batch_end
@@ -352,7 +353,7 @@ def receive_handoff(module: TrainingModule, callbacks: list[Any], metrics: Metri
     ``(current_epoch, global_step, preempted_by, end_of_fit)``."""
     # Layers that configure_model builds (late, in the workers) are built here too; built on the
     # meta device (for FSDP), they take the trained tensors as they are (assign).
-    if callable(getattr(module, "configure_sharded_model", None)):  # Lightning's deprecated name
+    if overrides(module, "configure_sharded_model"):  # Lightning's deprecated name
         module.configure_sharded_model()
     module.configure_model()
     on_meta = any(tensor.is_meta for tensor in itertools.chain(module.parameters(), module.buffers()))

@@ -368,3 +368,24 @@ def test_each_evaluation_step_row_repeats_the_step_metrics_its_loader_logged_bef
     steps = {step: row for step, row in logger.rows if step in (0, 1, 2)}
     assert steps == {step: {"once/dataloader_idx_0": 7.0, "each/dataloader_idx_0": float(step),
                             "each/dataloader_idx_1": float(step)} for step in (0, 1, 2)}
+
+
+def test_an_ambiguous_batch_size_is_warned_once_a_process_at_the_users_line(make_trainer):
+    class TwoLogs(LinearRegression):
+        def training_step(self, batch, batch_idx):
+            x, y, _ = batch
+            loss = torch.nn.functional.mse_loss(self.layer(x), y)
+            self.log("a", loss, on_step=False, on_epoch=True)
+            self.log("b", loss, on_step=False, on_epoch=True)
+            return loss
+
+    x, y = regression_samples(16)
+    # every batch: x and y of 8 rows, then a tensor of 3 (the third part disagrees with the first)
+    batches = [(x[i:i + 8], y[i:i + 8], torch.zeros(3)) for i in (0, 8)]
+    loader = DataLoader(batches, batch_size=None)
+    with pytest.warns(UserWarning, match="could not tell the batch size for certain") as warned:
+        make_trainer(max_epochs=2, limit_val_batches=0).fit(TwoLogs(), loader)
+    ambiguous = [w for w in warned if "could not tell the batch size" in str(w.message)]
+    assert len(ambiguous) == 1  # Lightning warns once, not once per self.log line and batch
+    assert ambiguous[0].filename == __file__
+    assert "parts of size 8 and 3" in str(ambiguous[0].message)

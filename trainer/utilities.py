@@ -33,7 +33,7 @@ from typing import Any, Callable, TypeVar
 import torch
 from torch import nn
 
-from callbacks.console import cadence_logger
+from callbacks.console import cadence_logger, warn
 from strategies.transfer import move_to_device
 from trainer.combined_loader import CombinedLoader  # noqa: F401 (Lightning's lightning.pytorch.utilities name)
 
@@ -291,6 +291,9 @@ def disable_possible_user_warnings(module: str = "") -> None:
         "warnings.filterwarnings('ignore', category=UserWarning).")
 
 
+_AMBIGUOUS_SIZES_WARNED: set[tuple[int | None, int | None]] = set()
+
+
 def extract_batch_size(batch: Any) -> int:
     """The size of ``batch`` as Lightning infers it: dim 0 of the first tensor found walking it
     (sequences and mapping values in order, dataclass fields), 1 for a 0-d tensor.
@@ -303,10 +306,12 @@ def extract_batch_size(batch: Any) -> int:
         if size is None:
             size = found
         elif found != size:
-            warnings.warn(
-                f"self.log could not tell the batch size for certain: the batch holds parts of size {size} and "
-                f"{found}; the epoch mean weighs each value by {size}. Pass self.log(..., batch_size=n) to say "
-                "which.", stacklevel=4)
+            if (size, found) in _AMBIGUOUS_SIZES_WARNED:  # once a process, as Lightning's (not once per self.log line)
+                break
+            _AMBIGUOUS_SIZES_WARNED.add((size, found))
+            warn(f"self.log could not tell the batch size for certain: the batch holds parts of size {size} and "
+                 f"{found}; the epoch mean weighs each value by {size}. Pass self.log(..., batch_size=n) to say "
+                 "which.")
             break
     if size is None:
         raise ValueError(

@@ -64,3 +64,12 @@ def two_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
+
+
+@pytest.fixture(scope="session")
+def resumable_reference(tmp_path_factory):
+    """The final weights of tests/run_resumable.py's run, uninterrupted: what every run of it that
+    was killed or stopped, then resumed, must end with (tests/test_resume.py, test_preemption.py)."""
+    import run_resumable
+
+    return run_resumable.train(tmp_path_factory.mktemp("uninterrupted")).state_dict()

@@ -6,6 +6,7 @@ Kept small on purpose: a test file states the module it trains itself, so it rea
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +21,25 @@ from trainer import Trainer
 #: loaded cores and never reproduced on purpose. Workers now print every thread's Python stack
 #: when it happens, so the next one says where.
 NATIVE_CRASH = r"terminated with signal SIGABRT\)\. It crashed in native code"
+
+
+#: Test processes for the whole suite: this machine's two cores. The multi-process tests leave a
+#: core idle while their workers import torch, rendezvous or wait out a timeout; a second process
+#: running other files fills it.
+SUITE_PROCESSES = 2
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    # The whole suite (`python -m pytest`, as the README and .ci/run give it) runs in SUITE_PROCESSES
+    # processes when pytest-xdist is installed (the "test" extra), each test file whole in one of
+    # them, so that a module-scoped fixture (a spawned run several tests share) runs once. A run of
+    # chosen files, or with -n given, is left as asked; -p no:xdist runs the suite in one process.
+    if not config.pluginmanager.hasplugin("xdist") or config.option.numprocesses is not None:
+        return
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS and len(os.sched_getaffinity(0)) > 1:
+        config.option.numprocesses = SUITE_PROCESSES
+        config.option.dist = "loadfile"
 
 
 def pytest_collection_modifyitems(items):

@@ -35,7 +35,8 @@ def pytest_cmdline_main(config):
     # processes when pytest-xdist is installed (the "test" extra), each test file whole in one of
     # them, so that a module-scoped fixture (a spawned run several tests share) runs once. A run of
     # chosen files, or with -n given, is left as asked; -p no:xdist runs the suite in one process.
-    if not config.pluginmanager.hasplugin("xdist") or config.option.numprocesses is not None or config.option.collectonly:
+    if (not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")  # xdist's own test processes
+            or config.option.numprocesses is not None or config.option.collectonly):
         return
     if config.args_source == pytest.Config.ArgsSource.TESTPATHS and len(os.sched_getaffinity(0)) > 1:
         config.option.numprocesses = SUITE_PROCESSES

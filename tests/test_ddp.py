@@ -598,13 +598,8 @@ class WithAnUnusedLayer(TrainingModule):
         return torch.optim.SGD(self.layer.parameters(), lr=0.1)
 
 
-def test_parameters_the_loss_never_uses_get_the_cadence_way_to_find_unused_parameters(tmp_path, monkeypatch):
-    # DDP's reducer refuses the second step in a group of one as in a group of two: this process
-    # joins a one-process group as torchrun would start it, and no worker has to start.
-    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                            MASTER_PORT=str(free_port()), TORCHELASTIC_RESTART_COUNT="0").items():
-        monkeypatch.setenv(name, value)
-    trainer = Trainer(strategy="ddp", max_epochs=1, default_root_dir=tmp_path, logger=False,
+def test_parameters_the_loss_never_uses_get_the_cadence_way_to_find_unused_parameters(tmp_path):
+    trainer = Trainer(strategy="ddp", devices=WORLD_SIZE, max_epochs=1, default_root_dir=tmp_path, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, report=False, enable_model_summary=False)
     with pytest.raises(RuntimeError, match=r'did not receive grad(.|\n)*In Cadence, pass Trainer\(strategy='
                                            r'"ddp_find_unused_parameters_true"\) or strategies.DDP\('

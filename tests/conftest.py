@@ -6,6 +6,8 @@ Kept small on purpose: a test file states the module it trains itself, so it rea
 
 from __future__ import annotations
 
+import gc
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +22,26 @@ from trainer import Trainer
 #: loaded cores and never reproduced on purpose. Workers now print every thread's Python stack
 #: when it happens, so the next one says where.
 NATIVE_CRASH = r"terminated with signal SIGABRT\)\. It crashed in native code"
+
+
+#: Test processes for the whole suite: this machine's two cores. The multi-process tests leave a
+#: core idle while their workers import torch, rendezvous or wait out a timeout; a second process
+#: running other files fills it.
+SUITE_PROCESSES = 2
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    # The whole suite (`python -m pytest`, as the README and .ci/run give it) runs in SUITE_PROCESSES
+    # processes when pytest-xdist is installed (the "test" extra), each test file whole in one of
+    # them, so that a module-scoped fixture (a spawned run several tests share) runs once. A run of
+    # chosen files, or with -n given, is left as asked; -p no:xdist runs the suite in one process.
+    if (not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")  # xdist's own test processes
+            or config.option.numprocesses is not None or config.option.collectonly):
+        return
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS and len(os.sched_getaffinity(0)) > 1:
+        config.option.numprocesses = SUITE_PROCESSES
+        config.option.dist = "loadfile"
 
 
 def pytest_collection_modifyitems(items):
@@ -64,3 +86,23 @@ def two_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
+
+
+@pytest.fixture(scope="session")
+def resumable_reference(tmp_path_factory):
+    """The final weights of tests/run_resumable.py's run, uninterrupted: what every run of it that
+    was killed or stopped, then resumed, must end with (tests/test_resume.py, test_preemption.py)."""
+    import run_resumable
+
+    return run_resumable.train(tmp_path_factory.mktemp("uninterrupted")).state_dict()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def collect_garbage_after_each_file():
+    """What a test file left in reference cycles (a failed fit's traceback holding a process group
+    or a store, whose C++ threads must be joined where they run) is destroyed here, in this
+    process, before another file forks DataLoader workers: collected in a forked child, such an
+    object aborts it ("DataLoader worker ... killed by signal: Aborted", seen once with the suite
+    in two processes, where files meet in another order)."""
+    yield
+    gc.collect()

@@ -11,7 +11,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
+#: The repository these tests belong to: what the commands import (``trainer`` and the rest), not
+#: the checkout that the editable install points to, which may be another worktree.
+THIS_CHECKOUT = str(Path(__file__).resolve().parents[1])
 
 def free_port() -> int:
     """A TCP port of 127.0.0.1 that nothing listens on now."""
@@ -43,8 +47,8 @@ def run_together(commands: list[list[str]], cwd: str | os.PathLike | None = None
     env = env or [None] * len(commands)
     with contextlib.ExitStack() as files:
         logs = [files.enter_context(tempfile.TemporaryFile("w+")) for _ in commands]
-        launches = [subprocess.Popen(command, cwd=cwd, env={**os.environ, **(extra or {})}, text=True, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        launches = [subprocess.Popen(command, cwd=cwd, env={**os.environ, "PYTHONPATH": THIS_CHECKOUT, **(extra or {})},
+                                     text=True, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                     for command, extra, log in zip(commands, env, logs)]
         deadline = time.monotonic() + timeout
         killed = []

@@ -13,7 +13,7 @@ large at first (the first steps are skipped while it backs off), so a resumed ru
 steps only if the scaler's state came back with the checkpoint. ``--ddp`` trains on 2 spawned
 processes; ``--signal-when-workers-start`` sends a signal to the whole job (as a terminal's Ctrl-C
 or a scheduler does) while the workers of an epoch start, under the "spawn" start method (each
-worker imports torch first: seconds in which it has not yet taken the signal over).
+worker imports torch first: seconds in which it has not yet taken the signal over; one worker then).
 """
 
 from __future__ import annotations
@@ -63,12 +63,18 @@ class Net(TrainingModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
+def workers(worker_start_method: str | None) -> int:
+    """The training loader's worker processes: two, or one under "spawn", where each imports torch
+    first (seconds of a busy machine's cores) and one is enough to be caught while it starts."""
+    return 1 if worker_start_method == "spawn" else 2
+
+
 def loaders(worker_start_method: str | None = None) -> tuple[DataLoader, DataLoader]:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(56, 4, generator=generator)
     y = x @ torch.randn(4, 2, generator=generator)
-    train = DataLoader(TensorDataset(x[:40], y[:40]), batch_size=4, shuffle=True, num_workers=2,
-                       multiprocessing_context=worker_start_method)
+    train = DataLoader(TensorDataset(x[:40], y[:40]), batch_size=4, shuffle=True,
+                       num_workers=workers(worker_start_method), multiprocessing_context=worker_start_method)
     return train, DataLoader(TensorDataset(x[40:], y[40:]), batch_size=8)
 
 
@@ -147,7 +153,7 @@ class SignalWhenWorkersStart(Callback):
 
     def _send(self, before: set[int]) -> None:
         deadline, started = time.monotonic() + 60, []
-        while len(started) < 2 and time.monotonic() < deadline:  # the loader's two workers
+        while len(started) < workers("spawn") and time.monotonic() < deadline:  # the loader's workers
             started = [process.pid for process in multiprocessing.active_children() if process.pid not in before]
             time.sleep(0.002)
         targets = [f"-{os.getpgrp()}"] if self.group else [str(os.getpid()), *map(str, started)]

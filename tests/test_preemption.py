@@ -55,8 +55,9 @@ class SignalAt(Callback):
                 os.kill(os.getpid(), self.number)
 
 
-def test_ctrl_c_to_the_whole_job_saves_exits_130_and_the_same_command_resumes_bit_identically(tmp_path, capsys):
-    reference = run_resumable.train(tmp_path / "uninterrupted").state_dict()
+def test_ctrl_c_to_the_whole_job_saves_exits_130_and_the_same_command_resumes_bit_identically(tmp_path, capsys,
+                                                                                             resumable_reference):
+    reference = resumable_reference
     root = tmp_path / "interrupted"
     command = [sys.executable, run_resumable.__file__, str(root), "--ready-at-step", "3"]
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -32,9 +32,9 @@ from trainer import Trainer, TrainingModule, seed_everything
 SCRIPT = Path(run_resumable.__file__)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict[str, torch.Tensor]:
-    return run_resumable.train(tmp_path_factory.mktemp("uninterrupted")).state_dict()
+@pytest.fixture
+def uninterrupted(resumable_reference) -> dict[str, torch.Tensor]:
+    return resumable_reference
 
 
 def run_child(root: Path, *options: str) -> int:

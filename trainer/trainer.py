@@ -492,7 +492,7 @@ class Trainer(TrainerProperties, SearchSeams):
         for callback in self.callbacks:
             if callback.monitors_metrics:
                 callback.on_train_epoch_end(self, self.module)
-        if automatic:  # ReduceLROnPlateau after the hooks, which may log what it watches (as in Lightning)
+        if automatic and self.is_last_batch:  # ReduceLROnPlateau after the hooks (they may log its metric); not when cut short, as Lightning
             step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics, plateau=True)
         self._log(self.metrics.end_train_epoch(step))  # the epoch's record, as Lightning writes it after the hooks
         self.current_epoch += 1

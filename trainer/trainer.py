@@ -573,7 +573,7 @@ class Trainer(TrainerProperties, SearchSeams):
             step_index = (dataloader_idx,) if hooks.step_takes_dataloader_idx else ()
             hook_index = (dataloader_idx,) if several else ()
             predictions.append([])
-            batches = evaluation_batches(loader, limit, self._plan.hooks.transfer, dataloader_idx)  # shielded workers
+            batches = evaluation_batches(loader, limit, self._plan.hooks.transfer, dataloader_idx, self.current_epoch)
             for batch_idx, batch in self.strategy.batches_on_device(batches):
                 self.metrics.evaluation.batch = batch  # its size weighs epoch means
                 for hook in hooks.batch_start:

@@ -110,6 +110,18 @@ class MetricStore:
         pending = self.receive()
         return self.publish(*pending) if pending is not None else []
 
+    def before_validation(self, step: int) -> list[tuple[int, dict]]:
+        """Validation in fit is about to run: the pending copy for the loggers, and, as Lightning's monitors
+        see them, the step values logged since the last log step in ``callback_metrics`` and the bar (kept
+        for the loggers' next log step: they get step values at log steps only, as in Lightning)."""
+        published = self.publish_pending()
+        kept = dict(self.train.step_values)
+        latest, self.train.step_values = self.train.take_step_values(), kept
+        if latest:  # one host copy per validation, not per step
+            copy = HostCopy(step, {_key(spec, "step"): (value, spec) for value, spec in latest.values()}, self.reduce, self.gather)
+            self.publish(copy.step, copy.values(), copy.specs, loggers=False)
+        return published
+
     def log_step(self, step: int) -> list[tuple[int, dict]]:
         """At a log step: start this step's copy to the host; publish the one of the last log step."""
         pending = self.receive()

@@ -527,7 +527,7 @@ class Trainer(TrainerProperties, SearchSeams):
     @measured("validation")
     def _run_validation(self) -> None:
         self._progress.validation_pending = False  # a checkpoint from here on resumes after it
-        self._log(self.metrics.publish_pending())  # the last log step's values first: the logs stay in step order
+        self._log(self.metrics.before_validation(self._logger_step()))  # the loggers' pending values first, in step order
         if val_reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, self._fit_loaders, self._data):
             self._make_loaders("fit", self._data, ("val",))  # as in Lightning: when validation is next due
         # It draws from the global RNG (the val loader's iter(), the steps' draws) as Lightning's: the same data order after it.

@@ -250,6 +250,59 @@ def test_manual_optimization_trains_two_optimizers_like_a_hand_written_loop(make
     assert [o.param_groups[0]["lr"] for o in trainer.optimizers] == pytest.approx([0.01 / 4, 0.1 / 4])
 
 
+class ManualPlateau(LinearRegression):
+    """Manual optimization that steps its own ReduceLROnPlateau (or any stateful scheduler) each epoch."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.automatic_optimization = False
+        self.make = make
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        self.manual_backward(F.mse_loss(self.layer(batch[0]), batch[1]))
+        optimizer.step()
+
+    def on_train_epoch_end(self):
+        self.lr_schedulers().step(1.0)  # a loss that never improves
+
+    def configure_optimizers(self):
+        optimizer = sgd(self)
+        return [optimizer], [self.make(optimizer)]
+
+
+def test_manual_optimization_takes_schedulers_the_module_steps_itself(make_trainer, regression_loader):
+    # As in Lightning: in manual optimization ReduceLROnPlateau needs no monitor, a dict's "monitor"/"strict"
+    # are ignored with a RuntimeWarning, and a scheduler outside torch's API (with a state) is accepted.
+    def plateau(optimizer):
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
+
+    trainer = make_trainer(max_epochs=3)
+    trainer.fit(ManualPlateau(plateau), regression_loader)
+    assert lr_of(trainer) == pytest.approx(0.25)  # epoch 1 sets the best; epochs 2 and 3 halve
+
+    with pytest.warns(RuntimeWarning, match=r"contains the key\(s\) \['monitor'\], but the keys will be ignored"):
+        make_trainer(max_epochs=1).fit(ManualPlateau(lambda o: {"scheduler": plateau(o), "monitor": "x"}), regression_loader)
+
+    class Custom:  # the module's own schedule: not a torch scheduler
+        def __init__(self, optimizer):
+            self.optimizer = optimizer
+
+        def step(self, metric):
+            self.optimizer.param_groups[0]["lr"] /= 10
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            pass
+
+    trainer = make_trainer(max_epochs=2)
+    trainer.fit(ManualPlateau(Custom), regression_loader)
+    assert lr_of(trainer) == pytest.approx(0.01)
+
+
 def test_max_steps_counts_the_optimizer_steps_of_manual_optimization(make_trainer, regression_loader):
     trainer = make_trainer(max_steps=6)
     trainer.fit(TinyGAN(gan_initial_state()), regression_loader)

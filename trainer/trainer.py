@@ -38,7 +38,7 @@ from trainer.searches import SearchSeams
 from trainer.seed import preserved_rng, restore_rng_state
 from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_model
 from trainer.shorthands import reject_unknown_arguments, translate, with_lightning_defaults
-from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
+from trainer.stage import call_exception_hooks, enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
     NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_batches, evaluation_loaders, gather_predictions, limit_reached,
     load_fit_data, one_or_list, reload_due, say_min_not_met, say_trained_nothing, train_batches, val_reload_due, validation_schedule,
@@ -251,8 +251,7 @@ class Trainer(TrainerProperties, SearchSeams):
                        if self.strategy.launches_subprocesses else None)
             return output, handoff
         except BaseException as error:
-            for callback in self.callbacks:
-                callback.on_exception(self, module, error)
+            call_exception_hooks(self, module, data.datamodule, error)  # the callbacks', then the DataModule's
             raise
         finally:
             teardown_stage(self, stage, module, data, self._plan, self._stage_loaders)  # the teardown hooks, the workers

@@ -168,3 +168,45 @@ def test_is_last_batch_is_true_in_the_last_training_batch_of_each_epoch(make_tra
     trainer = make_trainer(max_epochs=2, limit_train_batches=3)
     trainer.fit(Notes(), regression_loader)
     assert [last for _, _, last in seen] == [False, False, True, False, False, True]
+
+
+def test_trainer_state_says_the_entry_point_the_running_loop_and_how_the_last_stage_ended(make_trainer, regression_loader):
+    # Lightning's trainer.state: status initializing -> running -> finished (interrupted after an error), fn the
+    # entry point ("fit" == TrainerFn.FITTING), stage the loop running now (None once the stage has ended).
+    from callbacks import Callback
+    from trainer.states import RunningStage, TrainerFn, TrainerStatus
+
+    seen = []
+
+    class Record(Callback):
+        def _record(self, trainer, *args):
+            state = trainer.state
+            seen.append((state.status.value, state.fn.value, state.stage.value))
+
+        on_sanity_check_start = on_train_start = on_validation_start = on_test_start = on_predict_start = _record
+
+    class Model(LinearRegression):
+        def validation_step(self, batch, batch_idx):
+            pass
+
+        test_step = predict_step = validation_step
+
+    trainer = make_trainer(max_epochs=1, limit_val_batches=1, callbacks=[Record()])
+    assert trainer.state.status == TrainerStatus.INITIALIZING and trainer.state.fn is None
+    trainer.fit(Model(), regression_loader, regression_loader)
+    assert seen == [("running", "fit", "sanity_check")] * 2 + [("running", "fit", "train"), ("running", "fit", "validate")]
+    state = trainer.state
+    assert (state.finished, state.stopped, state.fn, state.stage) == (True, False, TrainerFn.FITTING, None)
+    assert state.fn == "fit" and RunningStage.VALIDATING.dataloader_prefix == "val"
+    trainer.test(Model(), regression_loader, verbose=False)
+    trainer.predict(Model(), regression_loader)
+    assert seen[4:] == [("running", "test", "test"), ("running", "predict", "predict")]
+    assert trainer.state.finished and trainer.state.fn == TrainerFn.PREDICTING
+
+    class Failing(Model):
+        def on_train_start(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit(Failing(), regression_loader)
+    assert (trainer.state.stopped, trainer.state.finished, trainer.state.status) == (True, False, TrainerStatus.INTERRUPTED)

@@ -21,6 +21,7 @@ import torch
 import callbacks as callbacks_package
 from callbacks.console import warn
 from trainer.log_dir import preview_log_dir
+from trainer.states import TrainerState, state_of
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -104,6 +105,13 @@ class TrainerProperties:
     num_skipped_steps = property(lambda self: self._guard.skipped)  # steps on_nonfinite_loss="skip" skipped
     profiler = property(lambda self: callbacks_package.profiler_of(self.callbacks))  # a PassThroughProfiler if none
     interrupted = property(lambda self: self._preemption.interrupted)  # the last stage ended by an error or a signal
+
+    @property
+    def state(self: Trainer) -> TrainerState:
+        """Lightning's ``trainer.state``: ``fn`` (the entry point), ``stage`` (the loop running), ``status``
+        (``finished``, ``stopped``), a snapshot of this moment."""
+        return state_of(self.stage, self._data is not None, self.interrupted, self.sanity_checking, self._evaluation_stage)
+
 
     # --- what runs now: Lightning's TrainerState.stage as booleans
     training = property(lambda self: self.stage == "fit" and self._evaluation_stage is None)

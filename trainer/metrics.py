@@ -115,12 +115,17 @@ class MetricStore:
         see them, the step values logged since the last log step in ``callback_metrics`` and the bar (kept
         for the loggers' next log step: they get step values at log steps only, as in Lightning)."""
         published = self.publish_pending()
+        self.peek_step_values(step)
+        return published
+
+    def peek_step_values(self, step: int) -> None:
+        """The step values logged since the last log step into ``callback_metrics`` and the bar now (one host
+        copy), kept for the loggers' next log step: what a validation or a step-triggered checkpoint reads."""
         kept = dict(self.train.step_values)
         latest, self.train.step_values = self.train.take_step_values(), kept
-        if latest:  # one host copy per validation, not per step
+        if latest:
             copy = HostCopy(step, {_key(spec, "step"): (value, spec) for value, spec in latest.values()}, self.reduce, self.gather)
             self.publish(copy.step, copy.values(), copy.specs, loggers=False)
-        return published
 
     def log_step(self, step: int) -> list[tuple[int, dict]]:
         """At a log step: start this step's copy to the host; publish the one of the last log step."""

@@ -128,6 +128,24 @@ def test_reduce_lr_on_plateau_is_not_stepped_when_max_steps_ends_the_epoch_early
     assert model.returned["lr_scheduler"]["scheduler"].last_epoch == 0
 
 
+def test_a_step_interval_reduce_lr_on_plateau_reads_this_batchs_value(make_trainer, regression_loader):
+    # Lightning steps a "step" ReduceLROnPlateau with the value training_step logged in that batch (no log step
+    # needed): a constant 1.0 sets the best at batch 1, then batches 2, 3 and 4 each halve the rate.
+    class Flat(Model):
+        def training_step(self, batch, batch_idx):
+            self.log("flat", 1.0)
+            return super().training_step(batch, batch_idx)
+
+    def make(module):
+        optimizer = sgd(module)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "flat", "interval": "step"}}
+
+    trainer = make_trainer(max_epochs=1, limit_train_batches=4)
+    trainer.fit(Flat(make), regression_loader)
+    assert lr_of(trainer) == pytest.approx(0.125)
+
+
 # --- what is refused ------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "make, match",

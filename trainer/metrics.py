@@ -118,6 +118,11 @@ class MetricStore:
         self.peek_step_values(step)
         return published
 
+    def fresh_metrics(self) -> dict[str, torch.Tensor]:
+        """``callback_metrics`` with this batch's step values in it (a step-interval ReduceLROnPlateau reads it)."""
+        self.peek_step_values(-1)
+        return self.callback_metrics
+
     def peek_step_values(self, step: int) -> None:
         """The step values logged since the last log step into ``callback_metrics`` and the bar now (one host
         copy), kept for the loggers' next log step: what a validation or a step-triggered checkpoint reads."""

@@ -142,19 +142,21 @@ def parse_optimizers(returned: Any, manual: bool = False) -> tuple[list[torch.op
     return [_optimizer(item) for item in returned], []
 
 
-def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, metrics: dict[str, Any],
+def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, metrics: Any,
                     plateau: bool | None = None) -> None:
     """Step the schedulers of ``interval`` ("step" or "epoch") whose frequency divides ``count``
     (for "step", the batches done in this epoch, as Lightning counts: its ``frequency`` restarts each
     epoch and counts batches, not optimizer steps; for "epoch", the epochs done); ReduceLROnPlateau
     reads its metric.
-    ``plateau``: only the ReduceLROnPlateau ones (True) or only the others (False)."""
+    ``plateau``: only the ReduceLROnPlateau ones (True) or only the others (False). ``metrics``: a dict, or a
+    callable returning one, called only when a ReduceLROnPlateau steps (this batch's values, as Lightning)."""
     for config in configs:
         if config.interval != interval or count % config.frequency != 0:
             continue
         if plateau is not None and plateau != config.needs_metric:
             continue
         if config.needs_metric:
+            metrics = metrics() if callable(metrics) else metrics
             if config.monitor not in metrics and not config.strict:
                 warnings.warn(f"ReduceLROnPlateau watches {config.monitor!r}, which was not logged, and strict is "
                               "False: this step is skipped.", RuntimeWarning, stacklevel=2)

@@ -419,7 +419,7 @@ class Trainer(TrainerProperties, SearchSeams):
         else:
             optimizer.zero_grad(set_to_none=True)
         if stepped and self.lr_scheduler_configs:
-            step_schedulers(self.lr_scheduler_configs, "step", batch_idx + 1, self.callback_metrics)  # as Lightning: batches, per epoch
+            step_schedulers(self.lr_scheduler_configs, "step", batch_idx + 1, self.metrics.fresh_metrics)  # batches, per epoch
         if batch_idx + 1 == num_batches and self.lr_scheduler_configs:  # Lightning's: before the last batch's hooks
             step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics, plateau=False)
         return outputs

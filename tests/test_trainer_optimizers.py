@@ -160,9 +160,11 @@ def test_a_step_interval_reduce_lr_on_plateau_reads_this_batchs_value(make_train
          "frequency=0 in dict 0; use a whole number >= 1"),
         (lambda m: {"optimizer": sgd(m), "lr_scheduler": 0.5}, "returned float as an LR scheduler"),
         (lambda m: [sgd(m), sgd(m)], "returned 2 optimizers. Several optimizers need manual optimization"),
+        # Lightning: a scheduler made from an optimizer that is not returned would change nothing that trains
+        (lambda m: ([sgd(m)], [halve_each(sgd(m))]), "attached with an optimizer that wasn't returned"),
     ],
     ids=["string", "not-an-optimizer", "no-optimizer-key", "no-scheduler-key", "bad-interval",
-         "bad-frequency", "not-a-scheduler", "two-optimizers-automatic"],
+         "bad-frequency", "not-a-scheduler", "two-optimizers-automatic", "scheduler-of-another-optimizer"],
 )
 def test_configure_optimizers_returning_something_unknown_is_an_error(make_trainer, regression_loader, make, match):
     with pytest.raises(ValueError, match=match):

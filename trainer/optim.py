@@ -115,7 +115,18 @@ def _optimizer(item: Any) -> torch.optim.Optimizer:
 
 def parse_optimizers(returned: Any, manual: bool = False) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
     """Split what ``configure_optimizers`` returned into optimizers and scheduler configs (``manual``:
-    the module steps the schedulers, manual optimization)."""
+    the module steps the schedulers, manual optimization); each scheduler's optimizer must be among them."""
+    optimizers, schedulers = _parse_optimizers(returned, manual)
+    for config in schedulers:
+        optimizer = getattr(config.scheduler, "optimizer", None)
+        if optimizer is not None and not any(optimizer is each for each in optimizers):
+            raise ValueError(f"configure_optimizers: the {type(config.scheduler).__name__} scheduler is attached with an "
+                             "optimizer that wasn't returned (its learning rate would change nothing that trains); "
+                             "make the scheduler from an optimizer you return.")
+    return optimizers, schedulers
+
+
+def _parse_optimizers(returned: Any, manual: bool) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
     if returned is None:  # as in Lightning: a warning, and an optimizer that moves nothing
         warn("configure_optimizers returned None: this fit will run with no optimizer (training_step and backward "
              f"run, no weight changes). If that is not what you want: {ACCEPTED}")

@@ -249,7 +249,8 @@ class AsyncLogger(Logger):
         if self._rank_zero and stage == "fit" and self._thread is not None and self._error is None:
             final = self._prefixed({key: float(value) for key, value in trainer.callback_metrics.items()})
             self._add(self.write_final, dict(self.hparams), final)
-        self.finalize("success")
+        if self._attached:  # not after on_exception: finalize("failed") was the run's, as in Lightning
+            self.finalize("success")
         self._attached = False
 
     def on_exception(self, trainer: Trainer, module: TrainingModule, error: BaseException) -> None:

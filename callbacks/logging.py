@@ -91,12 +91,13 @@ class Logger(Callback):
             self.log_metrics({**metrics, "epoch": trainer.current_epoch}, step)
 
     def teardown(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
-        if trainer.is_global_zero:
+        if trainer.is_global_zero and not vars(self).pop("_failed", False):  # once per run, as Lightning
             self.finalize("success")
 
     def on_exception(self, trainer: Trainer, module: TrainingModule, error: BaseException) -> None:
         if trainer.is_global_zero:
             self.finalize("failed")
+        self._failed = True  # the teardown that follows does not finalize it again as "success"
 
 
 def hyperparameters_to_log(trainer: Trainer, module: TrainingModule) -> dict[str, Any]:

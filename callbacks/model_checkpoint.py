@@ -174,6 +174,8 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
             self._clock.restart(trainer.global_step)
         if not due or trainer.global_step == self._last_global_step_saved:
             return
+        if self.monitor is not None:  # this batch's step values, as Lightning ranks by them (one host copy per save)
+            trainer.metrics.peek_step_values(trainer.global_step)
         metrics = self._monitor_candidates(trainer)
         missing = self.monitor is not None and self.monitor not in metrics
         stale = self.monitor is not None and not self._saves_on_train_epoch_end(trainer) and _validates_next(trainer)

@@ -108,7 +108,11 @@ class ProgressBar(Callback):
 
     @property
     def total_train_batches(self) -> int | float:
-        return self.trainer.num_training_batches
+        """This epoch's batches; as Lightning, with ``max_epochs=-1`` at most the steps ``max_steps`` leaves."""
+        trainer = self.trainer
+        if trainer.max_epochs == -1 and trainer.max_steps is not None and trainer.max_steps > 0:
+            return min(trainer.num_training_batches, trainer.max_steps - trainer.global_step)
+        return trainer.num_training_batches
 
     @property
     def total_val_batches(self) -> int | float:

@@ -399,3 +399,50 @@ def test_test_best_after_fit_uses_the_checkpoint_that_configure_callbacks_gave_f
     assert Path(best).name in ("best-epoch=0.ckpt", "best-epoch=1.ckpt")
     trainer.test(ckpt_path="best", dataloaders=regression_loader)
     assert trainer.ckpt_path == best
+
+
+class StepValue(LinearRegression):
+    """Logs the global step in training_step (on_step only, Lightning's default there)."""
+
+    def training_step(self, batch, batch_idx):
+        self.log("step_value", float(self.global_step))
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+
+def test_a_validation_mid_epoch_sees_the_latest_step_value_before_any_log_step(make_trainer, regression_loader, tmp_path):
+    # Lightning's callback_metrics holds the last batch's step values when validation runs, log step or not:
+    # validating every 2 of 8 batches (log_every_n_steps=50 never reached), the monitor reads steps 1, 3, 5, 7.
+    seen = []
+
+    class Seen(ModelCheckpoint):
+        def on_validation_end(self, trainer, module):
+            seen.append(float(trainer.callback_metrics["step_value"]))
+            super().on_validation_end(trainer, module)
+
+    checkpoint = Seen(dirpath=tmp_path, monitor="step_value", mode="max", save_top_k=1, save_last=False)
+    trainer = make_trainer(max_epochs=1, val_check_interval=0.25, num_sanity_val_steps=0, callbacks=[checkpoint])
+    trainer.fit(StepValue(), regression_loader, regression_loader)
+    assert seen == [1.0, 3.0, 5.0, 7.0]
+    assert float(checkpoint.best_model_score) == 7.0 and Path(checkpoint.best_model_path).name == "epoch=0-step=8.ckpt"
+
+
+@pytest.mark.parametrize("log_every_n_steps", [1, 50])
+def test_a_step_triggered_checkpoint_ranks_by_this_steps_training_value(make_trainer, regression_loader, tmp_path,
+                                                                        log_every_n_steps):
+    # Lightning ranks an every_n_train_steps save by the value training_step logged at that very step: the
+    # score rises 1, 2, 3, 4 over 2 epochs of 2 batches, so the best is 4.0, in the file of step 4.
+    class Rising(LinearRegression):
+        def training_step(self, batch, batch_idx):
+            self.log("train_score", float(self.global_step + 1))
+            return super().training_step(batch, batch_idx)
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="train_score", mode="max", save_top_k=1, save_last=False,
+                                 every_n_train_steps=1, every_n_epochs=0, save_on_train_epoch_end=False)
+    trainer = make_trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=0, callbacks=[checkpoint],
+                           log_every_n_steps=log_every_n_steps)
+    trainer.fit(Rising(), regression_loader)
+    assert float(checkpoint.best_model_score) == 4.0
+    assert Path(checkpoint.best_model_path).name == "epoch=1-step=4.ckpt"

@@ -244,3 +244,42 @@ def test_a_hook_that_returns_none_is_named(make_trainer):
 
     with pytest.raises(ValueError, match=r"Forgetful.train_dataloader\(\) returned None; return a DataLoader"):
         make_trainer(max_epochs=1).fit(Regressor(), datamodule=Forgetful([]))
+
+
+def test_an_error_in_fit_reaches_the_datamodules_on_exception_once_and_the_loggers_finalize_failed(make_trainer):
+    # Lightning: on an exception, the callbacks' on_exception, then the DataModule's on_exception(error), and each
+    # logger's finalize("failed") once (not followed by a finalize("success") at teardown).
+    from callbacks import CSVLogger, Logger
+
+    statuses = {}
+
+    class Recording(Logger):
+        def log_metrics(self, metrics, step=None):
+            pass
+
+        def finalize(self, status):
+            statuses.setdefault("logger", []).append(status)
+
+    class RecordingCSV(CSVLogger):
+        def finalize(self, status="success"):
+            statuses.setdefault("csv", []).append(status)
+            super().finalize(status)
+
+    class Failing(Regressor):
+        def on_fit_start(self):
+            raise RuntimeError("boom")
+
+    class Data(RegressionData):
+        def on_exception(self, exception):
+            self.calls.append(f"on_exception:{exception}")
+
+    calls = []
+    trainer = make_trainer(max_epochs=1, logger=[Recording(), RecordingCSV(save_dir=make_trainer().default_root_dir)])
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit(Failing(), datamodule=Data(calls))
+    assert [call for call in calls if call.startswith("on_exception")] == ["on_exception:boom"]
+    assert statuses == {"logger": ["failed"], "csv": ["failed"]}
+    statuses.clear()
+    trainer = make_trainer(max_epochs=1, logger=[Recording()])
+    trainer.fit(Regressor(), datamodule=Data(calls))
+    assert statuses == {"logger": ["success"]}

@@ -188,3 +188,36 @@ def test_fit_with_ckpt_path_best_continues_from_the_best_checkpoint_as_lightning
     # Lightning resolves "best" for fit too: the run continues after the best checkpoint's epoch, 2 steps an epoch
     assert trainer.ckpt_path == best
     assert trainer.global_step == saved["global_step"] + 2 * (5 - saved["epoch"] - 1)
+
+
+class EpochSampler(torch.utils.data.SequentialSampler):
+    """A sampler that shuffles by epoch (as DistributedSampler): records each ``set_epoch``."""
+
+    def __init__(self, data):
+        super().__init__(data)
+        self.epochs: list[int] = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+
+
+def with_epoch_sampler(offset: float, batch_sampler: bool) -> DataLoader:
+    data = loader(offset).dataset
+    sampler = EpochSampler(data)
+    if batch_sampler:
+        return DataLoader(data, batch_sampler=torch.utils.data.BatchSampler(sampler, 4, drop_last=False))
+    return DataLoader(data, sampler=sampler, batch_size=4)
+
+
+@pytest.mark.parametrize("batch_sampler", [False, True])
+def test_validation_loaders_samplers_are_told_the_epoch_as_lightnings(make_trainer, batch_sampler):
+    # Lightning calls set_epoch on every evaluation loader's sampler each time it runs: the sanity check and
+    # epoch 0's validation with 0, epoch 1's with 1; a validate() after two epochs with 2.
+    train, val = with_epoch_sampler(0.0, batch_sampler), with_epoch_sampler(1.0, batch_sampler)
+    trainer = make_trainer(max_epochs=2, limit_train_batches=1, limit_val_batches=1)
+    trainer.fit(Regressor(), train, val)
+    sampler_of = (lambda dl: dl.batch_sampler.sampler) if batch_sampler else (lambda dl: dl.sampler)
+    assert (sampler_of(train).epochs, sampler_of(val).epochs) == ([0, 1], [0, 0, 1])
+    later = with_epoch_sampler(1.0, batch_sampler)
+    trainer.validate(trainer.module, later, verbose=False)
+    assert sampler_of(later).epochs == [2]

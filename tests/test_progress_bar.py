@@ -7,7 +7,9 @@ import io
 import pickle
 
 import pytest
+import torch
 import torch.nn.functional as F
+from torch.utils.data import DataLoader
 from linear_regression import LinearRegression
 
 from callbacks import ProgressBar, TQDMProgressBar
@@ -100,3 +102,24 @@ def test_a_bar_under_a_test_run_counts_the_test_batches(make_trainer, regression
     assert (bar.test_progress_bar.total, bar.test_progress_bar.n, bar.total_test_batches) == (3, 3, 3)
     with pytest.raises(TypeError, match=r"ProgressBar.predict_progress_bar is made when its stage starts"):
         bar.predict_progress_bar
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """``regression_data`` without a length: the epoch's batches are unknown ahead."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __iter__(self):
+        return iter(self.data)
+
+
+@pytest.mark.parametrize("sized", [True, False])
+def test_with_max_epochs_minus_one_the_bar_counts_the_steps_max_steps_leaves(make_trainer, regression_data, sized):
+    # Lightning's total_train_batches: min(the epoch's batches, max_steps - global_step) when max_epochs=-1,
+    # so a loader without a length (or a long one) shows a bar that ends at max_steps.
+    loader = DataLoader(regression_data if sized else Stream(regression_data), batch_size=8)  # 8 batches
+    bar = ProgressBar()
+    trainer = make_trainer(max_epochs=-1, max_steps=5, enable_progress_bar=True, callbacks=[bar])
+    trainer.fit(LinearRegression(), loader)
+    assert (trainer.global_step, bar.train_progress_bar.total, bar.train_progress_bar.n) == (5, 5, 5)

@@ -113,6 +113,39 @@ def test_reduce_lr_on_plateau_watching_an_unlogged_metric_is_an_error(make_train
         make_trainer(max_epochs=1, num_sanity_val_steps=0).fit(Plateau(make), regression_loader, regression_loader)
 
 
+def test_reduce_lr_on_plateau_is_not_stepped_when_max_steps_ends_the_epoch_early(make_trainer, regression_loader):
+    # As in Lightning, epoch schedulers step only at an epoch's last batch: max_steps=3 of 8 batches ends fit
+    # before any validation, so the plateau scheduler is not asked for 'val/loss' (no error) and keeps its lr.
+    def make(module):
+        optimizer = sgd(module)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "val/loss"}}
+
+    trainer = make_trainer(max_steps=3, num_sanity_val_steps=0)
+    model = Plateau(make)
+    trainer.fit(model, regression_loader, regression_loader)
+    assert trainer.global_step == 3 and lr_of(trainer) == 1.0
+    assert model.returned["lr_scheduler"]["scheduler"].last_epoch == 0
+
+
+def test_a_step_interval_reduce_lr_on_plateau_reads_this_batchs_value(make_trainer, regression_loader):
+    # Lightning steps a "step" ReduceLROnPlateau with the value training_step logged in that batch (no log step
+    # needed): a constant 1.0 sets the best at batch 1, then batches 2, 3 and 4 each halve the rate.
+    class Flat(Model):
+        def training_step(self, batch, batch_idx):
+            self.log("flat", 1.0)
+            return super().training_step(batch, batch_idx)
+
+    def make(module):
+        optimizer = sgd(module)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "flat", "interval": "step"}}
+
+    trainer = make_trainer(max_epochs=1, limit_train_batches=4)
+    trainer.fit(Flat(make), regression_loader)
+    assert lr_of(trainer) == pytest.approx(0.125)
+
+
 # --- what is refused ------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "make, match",
@@ -127,9 +160,11 @@ def test_reduce_lr_on_plateau_watching_an_unlogged_metric_is_an_error(make_train
          "frequency=0 in dict 0; use a whole number >= 1"),
         (lambda m: {"optimizer": sgd(m), "lr_scheduler": 0.5}, "returned float as an LR scheduler"),
         (lambda m: [sgd(m), sgd(m)], "returned 2 optimizers. Several optimizers need manual optimization"),
+        # Lightning: a scheduler made from an optimizer that is not returned would change nothing that trains
+        (lambda m: ([sgd(m)], [halve_each(sgd(m))]), "attached with an optimizer that wasn't returned"),
     ],
     ids=["string", "not-an-optimizer", "no-optimizer-key", "no-scheduler-key", "bad-interval",
-         "bad-frequency", "not-a-scheduler", "two-optimizers-automatic"],
+         "bad-frequency", "not-a-scheduler", "two-optimizers-automatic", "scheduler-of-another-optimizer"],
 )
 def test_configure_optimizers_returning_something_unknown_is_an_error(make_trainer, regression_loader, make, match):
     with pytest.raises(ValueError, match=match):
@@ -233,6 +268,59 @@ def test_manual_optimization_trains_two_optimizers_like_a_hand_written_loop(make
     assert trainer.global_step == 2 * 2 * 8
     # The Trainer left the schedulers to the module: halved once per epoch, not twice.
     assert [o.param_groups[0]["lr"] for o in trainer.optimizers] == pytest.approx([0.01 / 4, 0.1 / 4])
+
+
+class ManualPlateau(LinearRegression):
+    """Manual optimization that steps its own ReduceLROnPlateau (or any stateful scheduler) each epoch."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.automatic_optimization = False
+        self.make = make
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        self.manual_backward(F.mse_loss(self.layer(batch[0]), batch[1]))
+        optimizer.step()
+
+    def on_train_epoch_end(self):
+        self.lr_schedulers().step(1.0)  # a loss that never improves
+
+    def configure_optimizers(self):
+        optimizer = sgd(self)
+        return [optimizer], [self.make(optimizer)]
+
+
+def test_manual_optimization_takes_schedulers_the_module_steps_itself(make_trainer, regression_loader):
+    # As in Lightning: in manual optimization ReduceLROnPlateau needs no monitor, a dict's "monitor"/"strict"
+    # are ignored with a RuntimeWarning, and a scheduler outside torch's API (with a state) is accepted.
+    def plateau(optimizer):
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
+
+    trainer = make_trainer(max_epochs=3)
+    trainer.fit(ManualPlateau(plateau), regression_loader)
+    assert lr_of(trainer) == pytest.approx(0.25)  # epoch 1 sets the best; epochs 2 and 3 halve
+
+    with pytest.warns(RuntimeWarning, match=r"contains the key\(s\) \['monitor'\], but the keys will be ignored"):
+        make_trainer(max_epochs=1).fit(ManualPlateau(lambda o: {"scheduler": plateau(o), "monitor": "x"}), regression_loader)
+
+    class Custom:  # the module's own schedule: not a torch scheduler
+        def __init__(self, optimizer):
+            self.optimizer = optimizer
+
+        def step(self, metric):
+            self.optimizer.param_groups[0]["lr"] /= 10
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            pass
+
+    trainer = make_trainer(max_epochs=2)
+    trainer.fit(ManualPlateau(Custom), regression_loader)
+    assert lr_of(trainer) == pytest.approx(0.01)
 
 
 def test_max_steps_counts_the_optimizer_steps_of_manual_optimization(make_trainer, regression_loader):

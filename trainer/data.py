@@ -84,9 +84,9 @@ def limited_length(length: int | None, limit: Any) -> int | None:
 
 def set_sampler_epoch(loader: Any, epoch: int) -> None:
     """Tell the loader's sampler (or its batch sampler's) the epoch, when it shuffles by epoch."""
-    for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
+    samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
+    for sampler in {id(each): each for each in samplers if hasattr(each, "set_epoch")}.values():  # once each
+        sampler.set_epoch(epoch)
 
 
 def default_max_epochs(max_epochs: int | None, max_steps: int, loader: Any, warn: bool = True) -> int | None:

@@ -77,6 +77,9 @@ class DataModule(HyperparametersMixin, DataHooks):
     def teardown(self, stage: str) -> None:
         """Release what ``setup`` built, at the end of ``stage`` (also after an error)."""
 
+    def on_exception(self, exception: BaseException) -> None:
+        """The running stage raised ``exception`` (after the callbacks' ``on_exception``, as in Lightning)."""
+
     # --- checkpoint state ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Plain data (numbers, strings, lists, dicts, tensors) to keep in checkpoints."""

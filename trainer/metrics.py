@@ -116,6 +116,28 @@ class MetricStore:
         pending = self.receive()
         return self.publish(*pending) if pending is not None else []
 
+    def before_validation(self, step: int) -> list[tuple[int, dict]]:
+        """Validation in fit is about to run: the pending copy for the loggers, and, as Lightning's monitors
+        see them, the step values logged since the last log step in ``callback_metrics`` and the bar (kept
+        for the loggers' next log step: they get step values at log steps only, as in Lightning)."""
+        published = self.publish_pending()
+        self.peek_step_values(step)
+        return published
+
+    def fresh_metrics(self) -> dict[str, torch.Tensor]:
+        """``callback_metrics`` with this batch's step values in it (a step-interval ReduceLROnPlateau reads it)."""
+        self.peek_step_values(-1)
+        return self.callback_metrics
+
+    def peek_step_values(self, step: int) -> None:
+        """The step values logged since the last log step into ``callback_metrics`` and the bar now (one host
+        copy), kept for the loggers' next log step: what a validation or a step-triggered checkpoint reads."""
+        kept = dict(self.train.step_values)
+        latest, self.train.step_values = self.train.take_step_values(), kept
+        if latest:
+            copy = HostCopy(step, {_key(spec, "step"): (value, spec) for value, spec in latest.values()}, self.reduce, self.gather)
+            self.publish(copy.step, copy.values(), copy.specs, loggers=False)
+
     def log_step(self, step: int) -> list[tuple[int, dict]]:
         """At a log step: start this step's copy to the host; publish the one of the last log step."""
         pending = self.receive()

@@ -40,7 +40,9 @@ class SchedulerConfig:
         return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
-def _scheduler_config(item: Any, where: str, monitor: str | None = None) -> SchedulerConfig:
+def _scheduler_config(item: Any, where: str, monitor: str | None = None, manual: bool = False) -> SchedulerConfig:
+    if manual:  # the module steps its schedulers itself: what says when the loop steps one is ignored, as Lightning
+        return _manual_scheduler_config(item, where)
     if isinstance(item, Mapping):
         unknown = set(item) - {"scheduler", "interval", "frequency", "monitor", "name", "strict"}
         if "scheduler" not in item or unknown:
@@ -69,6 +71,29 @@ def _scheduler_config(item: Any, where: str, monitor: str | None = None) -> Sche
     return config
 
 
+def _manual_scheduler_config(item: Any, where: str) -> SchedulerConfig:
+    """Manual optimization (Lightning's ``_configure_schedulers_manual_opt``): any scheduler with a state
+    (the module steps it: ReduceLROnPlateau needs no monitor, a non-PyTorch one is fine); ``monitor`` and
+    ``strict`` are ignored with Lightning's warning."""
+    if isinstance(item, Mapping):
+        ignored = [key for key in item if key in ("reduce_on_plateau", "monitor", "strict")]
+        if ignored:
+            warnings.warn(f"The lr scheduler dict contains the key(s) {ignored}, but the keys will be ignored. You need "
+                          "to call `lr_scheduler.step()` manually in manual optimization.", RuntimeWarning, stacklevel=4)
+        unknown = set(item) - {"scheduler", "interval", "frequency", "name", *ignored}
+        if "scheduler" not in item or unknown:
+            raise ValueError(f"configure_optimizers: the lr_scheduler dict {where} needs a 'scheduler' key and takes "
+                             f"only scheduler, interval, frequency, monitor, name, strict (got {sorted(item)}).")
+        config = SchedulerConfig(item["scheduler"], item.get("interval", "epoch"), item.get("frequency", 1),
+                                 name=item.get("name"))
+    else:
+        config = SchedulerConfig(item)
+    if not hasattr(config.scheduler, "state_dict") or not hasattr(config.scheduler, "load_state_dict"):
+        raise ValueError(f"configure_optimizers returned {type(config.scheduler).__name__} as an LR scheduler {where}: "
+                         "it needs state_dict and load_state_dict, so that checkpoints keep its state.")
+    return config
+
+
 class NoOptimizer(torch.optim.Optimizer):
     """What fit steps when ``configure_optimizers`` returns None (Lightning's ``_MockOptimizer``): its
     step changes no weight (it runs the closure, if given); ``global_step`` still counts the steps."""
@@ -89,8 +114,20 @@ def _optimizer(item: Any) -> torch.optim.Optimizer:
     return item
 
 
-def parse_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
-    """Split what ``configure_optimizers`` returned into optimizers and scheduler configs."""
+def parse_optimizers(returned: Any, manual: bool = False) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
+    """Split what ``configure_optimizers`` returned into optimizers and scheduler configs (``manual``:
+    the module steps the schedulers, manual optimization); each scheduler's optimizer must be among them."""
+    optimizers, schedulers = _parse_optimizers(returned, manual)
+    for config in schedulers:
+        optimizer = getattr(config.scheduler, "optimizer", None)
+        if optimizer is not None and not any(optimizer is each for each in optimizers):
+            raise ValueError(f"configure_optimizers: the {type(config.scheduler).__name__} scheduler is attached with an "
+                             "optimizer that wasn't returned (its learning rate would change nothing that trains); "
+                             "make the scheduler from an optimizer you return.")
+    return optimizers, schedulers
+
+
+def _parse_optimizers(returned: Any, manual: bool) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
     if returned is None:  # as in Lightning: a warning, and an optimizer that moves nothing
         warn("configure_optimizers returned None: this fit will run with no optimizer (training_step and backward "
              f"run, no weight changes). If that is not what you want: {ACCEPTED}")
@@ -108,28 +145,30 @@ def parse_optimizers(returned: Any) -> tuple[list[torch.optim.Optimizer], list[S
                 raise ValueError(f"configure_optimizers: dict {index} has no 'optimizer' key. {ACCEPTED}")
             optimizers.append(_optimizer(item["optimizer"]))
             if item.get("lr_scheduler") is not None:
-                schedulers.append(_scheduler_config(item["lr_scheduler"], f"in dict {index}", item.get("monitor")))
+                schedulers.append(_scheduler_config(item["lr_scheduler"], f"in dict {index}", item.get("monitor"), manual))
         return optimizers, schedulers
     if len(returned) == 2 and isinstance(returned[0], (list, tuple)):
         optimizers = [_optimizer(item) for item in returned[0]]
         scheduler_items = returned[1] if isinstance(returned[1], (list, tuple)) else [returned[1]]
-        return optimizers, [_scheduler_config(item, f"at {i}") for i, item in enumerate(scheduler_items)]
+        return optimizers, [_scheduler_config(item, f"at {i}", manual=manual) for i, item in enumerate(scheduler_items)]
     return [_optimizer(item) for item in returned], []
 
 
-def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, metrics: dict[str, Any],
+def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, metrics: Any,
                     plateau: bool | None = None) -> None:
     """Step the schedulers of ``interval`` ("step" or "epoch") whose frequency divides ``count``
     (for "step", the batches done in this epoch, as Lightning counts: its ``frequency`` restarts each
     epoch and counts batches, not optimizer steps; for "epoch", the epochs done); ReduceLROnPlateau
     reads its metric.
-    ``plateau``: only the ReduceLROnPlateau ones (True) or only the others (False)."""
+    ``plateau``: only the ReduceLROnPlateau ones (True) or only the others (False). ``metrics``: a dict, or a
+    callable returning one, called only when a ReduceLROnPlateau steps (this batch's values, as Lightning)."""
     for config in configs:
         if config.interval != interval or count % config.frequency != 0:
             continue
         if plateau is not None and plateau != config.needs_metric:
             continue
         if config.needs_metric:
+            metrics = metrics() if callable(metrics) else metrics
             if config.monitor not in metrics and not config.strict:
                 warnings.warn(f"ReduceLROnPlateau watches {config.monitor!r}, which was not logged, and strict is "
                               "False: this step is skipped.", RuntimeWarning, stacklevel=2)

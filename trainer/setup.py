@@ -118,7 +118,7 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
     Lightning) and call ``on_before_optimizer_step``; they are removed at teardown.
     """
     strategy, callbacks = trainer.strategy, trainer.callbacks
-    optimizers, scheduler_configs = parse_optimizers(module.configure_optimizers())
+    optimizers, scheduler_configs = parse_optimizers(module.configure_optimizers(), not module.automatic_optimization)
     # An optimizer that outlived a stage (kept by the module) had its states moved to the CPU at that
     # stage's teardown: back beside its parameters, which the strategy has placed by now.
     optimizer_states_to(optimizers, None)

@@ -144,6 +144,15 @@ def setup_stage(trainer: Trainer, stage: str, module: TrainingModule, data: Data
     return described
 
 
+def call_exception_hooks(trainer: Trainer, module: TrainingModule, datamodule: Any, error: BaseException) -> None:
+    """The stage raised ``error``: the callbacks' ``on_exception`` (the loggers' finalize("failed") among
+    them), then the DataModule's, as in Lightning."""
+    for callback in trainer.callbacks:
+        callback.on_exception(trainer, module, error)
+    if datamodule is not None and hasattr(datamodule, "on_exception"):
+        datamodule.on_exception(error)
+
+
 def teardown_stage(trainer: Trainer, stage: str, module: TrainingModule, data: DataSource, plan: StagePlan | None,
                    loaders: list[Any]) -> None:
     """Also after an error: the teardown hooks (datamodule, callbacks, module), the strategy's, what

@@ -304,10 +304,12 @@ def _one_ahead(batches: Iterator[tuple[int, Any]], progress: Progress) -> Iterat
 
 
 def evaluation_batches(loader: Any, limit: int | float, transfer: BatchTransfer | None = None,
-                       dataloader_idx: int = 0) -> Iterator[tuple[int, Any]]:
+                       dataloader_idx: int = 0, epoch: int | None = None) -> Iterator[tuple[int, Any]]:
     """``enumerate(loader)``, its first ``limit`` batches (``math.inf``: all), its workers started
     with the stop signals held until they can ignore them (trainer/preemption.py); through the batch
-    ``transfer`` hooks when any is defined."""
+    ``transfer`` hooks when any is defined. As Lightning, its sampler's ``set_epoch(epoch)`` first."""
+    for each in (loader.flattened if isinstance(loader, CombinedLoader) else [loader]) if epoch is not None else ():
+        set_sampler_epoch(each, epoch)
     batches = enumerate(_start(loader))
     return transferred(batches if limit == math.inf else itertools.islice(batches, int(limit)), transfer, dataloader_idx)
 

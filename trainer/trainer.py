@@ -38,7 +38,7 @@ from trainer.searches import SearchSeams
 from trainer.seed import preserved_rng, restore_rng_state
 from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_model
 from trainer.shorthands import reject_unknown_arguments, translate, with_lightning_defaults
-from trainer.stage import enter_stage, prepare_launch, setup_stage, teardown_stage
+from trainer.stage import call_exception_hooks, enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
     NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_batches, evaluation_loaders, gather_predictions, limit_reached,
     load_fit_data, one_or_list, reload_due, resumed_fit_loaders, say_fit_stopped, say_min_not_met, say_trained_nothing, train_batches, val_reload_due, validation_schedule,
@@ -249,8 +249,7 @@ class Trainer(TrainerProperties, SearchSeams):
                        if self.strategy.launches_subprocesses else None)
             return output, handoff
         except BaseException as error:
-            for callback in self.callbacks:
-                callback.on_exception(self, module, error)
+            call_exception_hooks(self, module, data.datamodule, error)  # the callbacks', then the DataModule's
             raise
         finally:
             teardown_stage(self, stage, module, data, self._plan, self._stage_loaders)  # the teardown hooks, the workers
@@ -419,7 +418,7 @@ class Trainer(TrainerProperties, SearchSeams):
         else:
             optimizer.zero_grad(set_to_none=True)
         if stepped and self.lr_scheduler_configs:
-            step_schedulers(self.lr_scheduler_configs, "step", batch_idx + 1, self.callback_metrics)  # as Lightning: batches, per epoch
+            step_schedulers(self.lr_scheduler_configs, "step", batch_idx + 1, self.metrics.fresh_metrics)  # batches, per epoch
         if batch_idx + 1 == num_batches and self.lr_scheduler_configs:  # Lightning's: before the last batch's hooks
             step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics, plateau=False)
         return outputs
@@ -491,7 +490,7 @@ class Trainer(TrainerProperties, SearchSeams):
         for callback in self.callbacks:
             if callback.monitors_metrics:
                 callback.on_train_epoch_end(self, self.module)
-        if automatic:  # ReduceLROnPlateau after the hooks, which may log what it watches (as in Lightning)
+        if automatic and self.is_last_batch:  # ReduceLROnPlateau after the hooks (they may log its metric); not when cut short, as Lightning
             step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics, plateau=True)
         self._log(self.metrics.end_train_epoch(step))  # the epoch's record, as Lightning writes it after the hooks
         self.current_epoch += 1
@@ -526,7 +525,7 @@ class Trainer(TrainerProperties, SearchSeams):
     @measured("validation")
     def _run_validation(self) -> None:
         self._progress.validation_pending = False  # a checkpoint from here on resumes after it
-        self._log(self.metrics.publish_pending())  # the last log step's values first: the logs stay in step order
+        self._log(self.metrics.before_validation(self._logger_step()))  # the loggers' pending values first, in step order
         if ends_accumulation_window(self.batch_idx, self.accumulate_grad_batches, self._progress.epoch_batches):
             self.module.on_validation_model_zero_grad()  # default: module.zero_grad(), every gradient freed (Lightning)
         if val_reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, self._fit_loaders, self._data):
@@ -574,7 +573,7 @@ class Trainer(TrainerProperties, SearchSeams):
             step_index = (dataloader_idx,) if hooks.step_takes_dataloader_idx else ()
             hook_index = (dataloader_idx,) if several else ()
             predictions.append([])
-            batches = evaluation_batches(loader, limit, self._plan.hooks.transfer, dataloader_idx)  # shielded workers
+            batches = evaluation_batches(loader, limit, self._plan.hooks.transfer, dataloader_idx, self.current_epoch)
             for batch_idx, batch in self.strategy.batches_on_device(batches):
                 self.metrics.evaluation.batch = batch  # its size weighs epoch means
                 for hook in hooks.batch_start:

@@ -13,6 +13,7 @@ Subclass it as in Lightning: override ``init_train_tqdm`` (and ``init_sanity_tqd
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from typing import TYPE_CHECKING, Any
@@ -138,8 +139,10 @@ class ProgressBar(Callback):
 
     # --- the bars (override to customize) --------------------------------------------------------
     def _make(self, description: str, position: int, leave: bool) -> Any:
-        return self._tqdm(desc=description, position=position, disable=self.is_disabled or not self.interactive,
-                          leave=leave, dynamic_ncols=True, file=sys.stderr, bar_format=self.BAR_FORMAT)
+        disable = self.is_disabled or not self.interactive
+        return (_without_monitor(self._tqdm) if disable else self._tqdm)(
+            desc=description, position=position, disable=disable, leave=leave, dynamic_ncols=True, file=sys.stderr,
+            bar_format=self.BAR_FORMAT)
 
     def init_sanity_tqdm(self) -> Any:
         return self._make(self.sanity_check_description, 2 * self.process_position, leave=False)
@@ -311,6 +314,13 @@ class RichProgressBar(ProgressBar):
             raise ValueError(f"RichProgressBar(refresh_rate={refresh_rate!r}): redraws per second, a number >= 0 "
                              "(0 turns the bars off).")
         super().__init__(refresh_rate=1 if refresh_rate else 0, leave=leave)
+
+
+@functools.lru_cache(maxsize=None)
+def _without_monitor(tqdm_class: type) -> type:
+    """``tqdm_class`` without tqdm's monitor: the thread that any bar starts, drawn or not, and that wakes
+    every 10 s for the whole run to redraw a stalled bar. A bar that is not drawn has nothing to redraw."""
+    return type(tqdm_class.__name__, (tqdm_class,), {"monitor_interval": 0, "__module__": tqdm_class.__module__})
 
 
 def _total(value: int | float) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import threading
 
 import pytest
 import torch
@@ -89,6 +90,33 @@ def test_on_a_terminal_the_bar_is_drawn_one_per_fit_or_one_per_epoch(make_traine
     drawn = terminal.getvalue()
     assert len(made) == bars
     assert "Epoch 2/2: 100%" in drawn and "8/8" in drawn and "train_loss=" in drawn and "val_loss=" in drawn
+
+
+def test_bars_that_are_not_drawn_start_no_tqdm_monitor_thread_and_drawn_ones_keep_it(make_trainer, regression_loader,
+                                                                                      monkeypatch):
+    """tqdm starts a monitor thread for any bar, drawn or not, that wakes every 10 s to redraw a stalled bar;
+    one that is not drawn (stderr not a terminal) has nothing to redraw, and the run keeps one thread fewer."""
+    from tqdm import TMonitor
+
+    class Watching(ProgressBar):
+        monitors = drawn = None
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            self.drawn = not self.train_progress_bar.disable
+            self.monitors = monitors()
+
+    def monitors():
+        return {thread for thread in threading.enumerate() if isinstance(thread, TMonitor) and thread.is_alive()}
+
+    earlier = monitors()  # a drawn bar another test left open keeps its monitor
+
+    not_drawn = Watching()
+    make_trainer(max_epochs=1, enable_progress_bar=True, callbacks=[not_drawn]).fit(Validated(), regression_loader)
+    assert not not_drawn.drawn and not_drawn.monitors - earlier == set()
+    monkeypatch.setattr("sys.stderr", Terminal())
+    drawn = Watching()
+    make_trainer(max_epochs=1, enable_progress_bar=True, callbacks=[drawn]).fit(Validated(), regression_loader)
+    assert drawn.drawn and len(drawn.monitors) == 1
 
 
 def test_a_bar_under_a_test_run_counts_the_test_batches(make_trainer, regression_loader):

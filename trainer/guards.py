@@ -54,14 +54,16 @@ def first_nonfinite(losses: list[RecordedLoss]) -> tuple[float, int, int] | None
     One host sync for the whole list (two when one is found). Losses on the CPU are read one by one:
     there is no device to wait for, and stacking 0-d tensors costs a view apiece (~15x the reads).
     """
-    if not losses:
-        return None
-    if all(loss.is_cpu for loss, _, _ in losses):
-        for loss, batch_idx, global_step in losses:
-            value = loss.item()
-            if not math.isfinite(value):
-                return value, batch_idx, global_step
-        return None
+    for index, (loss, batch_idx, global_step) in enumerate(losses):
+        if not loss.is_cpu:  # the rest, on a device: one read for them all
+            return _first_nonfinite_on_device(losses[index:])
+        value = loss.item()
+        if not math.isfinite(value):
+            return value, batch_idx, global_step
+    return None
+
+
+def _first_nonfinite_on_device(losses: list[RecordedLoss]) -> tuple[float, int, int] | None:
     finite = torch.isfinite(torch.stack([loss for loss, _, _ in losses]))
     if bool(finite.all()):
         return None

@@ -15,6 +15,7 @@ different samples than it would have, and its RNG stream differs.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,13 +63,18 @@ class ResumableBatchSampler:
         self._replay = (epoch_start_rng, skip, rng_after, batches)
 
     def __iter__(self) -> Iterator[Any]:
-        # A generator on purpose: the RNG is recorded (or replayed) when the first batch is asked
-        # for, not at iter(). A loader with workers calls iter() twice and draws its base seed in
-        # between; recording at iter() would make the replayed order differ.
+        # The RNG is recorded (or replayed) when the first batch is asked for, not at iter(): a loader
+        # with workers calls iter() twice and draws its base seed in between; recording at iter()
+        # would make the replayed order differ. Hot loop: then the batches come through C iterators.
         if self._replay is None:
-            self.epoch_start_rng = _capture(self.batch_sampler)
-            yield from self.batch_sampler
-            return
+            return itertools.chain(self._record(), self.batch_sampler)
+        return self._replayed()
+
+    def _record(self) -> Iterator[Any]:
+        self.epoch_start_rng = _capture(self.batch_sampler)
+        yield from ()
+
+    def _replayed(self) -> Iterator[Any]:
         epoch_start_rng, skip, rng_after, batches = self._replay
         self._replay = None
         _restore(self.batch_sampler, epoch_start_rng)

@@ -149,8 +149,7 @@ class Trainer(TrainerProperties, SearchSeams):
         the same log directory. ``weights_only``: Lightning's; checkpoints are read as plain data (one holding objects is refused).
         The loop does, in order, what docs/module-and-trainer.md ("The loop, in order") lists; a hook nobody implements costs nothing."""
         reject_unknown_arguments(unknown, Trainer.fit, "Trainer.fit", weights_only)  # val_dataloader=: did you mean?
-        data = collect_data("fit", model, train_dataloaders, val_dataloaders, datamodule,
-                            validates=self.limits["validate"] != 0)
+        data = collect_data("fit", model, train_dataloaders, val_dataloaders, datamodule, validates=self.limits["validate"] != 0)
         self._launch("fit", model, data, self._stage_ckpt_path("fit", ckpt_path))  # or trainer.ckpt_path = ...
 
     def validate(self, model: TrainingModule | None = None, dataloaders: Any = None, ckpt_path: CheckpointPath = None,
@@ -333,8 +332,7 @@ class Trainer(TrainerProperties, SearchSeams):
         module.on_train_epoch_start()
         train_loader, val_loaders = self._fit_loaders.train, self._fit_loaders.val  # after the hooks: a search there
         num_batches = self.num_training_batches  # may have made new ones
-        schedule = None if val_loaders is None else validation_schedule(
-            self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch, num_batches)
+        schedule = None if val_loaders is None else validation_schedule(self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch, num_batches)
         if progress.resumed is not None and progress.resumed.validation_pending and val_loaders is not None:
             restore_rng_state(progress.resumed.rng["now"])  # the checkpoint's, whatever the hooks since drew
             self._run_validation()  # what the run that wrote it did next
@@ -433,13 +431,16 @@ class Trainer(TrainerProperties, SearchSeams):
             outputs = plan.training_step(batch, batch_idx)
         if outputs is None:  # the batch is skipped: no backward (trainer/arguments.py skipped_batch)
             return None, None
-        loss, accumulate = loss_of(outputs, batch_idx), self.accumulate_grad_batches
-        self.run_backward(loss / accumulate if accumulate > 1 else loss)
+        loss = outputs if type(outputs) is torch.Tensor and outputs.dim() == 0 else loss_of(outputs, batch_idx)
+        if loss.requires_grad and not plan.hooks.around_backward and self.accumulate_grad_batches == 1:
+            plan.backward(loss)  # hot loop: run_backward's common case (and loss_of's above) without their calls
+        else:
+            self.run_backward(loss / self.accumulate_grad_batches if self.accumulate_grad_batches > 1 else loss)
         return outputs, loss
 
     def run_backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()`` through the backward seam (AMP) or the strategy, between on_before_backward
-        and on_after_backward when any module or callback implements them (manual_backward too)."""
+        """``loss.backward()`` through the backward seam (AMP) or the strategy, between on_before_backward and
+        on_after_backward when any module or callback implements them (manual_backward too)."""
         if not loss.requires_grad:
             raise loss_without_grad(self.batch_idx)
         plan = self._plan
@@ -449,9 +450,8 @@ class Trainer(TrainerProperties, SearchSeams):
             plan.backward(loss)
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, backward_ran: bool = True) -> bool:
-        """unscale (AMP float16), on_before_optimizer_step, clip, step, global_step + 1; False when the owner
-        of the step skipped it (AMP found inf gradients): the schedulers then do not step. As in Lightning,
-        when the window's last training_step returned None (``backward_ran`` False) the owner takes no step."""
+        """unscale (AMP float16), on_before_optimizer_step, clip, step, global_step + 1; False when the owner of the step skipped
+        it (AMP found inf gradients: no scheduler step). After a None last training_step (``backward_ran`` False) it takes none."""
         plan = self._plan
         if plan.step_owner is not None and backward_ran:  # true gradients for the hooks and clipping (AMP unscales)
             plan.step_owner.unscale_gradients(self, self.module, optimizer)
@@ -459,11 +459,11 @@ class Trainer(TrainerProperties, SearchSeams):
             plan.hooks.call_before_optimizer_step(self, self.module, optimizer)
         if plan.clip is not None:  # Trainer(gradient_clip_val=...) or the module's configure_gradient_clipping
             plan.clip(optimizer)
-        if plan.step_owner is not None:
-            applied = plan.step_owner.optimizer_step(self, self.module, optimizer) if backward_ran else True
-        else:  # after a skipped backward it moves no weight that got no gradient
+        applied = True  # without an owner, after a skipped backward too: it moves no weight that got no gradient
+        if plan.step_owner is None:
             optimizer.step()
-            applied = True
+        elif backward_ran:
+            applied = plan.step_owner.optimizer_step(self, self.module, optimizer)
         self.global_step += 1  # counts the steps taken, applied or skipped by AMP (as in Lightning)
         return applied
 

@@ -83,14 +83,16 @@ class Plateau(Model):
         self.log("val/loss", 1.0)  # never improves
 
 
-def test_reduce_lr_on_plateau_steps_on_the_monitored_metric(make_trainer, regression_loader):
-    def make(module):
-        optimizer = sgd(module)
-        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "val/loss"}}
+def halving_plateau(module):
+    """SGD with a ReduceLROnPlateau that halves the rate at each epoch 'val/loss' does not improve."""
+    optimizer = sgd(module)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "val/loss"}}
 
+
+def test_reduce_lr_on_plateau_steps_on_the_monitored_metric(make_trainer, regression_loader):
     trainer = make_trainer(max_epochs=3, num_sanity_val_steps=0)
-    trainer.fit(Plateau(make), regression_loader, regression_loader)
+    trainer.fit(Plateau(halving_plateau), regression_loader, regression_loader)
     assert lr_of(trainer) == pytest.approx(0.25)  # epoch 1 sets the best; epochs 2 and 3 halve
 
 
@@ -116,13 +118,8 @@ def test_reduce_lr_on_plateau_watching_an_unlogged_metric_is_an_error(make_train
 def test_reduce_lr_on_plateau_is_not_stepped_when_max_steps_ends_the_epoch_early(make_trainer, regression_loader):
     # As in Lightning, epoch schedulers step only at an epoch's last batch: max_steps=3 of 8 batches ends fit
     # before any validation, so the plateau scheduler is not asked for 'val/loss' (no error) and keeps its lr.
-    def make(module):
-        optimizer = sgd(module)
-        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "val/loss"}}
-
     trainer = make_trainer(max_steps=3, num_sanity_val_steps=0)
-    model = Plateau(make)
+    model = Plateau(halving_plateau)
     trainer.fit(model, regression_loader, regression_loader)
     assert trainer.global_step == 3 and lr_of(trainer) == 1.0
     assert model.returned["lr_scheduler"]["scheduler"].last_epoch == 0

@@ -133,7 +133,7 @@ class AMP(Callback):
     def backward(self, trainer: Trainer, module: TrainingModule, loss: torch.Tensor) -> None:
         if self._stepped:  # the last round of steps is over: update the scale before using it
             self._update()
-        trainer.strategy.backward(self.scaler.scale(loss))
+        trainer.strategy.backward(self.scaler.scale(loss), module.backward)  # the module's override sees the scaled loss
 
     def unscale_gradients(self, trainer: Trainer, module: TrainingModule, optimizer: torch.optim.Optimizer) -> None:
         if self.scaler is None or optimizer in self._unscaled:

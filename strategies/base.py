@@ -190,8 +190,9 @@ class Strategy:
         return self.device.type == "cuda"
 
     # --- backward and collectives ---------------------------------------------------------
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+    def backward(self, loss: torch.Tensor, backward: Any = None) -> None:
+        """``loss.backward()``, or ``backward(loss)``: the module's ``backward`` override (Lightning's hook)."""
+        loss.backward() if backward is None else backward(loss)
 
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
         """A context that skips the gradient all-reduce while ``enabled`` (accumulation)."""

@@ -381,13 +381,13 @@ class DDP(Strategy):
             self._manual_model.require_backward_grad_sync = False  # read by DDP's post-forward only
 
     # --- backward and collectives ----------------------------------------------------------
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, backward: Any = None) -> None:
         where = self._whereabouts
         where.enter("backward (gradient all-reduce)", waiting=True)
         try:
             if self._manual_model is not None:
                 prepare_manual_backward(self._manual_model, loss)
-            loss.backward()
+            loss.backward() if backward is None else backward(loss)  # the module's override, if any
         except Exception as error:
             if is_communication_error(error):
                 raise self._collective_error("the gradient all-reduce in backward", error) from error

@@ -222,15 +222,41 @@ def test_on_validation_model_zero_grad_runs_before_each_validation_inside_fit_on
 @pytest.mark.parametrize("hook, instead", [
     ("training_epoch_end", "use on_train_epoch_end"),
     ("validation_epoch_end", "use on_validation_epoch_end"),
-    ("backward", "move this code to on_before_backward or on_after_backward"),
 ])
-def test_hooks_lightning_2_refuses_or_cadence_cannot_call_are_errors_before_training(
+def test_hooks_lightning_2_refuses_are_errors_before_training(
         make_trainer, regression_loader, hook, instead):
     module = type("Old", (LinearRegression,), {hook: lambda self, *args, **kwargs: None})()
     before = weights(module)
     with pytest.raises(NotImplementedError, match=rf"Old defines {hook}, which Cadence does not call: .*{instead}"):
         make_trainer(max_epochs=1).fit(module, regression_loader, regression_loader)
     assert torch.equal(weights(module), before)
+
+
+def test_a_backward_override_runs_in_place_of_loss_backward_also_for_manual_backward(make_trainer, regression_loader):
+    seen = []
+
+    class HalvedGradients(LinearRegression):
+        def backward(self, loss, *args, **kwargs):
+            seen.append(float(loss.detach()))
+            (loss / 2).backward(*args, **kwargs)
+
+    plain, halved = LinearRegression(lr=1.0), HalvedGradients(lr=1.0)
+    halved.load_state_dict(plain.state_dict())
+    start = weights(plain)
+    for module in (plain, halved):
+        make_trainer(max_steps=1, limit_val_batches=0, accumulate_grad_batches=2).fit(module, regression_loader)
+    assert len(seen) == 2  # each batch of the window, with the loss divided by accumulate_grad_batches
+    assert torch.allclose(weights(halved) - start, (weights(plain) - start) / 2)
+
+    class Manual(HalvedGradients):
+        automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            self.manual_backward(super().training_step(batch, batch_idx))
+
+    seen.clear()
+    make_trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=0).fit(Manual(), regression_loader)
+    assert len(seen) == 3
 
 
 def test_configure_sharded_model_is_called_with_a_deprecation_warning(make_trainer, regression_loader):

@@ -339,11 +339,8 @@ def warn_eval_modules(module: TrainingModule) -> None:
 # =============================================================================================
 _REMOVED = "removed in Lightning 2.0"
 
-#: LightningModule hooks whose code a module must not keep: Lightning 2 raises for the epoch-end
-#: ones; Cadence does not call ``backward`` (its backward runs through the strategy and AMP seams).
+#: LightningModule hooks whose code a module must not keep: Lightning 2 raises for them.
 REFUSED_MODULE_HOOKS = {
-    "backward": "Cadence calls loss.backward() itself, through DDP and AMP; move this code to on_before_backward "
-                "or on_after_backward, or to a callback that sets owns_backward = True",
     "training_epoch_end": f"{_REMOVED}: use on_train_epoch_end and keep the outputs you need as attributes",
     "validation_epoch_end": f"{_REMOVED}: use on_validation_epoch_end and keep the outputs you need as attributes",
     "test_epoch_end": f"{_REMOVED}: use on_test_epoch_end and keep the outputs you need as attributes",

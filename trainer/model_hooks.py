@@ -48,6 +48,12 @@ class ModelHooks:
         """Before predict: put the model in eval mode (as ``on_validation_model_eval``)."""
         self.trainer.model.eval()
 
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """``loss.backward(*args, **kwargs)``: the loss of the step (divided by ``accumulate_grad_batches``;
+        scaled under float16 AMP) or of ``manual_backward``. Override to change the call
+        (``retain_graph=True``); DDP's all-reduce and AMP's scaling stay around it."""
+        loss.backward(*args, **kwargs)
+
     def configure_sharded_model(self) -> None:
         """Deprecated (Lightning 2.1 renamed it ``configure_model``): an override is called at setup,
         before ``configure_model``, with a warning."""

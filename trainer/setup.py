@@ -170,6 +170,8 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
         training_step = functools.partial(strategy.training_step, model)
     if owner is not None:
         backward = functools.partial(owner.backward, trainer, module)
+    elif overrides(module, "backward"):  # Lightning's hook, in place of loss.backward() (DDP's all-reduce still runs)
+        backward = functools.partial(strategy.backward, backward=module.backward)
     else:
         backward = torch.Tensor.backward if type(strategy).backward is Strategy.backward else strategy.backward
     splitter = single_owner([c for c in callbacks if c.owns_forward_backward], "owns_forward_backward")

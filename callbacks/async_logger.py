@@ -179,6 +179,8 @@ class AsyncLogger(Logger):
             self.hparams.update(params)
             self._add(self.write_hyperparams, dict(self.hparams))
         self._write_alone()
+        if params is not None and not self._attached:  # by hand, hparams.yaml is there on return, as Lightning's
+            self.save()
 
     def save(self) -> None:
         """Hand what was logged to the writer thread now (used without a Trainer: and wait until

@@ -376,3 +376,12 @@ def test_the_learning_rate_monitor_per_epoch_logs_the_rates_alone_as_lightning(m
                  callbacks=[LearningRateMonitor("epoch")]).fit(Logged(), loader(4))
     assert [(step, metrics) for step, metrics in logger.rows if "lr-SGD" in metrics] == [
         (0, {"lr-SGD": 0.05}), (4, {"lr-SGD": 0.05})]
+
+
+@pytest.mark.parametrize("logger_class", [CSVLogger, TensorBoardLogger])
+def test_a_logger_used_by_hand_has_written_hparams_yaml_when_log_hyperparams_returns(tmp_path, logger_class):
+    # Lightning's loggers write hparams.yaml in log_hyperparams; code that reads it next must find it.
+    logger = logger_class(save_dir=tmp_path, name="exp", version="2020-02-05-162402")
+    logger.log_hyperparams({"a": 1, "b": 2})
+    written = tmp_path / "exp" / "2020-02-05-162402" / "hparams.yaml"
+    assert written.is_file() and yaml.safe_load(written.read_text()) == {"a": 1, "b": 2}

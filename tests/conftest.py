@@ -12,8 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.multiprocessing
 from torch.utils.data import DataLoader, TensorDataset
 
+import processes
 from linear_regression import regression_samples
 from trainer import Trainer
 
@@ -42,6 +44,13 @@ def pytest_cmdline_main(config):
     if config.args_source == pytest.Config.ArgsSource.TESTPATHS and len(os.sched_getaffinity(0)) > 1:
         config.option.numprocesses = SUITE_PROCESSES
         config.option.dist = "loadfile"
+
+
+def pytest_configure(config):
+    # Spawned DDP and FSDP workers start from a server that imported torch once (tests/processes.py):
+    # each would otherwise import it again, about 4.5 s of CPU, some 40 times in the suite.
+    if os.environ.get(processes.REAL_SPAWN) != "1":
+        torch.multiprocessing.start_processes = processes.preloaded_start_processes(torch.multiprocessing.start_processes)
 
 
 def pytest_collection_modifyitems(items):

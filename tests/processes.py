@@ -68,3 +68,65 @@ def run_together(commands: list[list[str]], cwd: str | os.PathLike | None = None
             log.seek(0)
             outputs.append(log.read() + (f"\n[killed: still running after {timeout:g} s]" if was_running else ""))
     return [(launch.returncode, output) for launch, output in zip(launches, outputs)]
+
+
+# --- spawned workers without a fresh torch import ------------------------------------------------
+#: What a worker spawned by the suite finds already imported: torch, and torch._dynamo, which
+#: torch's DistributedDataParallel imports in its constructor (together ~4.5 s of CPU per worker).
+#: Cadence's own packages are left out: the server would import them from wherever ``sys.path``
+#: points when it starts (Python 3.11's forkserver ignores the caller's path), possibly another
+#: checkout; each worker imports them itself, from the caller's path, as a spawned one does.
+PRELOADED = ["torch", "torch._dynamo"]
+
+#: Set to 1 to run the suite's DDP and FSDP workers with the real "spawn" start method.
+REAL_SPAWN = "CADENCE_TEST_REAL_SPAWN"
+
+
+class StandardStreams:
+    """The caller's file descriptors 1 and 2, sent to the worker (the forkserver's children
+    otherwise write where the server's did when it started, not where a test redirected them)."""
+
+    def __reduce__(self) -> tuple:
+        from multiprocessing.reduction import DupFd  # only while a worker is being started
+
+        return StandardStreams._received, (DupFd(1), DupFd(2))
+
+    @staticmethod
+    def _received(stdout, stderr) -> StandardStreams:
+        for target, source in ((1, stdout), (2, stderr)):
+            descriptor = source.detach()
+            os.dup2(descriptor, target)
+            os.close(descriptor)
+        return StandardStreams()
+
+
+def _as_if_spawned(index: int, function, environment: dict, streams: StandardStreams, args: tuple) -> None:
+    """In the worker: the caller's environment now (a forkserver's children get the server's,
+    from when it started), then the function, as a spawned worker runs it; then the process ends
+    as a spawned worker's does, through the interpreter's exit (non-daemon threads joined, atexit
+    handlers, destructors, where a crash at exit shows), not the forkserver's ``os._exit``."""
+    import ctypes
+
+    os.environ.clear()
+    os.environ.update(environment)
+    function(index, *args)
+    del function, args
+    ctypes.pythonapi.Py_Exit(0)
+
+
+def preloaded_start_processes(start_processes):
+    """``torch.multiprocessing.start_processes``, but workers asked for with the "spawn" start
+    method are forked from a server that has imported torch once (the "forkserver" method, with
+    :data:`PRELOADED`): everything else is as with "spawn", a new process that unpickles what it
+    runs, with the caller's environment, working directory, ``sys.path`` and standard streams."""
+
+    def start(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
+        if start_method != "spawn":
+            return start_processes(fn, args, nprocs, join, daemon, start_method)
+        import multiprocessing
+
+        multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOADED)
+        return start_processes(_as_if_spawned, (fn, dict(os.environ), StandardStreams(), args), nprocs, join, daemon,
+                               "forkserver")
+
+    return start

@@ -337,6 +337,7 @@ class Misbehaves(LinearRegression):
     def __init__(self, what: str, out_dir: str) -> None:
         super().__init__()
         self.what, self.out_dir = what, out_dir
+        self.launcher = os.getpid()  # made in the launching process
 
     def setup(self, stage):
         Path(self.out_dir, f"pid{self.trainer.global_rank}").write_text(str(os.getpid()))
@@ -348,7 +349,7 @@ class Misbehaves(LinearRegression):
     def training_step(self, batch, batch_idx):
         _, x, y = batch
         if self.what == "signal" and self.trainer.global_rank == 0 and batch_idx == 2 and self.current_epoch == 0:
-            os.kill(os.getppid(), signal.SIGTERM)
+            os.kill(self.launcher, signal.SIGTERM)
         if self.trainer.global_rank == 1 and batch_idx == 2:
             if self.what == "raise":
                 raise ValueError("rank 1 fails at batch 2")

@@ -11,8 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from functorch.compile import make_boxed_func
-from torch._dynamo.backends.common import aot_autograd
 from torch.utils.data import ConcatDataset, DataLoader
 
 from callbacks import AMP, Callback, Compile, GradientCheckpointing
@@ -121,6 +119,8 @@ class RunCounter:
         self.runs = 0
 
     def __call__(self, graph, example_inputs):
+        from functorch.compile import make_boxed_func
+
         def run(*args):
             self.runs += 1
             return graph(*args)
@@ -129,6 +129,10 @@ class RunCounter:
 
 
 def test_compile_checkpointing_and_amp_on_the_same_blocks_compose(make_trainer, regression_data):
+    # (torch._dynamo is imported here, not at collection: ~2 s of CPU in each test process.)
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
     # Batches of 256, so that activations, not the blocks' bfloat16 weight copies, dominate what is saved.
     loader = DataLoader(ConcatDataset([regression_data] * 16), batch_size=256)
     _, amp_only = fit(make_trainer, loader, AMP("bf16"))

@@ -8,7 +8,10 @@ for torchrun, with the machine names of the loopback.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import math
+import os
 import re
 import shlex
 import sys
@@ -95,16 +98,33 @@ def test_the_digits_script_and_yaml_train_identical_weights_and_test_them(in_tmp
 
 
 #: Appended to the multi-process cadence runs: one epoch, no logger.
-ONE_EPOCH = ["--trainer.max_epochs=1", "--trainer.limit_val_batches=1", *QUIET, "--trainer.logger=false"]
+ONE_EPOCH = ["--trainer.max_epochs=1", "--trainer.limit_val_batches=1", "--trainer.logger=false"]
 #: ... and for torchrun, three batches of it.
-BRIEF_RUN = [*ONE_EPOCH, "--trainer.limit_train_batches=3"]
+BRIEF_RUN = [*ONE_EPOCH, *QUIET, "--trainer.limit_train_batches=3"]
+
+
+@contextlib.contextmanager
+def output_into(path: Path):
+    """Everything written to stdout and stderr, by this process and the workers it starts, goes to ``path``."""
+    with open(path, "w") as file, contextlib.redirect_stdout(file), contextlib.redirect_stderr(file):
+        sys.stdout.flush()
+        saved = [os.dup(1), os.dup(2)]
+        for descriptor in (1, 2):
+            os.dup2(file.fileno(), descriptor)
+        try:
+            yield
+        finally:
+            file.flush()
+            for descriptor, copy in zip((1, 2), saved):
+                os.dup2(copy, descriptor)
+                os.close(copy)
 
 
 @pytest.fixture(scope="module")
 def multi_process_runs(tmp_path_factory):
-    """The four multi-process README commands, started at once (they share the cores, where one
-    after the other each would mostly wait for its processes to start): the script and the config
-    under DDP, torchrun on one machine, and torchrun on two "machines" of the loopback.
+    """The four multi-process README commands: the script and the config under DDP, run in this
+    process as the single-process tests above run them (their two spawned workers each), while
+    torchrun on one machine and torchrun on two "machines" of the loopback run as commands.
 
     Returns each run's directory and output (both "machines" of the loopback: node0 and node1)."""
     root = tmp_path_factory.mktemp("multi_process")
@@ -113,25 +133,33 @@ def multi_process_runs(tmp_path_factory):
     one_machine = shlex.split(TORCHRUN_ONE_MACHINE.replace("--nproc-per-node=4", "--nproc-per-node=2"))
     two_machines = shlex.split(TORCHRUN_TWO_MACHINES.replace("--nproc-per-node=8", "--nproc-per-node=1").replace(
         "node0:29400", f"127.0.0.1:{free_port()}"))
-    assert (script[0], config[0], one_machine[0], two_machines[0]) == ("python", "cadence", "torchrun", "torchrun")
-    runs = {
-        "script": [sys.executable, *script[1:], "--max-epochs", "1", "--root-dir", str(root / "script")],
-        "config": [sys.executable, "-m", "trainer", *config[1:], *ONE_EPOCH, f"--trainer.default_root_dir={root / 'config'}"],
+    assert (script[:2], config[0], one_machine[0], two_machines[0]) == (["python", "examples/digits.py"], "cadence",
+                                                                         "torchrun", "torchrun")
+    commands = {
         "one_machine": torchrun(*one_machine[1:], *BRIEF_RUN, f"--trainer.default_root_dir={root / 'one_machine'}"),
         "node0": torchrun(*two_machines[1:], *BRIEF_RUN, f"--trainer.default_root_dir={root / 'two_machines'}"),
     }
-    runs["node1"] = runs["node0"]
-    # Seven processes train on two cores: one thread each (DDP's spawn and torchrun with more than
-    # one process per machine set that themselves). torchrun on one machine rendezvouses on port
-    # 29500 unless told otherwise: another, free one.
+    commands["node1"] = commands["node0"]
+    # Five processes train on two cores: one thread each (torchrun with more than one process per
+    # machine sets that itself; DDP's spawned workers too). torchrun on one machine rendezvouses on
+    # port 29500 unless told otherwise: another, free one.
     env = [{"OMP_NUM_THREADS": "1", **({"PET_MASTER_PORT": str(free_port())} if name == "one_machine" else {})}
-           for name in runs]
-    results = run_together(list(runs.values()), cwd=ROOT, env=env)
-    for name, (status, output) in zip(runs, results):
+           for name in commands]
+    with concurrent.futures.ThreadPoolExecutor(1) as background, pytest.MonkeyPatch.context() as patch:
+        torchruns = background.submit(run_together, list(commands.values()), cwd=ROOT, env=env)
+        patch.syspath_prepend(str(ROOT))  # the workers unpickle examples.digits
+        from examples import digits
+
+        with output_into(root / "script.txt"):
+            digits.main([*script[2:], "--max-epochs", "1", "--root-dir", str(root / "script")])
+        with output_into(root / "config.txt"):
+            assert cadence(DIGITS_DDP, *ONE_EPOCH, f"--trainer.default_root_dir={root / 'config'}") == 0
+        results = torchruns.result()
+    for name, (status, output) in zip(commands, results):
         assert status == 0, f"{name} failed:\n{output}"
-    directories = {"script": "script", "config": "config", "one_machine": "one_machine", "node0": "two_machines",
-                   "node1": "two_machines"}
-    return {name: (root / directories[name], output) for name, (_, output) in zip(runs, results)}
+    runs = {name: (root / name, (root / f"{name}.txt").read_text()) for name in ("script", "config")}
+    directories = {"one_machine": "one_machine", "node0": "two_machines", "node1": "two_machines"}
+    return {**runs, **{name: (root / directories[name], output) for name, (_, output) in zip(commands, results)}}
 
 
 def test_the_digits_script_and_config_train_the_same_weights_in_two_ddp_processes(multi_process_runs):

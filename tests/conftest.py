@@ -44,6 +44,15 @@ def pytest_cmdline_main(config):
     if config.args_source == pytest.Config.ArgsSource.TESTPATHS and len(os.sched_getaffinity(0)) > 1:
         config.option.numprocesses = SUITE_PROCESSES
         config.option.dist = "loadfile"
+        config.option.loadscopereorder = False  # files go out in the order pytest_collection_modifyitems gives
+
+
+#: The files that take longest (their workers, torchrun jobs and waits; measured with the suite in
+#: two processes), longest first. They start first, so that the two processes end together: one
+#: of them last, behind many short files, would finish alone. Every other file follows.
+LONGEST_FILES = ("test_resume.py", "test_ddp.py", "test_preemption.py", "test_examples.py", "test_fsdp.py",
+                 "test_compile.py", "test_speed_ddp.py", "test_async_checkpoint.py", "test_ddp_spawn_generator.py",
+                 "test_early_stopping.py", "test_microbatch.py")
 
 
 def pytest_configure(config):
@@ -54,6 +63,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
+    first = {name: index for index, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable: the rest keep their order
     # Such a test runs once more; any other failure, or the same crash twice, fails it.
     for item in items:
         item.add_marker(pytest.mark.flaky(reruns=1, only_rerun=[NATIVE_CRASH]))

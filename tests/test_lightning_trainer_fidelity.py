@@ -361,3 +361,44 @@ def test_fit_says_which_limit_stopped_it_in_lightnings_words(make_trainer, regre
     with caplog.at_level(logging.INFO):  # pytest configures logging: the line goes there, as Lightning's
         make_trainer(**limits).fit(module(), regression_loader)
     assert [message for message in caplog.messages if "stopped" in message] == said
+
+
+def test_setup_and_teardown_get_lightnings_trainer_fn_members(make_trainer, regression_loader):
+    # Lightning 2.6.5 passes trainer.state.fn: a str enum member, equal to "fit" (and to "FIT"), whose
+    # str() is "TrainerFn.FITTING"; the module's, the DataModule's and every callback's hooks get the same.
+    from trainer.states import TrainerFn
+
+    seen = []
+
+    class Recording(Callback):
+        def setup(self, trainer, module, stage):
+            seen.append(("callback.setup", stage))
+
+        def teardown(self, trainer, module, stage):
+            seen.append(("callback.teardown", stage))
+
+    class Module(LinearRegression):
+        def setup(self, stage):
+            seen.append(("module.setup", stage))
+
+        def predict_step(self, batch, batch_idx):
+            return self.layer(batch[0])
+
+    class Data(DataModule):
+        def setup(self, stage):
+            seen.append(("datamodule.setup", stage))
+
+        def train_dataloader(self):
+            return regression_loader
+
+        predict_dataloader = train_dataloader
+
+    trainer = make_trainer(max_steps=1, callbacks=[Recording()])
+    trainer.fit(Module(), datamodule=Data())
+    trainer.predict(Module(), datamodule=Data())
+    assert [(name, str(stage), type(stage)) for name, stage in seen] == [
+        ("datamodule.setup", "TrainerFn.FITTING", TrainerFn), ("callback.setup", "TrainerFn.FITTING", TrainerFn),
+        ("module.setup", "TrainerFn.FITTING", TrainerFn), ("callback.teardown", "TrainerFn.FITTING", TrainerFn),
+        ("datamodule.setup", "TrainerFn.PREDICTING", TrainerFn), ("callback.setup", "TrainerFn.PREDICTING", TrainerFn),
+        ("module.setup", "TrainerFn.PREDICTING", TrainerFn), ("callback.teardown", "TrainerFn.PREDICTING", TrainerFn)]
+    assert seen[0][1] == "fit" and seen[0][1] == "FIT" and seen[0][1] != "validate" and {"fit": 1}[seen[0][1]] == 1

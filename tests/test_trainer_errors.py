@@ -200,11 +200,6 @@ def test_a_bad_trainer_argument_is_refused_with_what_would_work(arguments, match
         Trainer(**arguments)
 
 
-def test_limit_train_batches_zero_leaves_nothing_to_train(make_trainer, regression_loader):
-    with pytest.raises(ValueError, match=r"Trainer\(limit_train_batches=0\) leaves no batch to train on"):
-        make_trainer(max_epochs=1, limit_train_batches=0).fit(Model(), regression_loader)
-
-
 def test_a_share_of_the_epoch_below_one_batch_reports_the_share_given(make_trainer, regression_loader):
     with pytest.raises(ValueError, match=r"Trainer\(limit_train_batches=0.1\) of 8 training batches is less than one "
                                          r"batch \(0.1 \* 8 < 1\). Use limit_train_batches=0.125 or more"):

@@ -109,7 +109,13 @@ _TRAIN_FIELDS = ("train", "shown", "sampler", "max_epochs", "num_training_batche
 
 
 def _load_train(trainer: Trainer, data: DataSource, offset: int) -> dict[str, Any]:
-    """The training loader prepared: :class:`FitLoaders`' fields of it (:data:`_TRAIN_FIELDS`, and ``made``)."""
+    """The training loader prepared: :class:`FitLoaders`' fields of it (:data:`_TRAIN_FIELDS`, and ``made``).
+    With ``limit_train_batches=0`` none is asked for (``num_training_batches`` stays ``inf``), as Lightning's
+    fit loop, which then skips itself, never asks."""
+    if trainer.limits["train"] == 0:
+        max_epochs = default_max_epochs(trainer.max_epochs, trainer.max_steps, (), warn=False)
+        return dict(train=None, shown=None, sampler=None, max_epochs=max_epochs, num_training_batches=math.inf,
+                    made=[])
     [train_loader] = data.loaders("train")
     max_epochs = default_max_epochs(trainer.max_epochs, trainer.max_steps, train_loader, warn=trainer.is_global_zero)
     prepared, num_batches = prepare_stage_loader(trainer, train_loader, "train", True, offset)
@@ -162,9 +168,12 @@ def estimated_stepping_batches(num_batches: int | float, accumulate_grad_batches
     return min(total, max_steps) if max_steps != -1 else total
 
 
-def limit_reached(max_epochs: int | None, max_steps: int, epoch: int, step: int) -> str | None:
-    """Which of ``max_steps`` and ``max_epochs`` ends fit at ``epoch`` and global ``step``, and how
-    to train more; None: neither."""
+def limit_reached(max_epochs: int | None, max_steps: int, epoch: int, step: int, limit_train_batches: int | float = 1.0
+                  ) -> str | None:
+    """Which of ``limit_train_batches=0``, ``max_steps`` and ``max_epochs`` ends fit at ``epoch`` and
+    global ``step``, and how to train more; None: none."""
+    if limit_train_batches == 0:  # as in Lightning, fit then trains nothing (it may still sanity-check validation)
+        return f"limit_train_batches={limit_train_batches} leaves no batch to train on. Raise limit_train_batches"
     if max_steps != -1 and step >= max_steps:
         return f"max_steps={max_steps} reached (global_step={step}). Raise max_steps"
     if max_epochs not in (None, -1) and epoch >= max_epochs:
@@ -190,11 +199,13 @@ def say_fit_stopped(max_epochs: int | None, max_steps: int, epoch: int, step: in
         info(f"`Trainer.fit` stopped: `max_epochs={max_epochs!r}` reached.")
 
 
-def say_trained_nothing(limit: str | None) -> None:
-    """fit found nothing to train (a second fit to the same limit, a resume from the end): why (``limit``,
-    from :func:`limit_reached`; None: should_stop was set already) and how to train more."""
+def say_trained_nothing(limit: str | None, say: bool = True) -> None:
+    """fit found nothing to train (a second fit to the same limit, a resume from the end,
+    ``limit_train_batches=0``): why (``limit``, from :func:`limit_reached`; None: should_stop was set
+    already) and how to train more (``say``: rank zero)."""
     why = limit or "trainer.should_stop was already set. Set trainer.should_stop = False"
-    print(f"Trainer.fit trained nothing: {why} to train more.", file=sys.stderr, flush=True)
+    if say:
+        print(f"Trainer.fit trained nothing: {why} to train more.", file=sys.stderr, flush=True)
 
 
 def reload_due(every: int, epoch: int, loaded_at: int, data: DataSource) -> bool:

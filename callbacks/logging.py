@@ -28,7 +28,7 @@ class Logger(Callback):
     Implement :meth:`log_metrics` (and :meth:`log_hyperparams` if you keep them); they are called
     on rank zero only, from the training thread, at log steps, epoch ends and after validation,
     with host floats (never per step). The Trainer adds ``"epoch"`` to every metrics dict, as
-    Lightning does. ``trainer.loggers`` lists a run's loggers; ``module.logger`` is the first.
+    Lightning does (a value logged as ``"step"`` is the step instead: :func:`logger_metrics`). ``trainer.loggers`` lists a run's loggers; ``module.logger`` is the first.
 
     Example::
 
@@ -88,7 +88,7 @@ class Logger(Callback):
 
     def on_log(self, trainer: Trainer, module: TrainingModule, metrics: dict[str, float], step: int) -> None:
         if trainer.is_global_zero:
-            self.log_metrics({**metrics, "epoch": trainer.current_epoch}, step)
+            self.log_metrics(*logger_metrics(metrics, step, trainer.current_epoch))
 
     def teardown(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
         if trainer.is_global_zero and not vars(self).pop("_failed", False):  # once per run, as Lightning
@@ -98,6 +98,16 @@ class Logger(Callback):
         if trainer.is_global_zero:
             self.finalize("failed")
         self._failed = True  # the teardown that follows does not finalize it again as "success"
+
+
+def logger_metrics(metrics: Mapping[str, float], step: int, epoch: int) -> tuple[dict[str, float], int]:
+    """The metrics and step a logger gets, as Lightning's logger connector makes them: a value logged as
+    ``"step"`` is the step (and leaves the dict, with no ``"epoch"`` added); otherwise ``"epoch"`` is
+    added, unless the module logged one itself."""
+    if "step" in metrics:
+        metrics = dict(metrics)
+        return metrics, int(metrics.pop("step"))
+    return {"epoch": epoch, **metrics}, step
 
 
 def hyperparameters_to_log(trainer: Trainer, module: TrainingModule) -> dict[str, Any]:

@@ -59,3 +59,35 @@ def test_two_stateless_loggers_of_one_class_run_together_and_an_empty_state_dict
     torch.save(checkpoint, tmp_path / "run.ckpt")
     with pytest.warns(UserWarning, match="contains no parameters"):
         Logging.load_from_checkpoint(tmp_path / "run.ckpt", strict=False)
+
+
+class LogsItsOwnStep(LinearRegression):
+    """Logs "step" (or "epoch") itself at each batch, as Lightning lets a module set the loggers' x axis."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__()
+        self.key = key
+
+    def training_step(self, batch, batch_idx):
+        self.log(self.key, float({"step": 10, "epoch": -5}[self.key] + {"step": 1, "epoch": -1}[self.key] * batch_idx))
+        self.log("v", float(batch_idx))
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize(("key", "rows"), [
+    ("step", ["step,v", "10,0.0", "11,1.0"]),  # Lightning 2.6.5: the logged "step" is the step, and no epoch column
+    ("epoch", ["epoch,step,v", "-5.0,0,0.0", "-6.0,1,1.0"]),  # Lightning 2.6.5: a logged "epoch" is kept
+])
+def test_a_logged_step_or_epoch_is_what_the_loggers_get(make_trainer, regression_loader, tmp_path, key, rows):
+    seen = []
+
+    class Recording(Logger):
+        def log_metrics(self, metrics, step=None):
+            seen.append((step, dict(metrics)))
+
+    csv = CSVLogger(tmp_path)
+    trainer = make_trainer(max_epochs=1, limit_train_batches=2, log_every_n_steps=1, logger=[csv, Recording()])
+    trainer.fit(LogsItsOwnStep(key), regression_loader)
+    assert open(os.path.join(csv.log_dir, "metrics.csv")).read().splitlines() == rows
+    assert seen[-1] == ((11, {"v": 1.0}) if key == "step" else (1, {"epoch": -6.0, "v": 1.0}))
+    assert float(trainer.logged_metrics[key]) == (11.0 if key == "step" else -6.0)  # kept there, as in Lightning

@@ -220,3 +220,18 @@ def test_a_fractional_limit_on_an_endless_loader_is_an_error(make_trainer):
 def test_a_misspelled_stage_argument_gets_a_did_you_mean(make_trainer, regression_loader, stage, argument, match):
     with pytest.raises(TypeError, match=match):
         getattr(make_trainer(max_epochs=1), stage)(Evaluated(), **{argument: regression_loader})
+
+
+def test_a_manual_training_step_returning_a_number_is_refused(make_trainer, regression_loader):
+    # Lightning 2.6.5 raises "In manual optimization, `training_step` must either return a Tensor or have no return."
+    class Manual(Model):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            return 5
+
+    with pytest.raises(RuntimeError, match=r"training_step returned int at batch 0\. In manual optimization, "
+                                           r"`training_step` must either return a Tensor or have no return"):
+        make_trainer(max_epochs=1).fit(Manual(), regression_loader)

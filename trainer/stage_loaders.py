@@ -98,6 +98,7 @@ def load_fit_data(trainer: Trainer, data: DataSource, previous: FitLoaders | Non
         return FitLoaders(**train, val=previous.val, num_val_batches=previous.num_val_batches,
                           val_loaded_at=previous.val_loaded_at)
     val = [prepare_stage_loader(trainer, loader, "validate", False, offset) for loader in data.loaders("val")]
+    trainer.metrics.restart_evaluation_steps("validate")  # new loaders: their step rows count from 0 (Lightning's)
     val_counts = [count for _, count in val]
     val_loaders = [loader for loader, _ in val]
     return FitLoaders(**(train | {"made": train["made"] + val_loaders}),
@@ -266,6 +267,7 @@ def evaluation_loaders(trainer: Trainer, stage: str, loaders: list[Any]) -> tupl
     if not loaders:
         raise ValueError(f"Trainer.{stage} got an empty list of loaders; pass at least one DataLoader.")
     prepared = [prepare_stage_loader(trainer, loader, stage, False) for loader in loaders]
+    trainer.metrics.restart_evaluation_steps(stage)  # each call's step rows count from 0, as Lightning's loops
     made = [recording_batch_indices(loader) if stage == "predict" else loader for loader, _ in prepared]  # Lightning's
     return made, [count for _, count in prepared]
 

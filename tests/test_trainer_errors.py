@@ -192,7 +192,7 @@ def test_an_int_val_check_interval_longer_than_the_epoch_is_an_error(make_traine
         ({"num_sanity_val_steps": -2}, r"Trainer\(num_sanity_val_steps=-2\): use an int >= 0, or -1 for all"),
         ({"seed": -1}, r"seed_everything\(seed=-1\): use an int in \[0, 2\*\*32 - 1\]"),
         ({"callbacks": [object()]}, r"Trainer\(callbacks=\[...\]\) item 0 is object, not a callbacks.Callback"),
-        ({"logger": "tensorboard"}, r"Trainer\(logger='tensorboard'\) is a str: use True, False, a logger callback or an iterable"),
+        ({"logger": "tensorboard"}, r"Trainer\(logger='tensorboard'\) is a str: use True, False, a logger callback, an object with Lightning's logger methods"),
     ],
 )
 def test_a_bad_trainer_argument_is_refused_with_what_would_work(arguments, match):

@@ -128,7 +128,10 @@ class TrainerProperties:
 
     @property
     def num_sanity_val_batches(self: Trainer) -> list[int | float]:
-        """The sanity check's batches per validation loader."""
+        """The sanity check's batches per validation loader: fit's; [] in and after ``validate``, whose loaders
+        ``num_val_batches`` then counts (Lightning's reads its fit loop's, [] until a fit has made them)."""
+        if self.state.fn == "validate":
+            return []
         steps = math.inf if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
         return [min(steps, count) for count in self.num_val_batches]
 

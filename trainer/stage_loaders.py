@@ -79,7 +79,8 @@ class FitLoaders:
     val: list[Any] | None  # None: no validation
     max_epochs: int | None
     num_training_batches: int | float
-    num_val_batches: list[int | float]
+    num_val_batches: list[int | float]  # as the Trainer reports them (shown_counts)
+    val_limits: list[int | float]  # the batches the loop runs of each loader in ``val``
     made: list[Any]  # the loaders made this time: their persistent workers end with the stage (end_workers)
     val_loaded_at: float = 0  # the epoch the val loaders count as made at, as Lightning counts (val_reload_due)
 
@@ -96,14 +97,15 @@ def load_fit_data(trainer: Trainer, data: DataSource, previous: FitLoaders | Non
         train = {name: getattr(previous, name) for name in _TRAIN_FIELDS} | {"made": []}
     if "val" not in kinds:
         return FitLoaders(**train, val=previous.val, num_val_batches=previous.num_val_batches,
-                          val_loaded_at=previous.val_loaded_at)
+                          val_limits=previous.val_limits, val_loaded_at=previous.val_loaded_at)
     val = [prepare_stage_loader(trainer, loader, "validate", False, offset) for loader in data.loaders("val")]
     trainer.metrics.restart_evaluation_steps("validate")  # new loaders: their step rows count from 0 (Lightning's)
     val_counts = [count for _, count in val]
     val_loaders = [loader for loader, _ in val]
     return FitLoaders(**(train | {"made": train["made"] + val_loaders}),
                       val=val_loaders if any(val_counts) else None,  # limit_val_batches=0: no validation, hooks included
-                      num_val_batches=val_counts, val_loaded_at=_val_loaded_at(trainer))
+                      num_val_batches=shown_counts(val_loaders, val_counts), val_limits=val_counts,
+                      val_loaded_at=_val_loaded_at(trainer))
 
 
 _TRAIN_FIELDS = ("train", "shown", "sampler", "max_epochs", "num_training_batches")
@@ -259,6 +261,17 @@ def validation_schedule(val_check_interval: int | float, check_val_every_n_epoch
             "limit_train_batches=N to give the epoch a length."
         )
     return ValidationSchedule(max(1, int(num_batches * val_check_interval)))
+
+
+def shown_counts(loaders: list[Any], counts: list[int | float]) -> list[int | float]:
+    """The numbers of batches the Trainer reports (``num_val_batches``...) for ``loaders`` that run
+    ``counts`` batches: as Lightning's, a CombinedLoader in another mode than ``"sequential"`` counts
+    each of its loaders under the limit (``[3, 2]``), though its step gets the combined batches."""
+    shown: list[int | float] = []
+    for loader, count in zip(loaders, counts):
+        combined = isinstance(loader, CombinedLoader) and loader.mode != "sequential" and loader.limits is not None
+        shown += list(loader.limits) if combined else [count]
+    return shown
 
 
 def evaluation_loaders(trainer: Trainer, stage: str, loaders: list[Any]) -> tuple[list[Any], list[int | float]]:

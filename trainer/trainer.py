@@ -41,7 +41,7 @@ from trainer.shorthands import reject_unknown_arguments, translate, with_lightni
 from trainer.stage import call_exception_hooks, enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
     NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_batches, evaluation_loaders, gather_predictions, limit_reached,
-    load_fit_data, one_or_list, reload_due, resumed_fit_loaders, say_fit_stopped, say_min_not_met, say_trained_nothing, train_batches, val_reload_due, validation_schedule,
+    load_fit_data, one_or_list, reload_due, resumed_fit_loaders, say_fit_stopped, say_min_not_met, say_trained_nothing, shown_counts, train_batches, val_reload_due, validation_schedule,
 )
 from trainer.state import (
     Progress, fitted_module, handoff_state, is_accumulated_log_step, logger_step, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
@@ -309,7 +309,7 @@ class Trainer(TrainerProperties, SearchSeams):
         else:
             loaders, counts = self._evaluation_loaders = evaluation_loaders(self, stage, data.loaders(STAGE_KIND[stage]))
             self._stage_loaders += loaders  # their persistent workers end with the stage
-            setattr(self, NUM_BATCHES[stage], counts)
+            setattr(self, NUM_BATCHES[stage], shown_counts(loaders, counts))  # a CombinedLoader's: each loader's
             setattr(self, f"{STAGE_KIND[stage]}_dataloaders", one_or_list(loaders))
 
     def _finished(self) -> bool:
@@ -515,7 +515,7 @@ class Trainer(TrainerProperties, SearchSeams):
                 callback.on_sanity_check_start(self, self.module)
             steps = math.inf if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
             with preserved_rng():  # checking costs the training run no random numbers
-                self._evaluation_loop("validate", self._fit_loaders.val, [min(steps, count) for count in self.num_val_batches])
+                self._evaluation_loop("validate", self._fit_loaders.val, [min(steps, count) for count in self._fit_loaders.val_limits])
             for callback in self.callbacks:
                 callback.on_sanity_check_end(self, self.module)
             self.metrics.end_sanity_check()  # its values are not the run's (as in Lightning); self.log trains again
@@ -531,7 +531,7 @@ class Trainer(TrainerProperties, SearchSeams):
         if val_reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, self._fit_loaders, self._data):
             self._make_loaders("fit", self._data, ("val",))  # as in Lightning: when validation is next due
         # It draws from the global RNG (the val loader's iter(), the steps' draws) as Lightning's: the same data order after it.
-        self._evaluation_loop("validate", self._fit_loaders.val, self.num_val_batches)
+        self._evaluation_loop("validate", self._fit_loaders.val, self._fit_loaders.val_limits)
         self.metrics.start_training()
 
     def _evaluation_loop(self, stage: str, loaders: list[Any], limits: list[int | float]) -> Any:

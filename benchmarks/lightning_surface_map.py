@@ -90,6 +90,13 @@ MAP: dict[str, str | Refused] = {
     "lightning.pytorch.utilities.GradClipAlgorithmType": "trainer.utilities.GradClipAlgorithmType",
     "lightning.pytorch.utilities.LightningEnum": "trainer.utilities.LightningEnum",
     "lightning.pytorch.utilities.CombinedLoader": "trainer.utilities.CombinedLoader",
+    "lightning.pytorch.utilities.model_summary.ModelSummary": "trainer.utilities.model_summary.ModelSummary",
+    "lightning.pytorch.utilities.model_summary.summarize": "trainer.utilities.model_summary.summarize",
+    "lightning.pytorch.utilities.model_summary.LayerSummary": "trainer.utilities.model_summary.LayerSummary",
+    "lightning.pytorch.utilities.model_summary.get_human_readable_count":
+        "trainer.utilities.model_summary.get_human_readable_count",
+    "lightning.pytorch.utilities.model_summary.get_formatted_model_size":
+        "trainer.utilities.model_summary.get_formatted_model_size",
     # lightning.pytorch.cli
     "lightning.pytorch.cli.LightningCLI": Refused("the cadence command: cadence fit --config run.yaml"),
     # lightning.pytorch.strategies: what users construct for strategy=
@@ -109,6 +116,8 @@ CADENCE_MODULE_OF = {
     "lightning.pytorch.tuner": "trainer",
     "lightning.pytorch.utilities": "trainer.utilities",
     "lightning.pytorch.utilities.rank_zero": "trainer.utilities",
+    "lightning.pytorch.utilities.model_summary": "trainer.utilities.model_summary",
+    "lightning.pytorch.utilities.model_summary.model_summary": "trainer.utilities.model_summary",
     "lightning.pytorch.strategies": "strategies",
     "lightning.pytorch.cli": "trainer",
 }

@@ -24,7 +24,7 @@ from callbacks.device_stats_monitor import DeviceStatsMonitor
 from callbacks.early_stopping import EarlyStopping
 from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from callbacks.async_logger import AsyncLogger
-from callbacks.logging import Logger
+from callbacks.logging import Logger, LoggerAdapter, as_logger
 from callbacks.lr_finder import LearningRateFinder, LRFinder
 from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.microbatch import AutoMicrobatch
@@ -60,7 +60,7 @@ __all__ = [
     "AMP", "AdvancedProfiler", "AsyncLogger", "AutoMicrobatch", "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter",
     "BatchSizeFinder", "CSVLogger", "Callback", "Checkpoint", "Compile", "DeviceStatsMonitor", "EarlyStopping",
     "GradientAccumulationScheduler",
-    "GradientCheckpointing", "LRFinder", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "Logger",
+    "GradientCheckpointing", "LRFinder", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "Logger", "LoggerAdapter",
     "ModelCheckpoint", "ModelPruning", "ModelSummary", "OnExceptionCheckpoint", "PassThroughProfiler", "PerformanceReport",
     "ProfiledHooks", "Profiler", "ProgressBar", "PyTorchProfiler", "RichModelSummary", "RichProgressBar", "SimpleProfiler", "TQDMProgressBar", "profiler_of",
     "StochasticWeightAveraging", "SyncBatchNorm", "TensorBoardLogger", "Throughput", "ThroughputMonitor", "Timer", "TorchFlags", "TruePrecision", "WeightAveraging", "EMAWeightAveraging", "default_callbacks", "observability_callbacks",
@@ -90,10 +90,14 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
     elif isinstance(logger, Callback):
         callbacks.append(logger)
     elif isinstance(logger, Iterable) and not isinstance(logger, (str, bytes)):  # any iterable, as in Lightning
-        callbacks += list(default_callbacks(list(logger), enable_progress_bar=False, enable_checkpointing=False, logger=False))
+        callbacks += list(default_callbacks([as_logger(item) for item in logger], enable_progress_bar=False,
+                                            enable_checkpointing=False, logger=False))
+    elif isinstance(as_logger(logger), LoggerAdapter):  # Lightning's logger interface (a Mock too): called as there
+        callbacks.append(as_logger(logger))
     elif logger not in (False, None):
         raise ValueError(f"Trainer(logger={logger!r}) is a {type(logger).__name__}: use True, False, a logger "
-                         "callback or an iterable of them (a list, a tuple, Hydra's ListConfig).")
+                         "callback, an object with Lightning's logger methods (log_metrics...) or an iterable of "
+                         "them (a list, a tuple, Hydra's ListConfig).")
     bars = [c for c in callbacks if isinstance(c, ProgressBar)]
     if len(bars) > 1:
         raise ValueError(f"You added multiple progress bar callbacks to the Trainer: Trainer(callbacks=[...]) holds "

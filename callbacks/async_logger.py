@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.console import warn
-from callbacks.logging import Logger, hyperparameters_to_log, metric_number, write_hparams
+from callbacks.logging import Logger, hyperparameters_to_log, logger_metrics, metric_number, write_hparams
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -227,7 +227,8 @@ class AsyncLogger(Logger):
 
     def on_log(self, trainer: Trainer, module: TrainingModule, metrics: dict[str, float], step: int) -> None:
         if self._rank_zero:
-            self._add(self.write, {**self._prefixed(metrics), "epoch": trainer.current_epoch}, step)
+            metrics, step = logger_metrics(self._prefixed(metrics), step, trainer.current_epoch)
+            self._add(self.write, metrics, step)
             self._last_step = step
             self._flush_if_due(step)
 
@@ -236,7 +237,7 @@ class AsyncLogger(Logger):
         if not self.prefix:
             return metrics
         join = self.LOGGER_JOIN_CHAR
-        return {f"{self.prefix}{join}{key}" if key != "epoch" else key: value for key, value in metrics.items()}
+        return {f"{self.prefix}{join}{key}" if key not in ("epoch", "step") else key: value for key, value in metrics.items()}
 
     def _flush_if_due(self, step: int) -> None:
         """``flush_every_n_steps``: hand over once that many steps were logged since the last time, but

@@ -28,7 +28,7 @@ class Logger(Callback):
     Implement :meth:`log_metrics` (and :meth:`log_hyperparams` if you keep them); they are called
     on rank zero only, from the training thread, at log steps, epoch ends and after validation,
     with host floats (never per step). The Trainer adds ``"epoch"`` to every metrics dict, as
-    Lightning does. ``trainer.loggers`` lists a run's loggers; ``module.logger`` is the first.
+    Lightning does (a value logged as ``"step"`` is the step instead: :func:`logger_metrics`). ``trainer.loggers`` lists a run's loggers; ``module.logger`` is the first.
 
     Example::
 
@@ -88,7 +88,7 @@ class Logger(Callback):
 
     def on_log(self, trainer: Trainer, module: TrainingModule, metrics: dict[str, float], step: int) -> None:
         if trainer.is_global_zero:
-            self.log_metrics({**metrics, "epoch": trainer.current_epoch}, step)
+            self.log_metrics(*logger_metrics(metrics, step, trainer.current_epoch))
 
     def teardown(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
         if trainer.is_global_zero and not vars(self).pop("_failed", False):  # once per run, as Lightning
@@ -98,6 +98,83 @@ class Logger(Callback):
         if trainer.is_global_zero:
             self.finalize("failed")
         self._failed = True  # the teardown that follows does not finalize it again as "success"
+
+
+class LoggerAdapter(Logger):
+    """A logger that is not a ``callbacks.Logger``: any object with Lightning's logger methods (a
+    ``unittest.mock.Mock``, a class written for Lightning's interface), called as Lightning calls its
+    loggers: at each stage's start ``log_hyperparams`` (when there are hyperparameters), ``log_graph``
+    and ``save``; at each log ``log_metrics(metrics=..., step=...)`` then ``save``; ``finalize`` at the
+    end. ``trainer.logger`` and ``trainer.loggers`` give the object itself (``wrapped``).
+    ``Trainer(logger=obj)`` makes one when ``obj`` has a callable ``log_metrics``."""
+
+    def __init__(self, wrapped: Any) -> None:
+        self.wrapped = wrapped
+
+    name = property(lambda self: _plain(getattr(self.wrapped, "name", None), str))
+    version = property(lambda self: _plain(getattr(self.wrapped, "version", None), (str, int)))
+    save_dir = property(lambda self: _plain(getattr(self.wrapped, "save_dir", None), (str, os.PathLike)))
+    log_dir = property(lambda self: _plain(getattr(self.wrapped, "log_dir", None), (str, os.PathLike)))
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        self.wrapped.log_metrics(metrics=metrics, step=step)
+        self.wrapped.save()
+
+    def log_hyperparams(self, params: Mapping[str, Any], *args: Any, **kwargs: Any) -> None:
+        self.wrapped.log_hyperparams(params, *args, **kwargs)
+
+    def log_graph(self, model: torch.nn.Module, input_array: Any = None) -> None:
+        if input_array is None:  # as Lightning calls it
+            self.wrapped.log_graph(model)
+        else:
+            self.wrapped.log_graph(model, input_array)
+
+    def save(self) -> None:
+        self.wrapped.save()
+
+    def finalize(self, status: str) -> None:
+        self.wrapped.finalize(status)
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        self.wrapped.after_save_checkpoint(checkpoint_callback)
+
+    def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
+        if stage != "fit":  # fit's: after on_fit_start, as Lightning's
+            self._start_stage(trainer, module)
+
+    def on_fit_start(self, trainer: Trainer, module: TrainingModule) -> None:
+        self._start_stage(trainer, module)
+
+    def _start_stage(self, trainer: Trainer, module: TrainingModule) -> None:
+        if trainer.is_global_zero:
+            params = hyperparameters_to_log(trainer, module)
+            if params:
+                self.log_hyperparams(params)
+            self.log_graph(module)
+            self.save()
+
+
+def as_logger(logger: Any) -> Any:
+    """``logger`` as a callback: a :class:`LoggerAdapter` around an object with Lightning's ``log_metrics``
+    that is not a callback; anything else unchanged (the caller refuses what is not a callback)."""
+    if not isinstance(logger, Callback) and callable(getattr(logger, "log_metrics", None)):
+        return LoggerAdapter(logger)
+    return logger
+
+
+def _plain(value: Any, kinds: type | tuple[type, ...]) -> Any:
+    """``value`` when it is of ``kinds``, else None (a Mock's attribute nobody set is a Mock)."""
+    return value if isinstance(value, kinds) else None
+
+
+def logger_metrics(metrics: Mapping[str, float], step: int, epoch: int) -> tuple[dict[str, float], int]:
+    """The metrics and step a logger gets, as Lightning's logger connector makes them: a value logged as
+    ``"step"`` is the step (and leaves the dict, with no ``"epoch"`` added); otherwise ``"epoch"`` is
+    added, unless the module logged one itself."""
+    if "step" in metrics:
+        metrics = dict(metrics)
+        return metrics, int(metrics.pop("step"))
+    return {"epoch": epoch, **metrics}, step
 
 
 def hyperparameters_to_log(trainer: Trainer, module: TrainingModule) -> dict[str, Any]:

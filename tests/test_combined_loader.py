@@ -75,6 +75,8 @@ def test_evaluation_runs_a_collection_in_turn_and_other_modes_combined(make_trai
         def validation_step(self, batch, batch_idx, dataloader_idx=0):
             self.seen.append((batch, dataloader_idx))
 
+        test_step = validation_step
+
     module, trainer = Records(), make_trainer()
     trainer.validate(module, {"a": [0, 1], "b": [2]}, verbose=False)  # Lightning's sequential CombinedLoader
     assert module.seen == [(0, 0), (1, 0), (2, 1)] and trainer.num_val_batches == [2, 1]
@@ -85,6 +87,26 @@ def test_evaluation_runs_a_collection_in_turn_and_other_modes_combined(make_trai
     assert module.seen == [({"a": 0, "b": 3}, 0), ({"a": 1, "b": 4}, 0), ({"a": 2, "b": None}, 0)]
     assert trainer.val_dataloaders == {"a": [0, 1, 2], "b": [3, 4]}
     assert combined.flattened == [[0, 1, 2], [3, 4]]  # the user's object is left as it was
+    # Lightning 2.6.5 (tests_pytorch/loops/test_evaluation_loop.py): each loader's count, in every mode, and no
+    # sanity-check count outside fit.
+    assert trainer.num_val_batches == [3, 2] and trainer.num_sanity_val_batches == []
+    trainer.test(module, CombinedLoader({"a": [0, 1, 2], "b": [3, 4]}, "min_size"), verbose=False)
+    assert trainer.num_test_batches == [3, 2]
+
+
+def test_fit_validates_a_combined_loader_and_counts_each_of_its_loaders(make_trainer, regression_loader):
+    seen = []
+
+    class Records(LinearRegression):
+        def validation_step(self, batch, batch_idx):
+            seen.append((self.trainer.sanity_checking, batch, batch_idx))
+
+    trainer = make_trainer(max_epochs=1, limit_train_batches=1, num_sanity_val_steps=2)
+    trainer.fit(Records(), regression_loader, CombinedLoader({"a": [0, 1, 2], "b": [3, 4]}, "max_size_cycle"))
+    # Lightning 2.6.5, the same script:
+    assert (trainer.num_val_batches, trainer.num_sanity_val_batches) == ([3, 2], [2, 2])
+    assert seen == [(True, {"a": 0, "b": 3}, 0), (True, {"a": 1, "b": 4}, 1),
+                    (False, {"a": 0, "b": 3}, 0), (False, {"a": 1, "b": 4}, 1), (False, {"a": 2, "b": 3}, 2)]
 
 
 

@@ -25,7 +25,7 @@ class Regressor(LinearRegression):
         self.calls = calls if calls is not None else []
 
     def setup(self, stage):
-        self.calls.append(f"module.setup({stage})")
+        self.calls.append(f"module.setup({stage.value})")
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
@@ -50,7 +50,7 @@ class RegressionData(DataModule):
         self.calls.append("prepare_data")
 
     def setup(self, stage):
-        self.calls.append(f"datamodule.setup({stage})")
+        self.calls.append(f"datamodule.setup({stage.value})")
         generator = torch.Generator().manual_seed(0)
         x = torch.randn(32, 4, generator=generator)
         self.datasets = {"train": TensorDataset(x, x[:, :2] * 2), "val": TensorDataset(x[:16], x[:16, :2] * 2)}
@@ -69,7 +69,7 @@ class RegressionData(DataModule):
         return DataLoader(self.datasets["val"], batch_size=self.hparams.batch_size)
 
     def teardown(self, stage):
-        self.calls.append(f"datamodule.teardown({stage})")
+        self.calls.append(f"datamodule.teardown({stage.value})")
 
     def state_dict(self):
         return {"epochs_loaded": self.epochs_loaded}

@@ -87,7 +87,7 @@ class NamedStage(DataModule):
         self.stages.append(stage)
 
     def teardown(self, *, stage):
-        self.stages.append(f"teardown {stage}")
+        self.stages.append(f"teardown {stage.value}")
 
     def train_dataloader(self):
         return self.loader
@@ -361,3 +361,80 @@ def test_fit_says_which_limit_stopped_it_in_lightnings_words(make_trainer, regre
     with caplog.at_level(logging.INFO):  # pytest configures logging: the line goes there, as Lightning's
         make_trainer(**limits).fit(module(), regression_loader)
     assert [message for message in caplog.messages if "stopped" in message] == said
+
+
+def test_setup_and_teardown_get_lightnings_trainer_fn_members(make_trainer, regression_loader):
+    # Lightning 2.6.5 passes trainer.state.fn: a str enum member, equal to "fit" (and to "FIT"), whose
+    # str() is "TrainerFn.FITTING"; the module's, the DataModule's and every callback's hooks get the same.
+    from trainer.states import TrainerFn
+
+    seen = []
+
+    class Recording(Callback):
+        def setup(self, trainer, module, stage):
+            seen.append(("callback.setup", stage))
+
+        def teardown(self, trainer, module, stage):
+            seen.append(("callback.teardown", stage))
+
+    class Module(LinearRegression):
+        def setup(self, stage):
+            seen.append(("module.setup", stage))
+
+        def predict_step(self, batch, batch_idx):
+            return self.layer(batch[0])
+
+    class Data(DataModule):
+        def setup(self, stage):
+            seen.append(("datamodule.setup", stage))
+
+        def train_dataloader(self):
+            return regression_loader
+
+        predict_dataloader = train_dataloader
+
+    trainer = make_trainer(max_steps=1, callbacks=[Recording()])
+    trainer.fit(Module(), datamodule=Data())
+    trainer.predict(Module(), datamodule=Data())
+    assert [(name, str(stage), type(stage)) for name, stage in seen] == [
+        ("datamodule.setup", "TrainerFn.FITTING", TrainerFn), ("callback.setup", "TrainerFn.FITTING", TrainerFn),
+        ("module.setup", "TrainerFn.FITTING", TrainerFn), ("callback.teardown", "TrainerFn.FITTING", TrainerFn),
+        ("datamodule.setup", "TrainerFn.PREDICTING", TrainerFn), ("callback.setup", "TrainerFn.PREDICTING", TrainerFn),
+        ("module.setup", "TrainerFn.PREDICTING", TrainerFn), ("callback.teardown", "TrainerFn.PREDICTING", TrainerFn)]
+    assert seen[0][1] == "fit" and seen[0][1] == "FIT" and seen[0][1] != "validate" and {"fit": 1}[seen[0][1]] == 1
+
+
+@pytest.mark.parametrize("limits", [{"limit_train_batches": 0}, {"limit_train_batches": 0.0}, {"max_epochs": 0}])
+def test_a_fit_with_nothing_to_train_sanity_checks_and_calls_no_training_hook(make_trainer, regression_loader, capsys,
+                                                                             limits):
+    # Lightning 2.6.5 (the same script): its fit loop skips itself, so the sanity check runs, then
+    # on_fit_end; no on_train_start/end, no epoch, no step, no checkpoint; the training loader is not
+    # even asked for with limit_train_batches=0 (num_training_batches keeps its inf).
+    calls = []
+
+    class Recording(Callback):
+        pass
+
+    for hook in ("on_fit_start", "on_fit_end", "on_train_start", "on_train_end", "on_train_epoch_start",
+                 "on_sanity_check_start", "on_sanity_check_end", "on_validation_start", "on_save_checkpoint"):
+        setattr(Recording, hook, lambda self, *args, hook=hook: calls.append(hook))
+
+    class Module(LinearRegression):
+        def validation_step(self, batch, batch_idx):
+            calls.append("validation_step")
+
+        def train_dataloader(self):
+            calls.append("train_dataloader")
+            return regression_loader
+
+    trainer = make_trainer(**{"max_epochs": 2, **limits}, callbacks=[Recording()], enable_checkpointing=True)
+    trainer.fit(Module(), val_dataloaders=regression_loader)
+    expected = ["on_fit_start", "on_sanity_check_start", "on_validation_start", "validation_step", "validation_step",
+                "on_sanity_check_end", "on_fit_end"]
+    if "max_epochs" in limits:
+        assert calls == ["train_dataloader", *expected]  # Cadence asks for it before on_fit_start (docs/lightning.md)
+    else:
+        assert calls == expected
+        assert trainer.num_training_batches == float("inf") and trainer.train_dataloader is None
+    assert (trainer.global_step, trainer.current_epoch, trainer.checkpoint_callback.best_model_path) == (0, 0, "")
+    assert "Trainer.fit trained nothing" in capsys.readouterr().err  # Cadence says so; Lightning is silent

@@ -356,7 +356,8 @@ def test_each_training_log_step_repeats_the_latest_value_of_every_step_metric_of
 
 
 def test_each_evaluation_step_row_repeats_the_step_metrics_its_loader_logged_before(make_trainer):
-    # Lightning 2.6.6: a name one validation batch logged on_step is in every later step row of that loader.
+    # Lightning 2.6.5: a name one validation batch logged on_step is in every later step row of that loader;
+    # each loader's rows are its own (counted from 0 per loader), with no "epoch".
     class Once(LinearRegression):
         def validation_step(self, batch, batch_idx, dataloader_idx=0):
             if batch_idx == 0 and dataloader_idx == 0:
@@ -365,9 +366,9 @@ def test_each_evaluation_step_row_repeats_the_step_metrics_its_loader_logged_bef
 
     logger = Rows()
     make_trainer(max_epochs=1, num_sanity_val_steps=0, logger=logger).fit(Once(), loader(6, 2), [loader(6, 2), loader(6, 2)])
-    steps = {step: row for step, row in logger.rows if step in (0, 1, 2)}
-    assert steps == {step: {"once/dataloader_idx_0": 7.0, "each/dataloader_idx_0": float(step),
-                            "each/dataloader_idx_1": float(step)} for step in (0, 1, 2)}
+    rows = [(step, row) for step, row in logger.rows if any(name.startswith("each") for name in row)]
+    assert rows == [(step, {"once/dataloader_idx_0": 7.0, "each/dataloader_idx_0": float(step)}) for step in (0, 1, 2)] + [
+        (step, {"each/dataloader_idx_1": float(step)}) for step in (0, 1, 2)]
 
 
 def test_an_ambiguous_batch_size_is_warned_once_a_process_at_the_users_line(make_trainer):
@@ -389,3 +390,31 @@ def test_an_ambiguous_batch_size_is_warned_once_a_process_at_the_users_line(make
     assert len(ambiguous) == 1  # Lightning warns once, not once per self.log line and batch
     assert ambiguous[0].filename == __file__
     assert "parts of size 8 and 3" in str(ambiguous[0].message)
+
+
+class LogsEvaluationSteps(LinearRegression):
+    def validation_step(self, batch, batch_idx):
+        self.log("val_a", float(batch_idx), on_step=True, on_epoch=True)
+        self.log("val_b", float(10 * batch_idx), on_step=True, on_epoch=False)
+
+    def test_step(self, batch, batch_idx):
+        self.log("test_a", float(batch_idx), on_step=True, on_epoch=True)
+
+
+def test_evaluation_step_rows_in_metrics_csv_are_lightnings(make_trainer, tmp_path):
+    from callbacks import CSVLogger
+
+    trainer = make_trainer(max_epochs=2, limit_train_batches=3, limit_val_batches=2, log_every_n_steps=2,
+                           num_sanity_val_steps=1, logger=CSVLogger(tmp_path))
+    module = LogsEvaluationSteps()
+    trainer.fit(module, loader(8, 2), loader(8, 2))
+    trainer.validate(module, loader(8, 2), verbose=False)
+    trainer.test(module, loader(8, 2), verbose=False)
+    # Lightning 2.6.5's metrics.csv for the same script: step rows have no epoch and count each loader's
+    # batches since its loaders were made (fit's validation goes on across epochs; validate and test start at 0).
+    assert (Path(trainer.logger.log_dir) / "metrics.csv").read_text().splitlines() == [
+        "epoch,step,test_a_epoch,test_a_step,val_a_epoch,val_a_step,val_b",
+        ",0,,,,0.0,0.0", ",1,,,,1.0,10.0", "0,2,,,0.5,,",  # fit, epoch 0's validation
+        ",2,,,,0.0,0.0", ",3,,,,1.0,10.0", "1,5,,,0.5,,",  # epoch 1's
+        ",0,,,,0.0,0.0", ",1,,,,1.0,10.0", "2,6,,,0.5,,",  # validate
+        ",0,,0.0,,,", ",1,,1.0,,,", ",2,,2.0,,,", ",3,,3.0,,,", "2,6,1.5,,,,"]  # test

@@ -192,17 +192,12 @@ def test_an_int_val_check_interval_longer_than_the_epoch_is_an_error(make_traine
         ({"num_sanity_val_steps": -2}, r"Trainer\(num_sanity_val_steps=-2\): use an int >= 0, or -1 for all"),
         ({"seed": -1}, r"seed_everything\(seed=-1\): use an int in \[0, 2\*\*32 - 1\]"),
         ({"callbacks": [object()]}, r"Trainer\(callbacks=\[...\]\) item 0 is object, not a callbacks.Callback"),
-        ({"logger": "tensorboard"}, r"Trainer\(logger='tensorboard'\) is a str: use True, False, a logger callback or an iterable"),
+        ({"logger": "tensorboard"}, r"Trainer\(logger='tensorboard'\) is a str: use True, False, a logger callback, an object with Lightning's logger methods"),
     ],
 )
 def test_a_bad_trainer_argument_is_refused_with_what_would_work(arguments, match):
     with pytest.raises(ValueError, match=match):
         Trainer(**arguments)
-
-
-def test_limit_train_batches_zero_leaves_nothing_to_train(make_trainer, regression_loader):
-    with pytest.raises(ValueError, match=r"Trainer\(limit_train_batches=0\) leaves no batch to train on"):
-        make_trainer(max_epochs=1, limit_train_batches=0).fit(Model(), regression_loader)
 
 
 def test_a_share_of_the_epoch_below_one_batch_reports_the_share_given(make_trainer, regression_loader):
@@ -225,3 +220,18 @@ def test_a_fractional_limit_on_an_endless_loader_is_an_error(make_trainer):
 def test_a_misspelled_stage_argument_gets_a_did_you_mean(make_trainer, regression_loader, stage, argument, match):
     with pytest.raises(TypeError, match=match):
         getattr(make_trainer(max_epochs=1), stage)(Evaluated(), **{argument: regression_loader})
+
+
+def test_a_manual_training_step_returning_a_number_is_refused(make_trainer, regression_loader):
+    # Lightning 2.6.5 raises "In manual optimization, `training_step` must either return a Tensor or have no return."
+    class Manual(Model):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            return 5
+
+    with pytest.raises(RuntimeError, match=r"training_step returned int at batch 0\. In manual optimization, "
+                                           r"`training_step` must either return a Tensor or have no return"):
+        make_trainer(max_epochs=1).fit(Manual(), regression_loader)

@@ -215,7 +215,7 @@ def test_a_failing_step_calls_on_exception_then_teardown_and_raises_the_error(ma
             calls.append(f"on_exception({error})")
 
         def teardown(self, trainer, module, stage):
-            calls.append(f"teardown({stage})")
+            calls.append(f"teardown({stage.value})")
 
     class Broken(Model):
         def training_step(self, batch, batch_idx):

@@ -106,6 +106,18 @@ def loss_of(outputs: Any, batch_idx: int) -> torch.Tensor:
     return loss
 
 
+def manual_step_output(training_step: Any, batch: Any, batch_idx: int) -> Any:
+    """``training_step(batch, batch_idx)`` under manual optimization, whose return must be a tensor, a
+    mapping or None, as in Lightning (a number would be accepted and mean nothing)."""
+    outputs = training_step(batch, batch_idx)
+    if outputs is not None and not isinstance(outputs, (torch.Tensor, Mapping)):
+        raise RuntimeError(
+            f"training_step returned {type(outputs).__name__} at batch {batch_idx}. In manual optimization, "
+            "`training_step` must either return a Tensor or have no return (a dict is passed on to "
+            "on_train_batch_end too); step the optimizers in it with self.manual_backward(loss) and opt.step().")
+    return outputs
+
+
 def batch_end_outputs(outputs: Any, accumulate_grad_batches: int) -> dict[str, Any]:
     """What ``on_train_batch_end`` receives, as in Lightning: a dict whose ``"loss"`` is detached (so
     no hook keeps the step's graph alive) and divided by ``accumulate_grad_batches`` as backward saw

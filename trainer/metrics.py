@@ -40,9 +40,11 @@ class MetricStore:
         self.has_loggers = True  # the running stage has loggers (start_stage)
         self.current = self.train if not barebones else BAREBONES
         self._pending: tuple[int, dict[str, MetricSpec], torch.Tensor, Any, dict[str, float]] | None = None
-        self._evaluation_steps: list[tuple[int, dict[str, tuple[Any, MetricSpec]]]] = []  # (batch_idx, values)
-        self.evaluation_batches: dict[str, int] = {}  # per stage: the step axis of its on_step values
-        self._evaluation_batches_run = 0
+        self._evaluation_steps: list[tuple[int, int, dict[str, tuple[Any, MetricSpec]]]] = []  # (loader, batch_idx, values)
+        # Per (stage, loader): the step axis of its on_step values, as Lightning counts a loop's batches per
+        # loader from when its loaders were made (restart_evaluation_steps).
+        self.evaluation_batches: dict[tuple[str, int], int] = {}
+        self._evaluation_batches_run: dict[int, int] = {}  # per loader: the batches this evaluation ran
         # Where published values land (Lightning's trainer.callback_metrics, .progress_bar_metrics, .logged_metrics).
         self.callback_metrics: dict[str, torch.Tensor] = {}
         self.progress_bar_metrics: dict[str, float] = {}
@@ -184,8 +186,9 @@ class MetricStore:
         """After the evaluation's epoch-end hooks: publish its ``on_step`` values, then its epoch values
         (at ``step``); returns those, the epoch values and their specs. Without ``publish`` (sanity) the
         loggers get nothing."""
-        published = [chunk for received in self.read_evaluation_step_values(stage, publish)
-                     for chunk in self.publish(*received, callback=False)]
+        # As Lightning's, each step row names its step: the loggers take it as the step and add no "epoch" (logger_metrics).
+        published = [(step, {**logged, "step": step}) for received in self.read_evaluation_step_values(stage, publish)
+                     for step, logged in self.publish(*received, callback=False)]
         values, specs = self.read_epoch_end(self.evaluation, final=True)
         return (published + self.publish(step, values, specs) if publish else []), values, specs
 
@@ -203,28 +206,36 @@ class MetricStore:
     def keep_evaluation_step_values(self, batch_idx: int) -> None:
         """After an evaluation batch: keep what it logged ``on_step`` (on the device) for the end."""
         values = self.evaluation.take_step_values(keep=True)  # as Lightning: each step row repeats earlier batches' names
+        loader = self.evaluation.dataloader_idx or 0
         if values:
-            self._evaluation_steps.append((batch_idx, values))
-        self._evaluation_batches_run = max(self._evaluation_batches_run, batch_idx + 1)  # the longest loader
+            self._evaluation_steps.append((loader, batch_idx, values))
+        self._evaluation_batches_run[loader] = batch_idx + 1
+
+    def restart_evaluation_steps(self, stage: str) -> None:
+        """``stage``'s loaders were made (validate, test, predict: each call; fit's validation: at fit's
+        start and when reloaded): its step rows count from 0 again, as Lightning's loops count them."""
+        self.evaluation_batches = {key: count for key, count in self.evaluation_batches.items() if key[0] != stage}
 
     def read_evaluation_step_values(self, stage: str, publish: bool) -> list[tuple[int, dict[str, float], dict[str, MetricSpec]]]:
         """At the end of an evaluation: ``[(step, values, specs)]`` of its ``on_step`` values, one
-        host copy for all of them. As in Lightning, the step counts the stage's batches over the
-        Trainer's runs (sanity checks excluded: ``publish=False`` reads and drops them)."""
+        host copy for all of them: a row per loader and batch, in that order. As in Lightning, the step
+        counts each loader's batches since its loaders were made (sanity checks excluded:
+        ``publish=False`` reads and drops them)."""
         kept, self._evaluation_steps = self._evaluation_steps, []
-        num_batches, self._evaluation_batches_run = self._evaluation_batches_run, 0
-        first = self.evaluation_batches.get(stage, 0)
-        named = {(first + batch_idx, _key(spec, "step")): (value, spec)
-                 for batch_idx, values in kept for name, (value, spec) in values.items()}
+        run, self._evaluation_batches_run = self._evaluation_batches_run, {}
+        first = {loader: self.evaluation_batches.get((stage, loader), 0) for loader in run}
+        named = {(loader, first[loader] + batch_idx, _key(spec, "step")): (value, spec)
+                 for loader, batch_idx, values in kept for name, (value, spec) in values.items()}
         copy = HostCopy(-1, named, self.reduce, self.gather)  # every rank, even with nothing kept: the sync check pairs up
         if not publish:
             return []
-        self.evaluation_batches[stage] = first + num_batches
-        steps: dict[int, tuple[dict[str, float], dict[str, MetricSpec]]] = {}
-        for (step, key), value in copy.values().items():
-            values, specs = steps.setdefault(step, ({}, {}))
-            values[key], specs[key] = value, copy.specs[step, key]
-        return [(step, values, specs) for step, (values, specs) in sorted(steps.items())]
+        for loader, num_batches in run.items():
+            self.evaluation_batches[stage, loader] = first[loader] + num_batches
+        rows: dict[tuple[int, int], tuple[dict[str, float], dict[str, MetricSpec]]] = {}
+        for (loader, step, key), value in copy.values().items():
+            values, specs = rows.setdefault((loader, step), ({}, {}))
+            values[key], specs[key] = value, copy.specs[loader, step, key]
+        return [(step, values, specs) for (_, step), (values, specs) in sorted(rows.items())]
 
     def read_epoch_values(self, stage_metrics: StageMetrics, final: bool = True) -> tuple[dict[str, float], dict[str, MetricSpec]]:
         """At the end of an epoch or evaluation: the reduced epoch values on the host, now."""

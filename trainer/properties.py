@@ -67,12 +67,15 @@ class TrainerProperties:
 
     @property
     def loggers(self: Trainer) -> list[Any]:
-        """The logger callbacks, in order. Settable, as in Lightning: the list given replaces them."""
-        return self._callbacks_of(callbacks_package.Logger)
+        """The logger callbacks, in order (a logger of Lightning's interface that is not a callback, a
+        Mock say, as given: the LoggerAdapter's ``wrapped``). Settable, as in Lightning: the list given
+        replaces them."""
+        return [c.wrapped if isinstance(c, callbacks_package.LoggerAdapter) else c
+                for c in self._callbacks_of(callbacks_package.Logger)]
 
     @loggers.setter
     def loggers(self: Trainer, loggers: Any) -> None:
-        new = list(loggers) if loggers else []
+        new = [callbacks_package.as_logger(logger) for logger in loggers] if loggers else []
         for logger in new:
             if not isinstance(logger, callbacks_package.Logger):
                 raise TypeError(f"trainer.loggers = [...]: {type(logger).__name__} is not a callbacks.Logger.")
@@ -125,7 +128,10 @@ class TrainerProperties:
 
     @property
     def num_sanity_val_batches(self: Trainer) -> list[int | float]:
-        """The sanity check's batches per validation loader."""
+        """The sanity check's batches per validation loader: fit's; [] in and after ``validate``, whose loaders
+        ``num_val_batches`` then counts (Lightning's reads its fit loop's, [] until a fit has made them)."""
+        if self.state.fn == "validate":
+            return []
         steps = math.inf if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
         return [min(steps, count) for count in self.num_val_batches]
 

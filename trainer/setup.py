@@ -23,7 +23,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainer.arguments import loss_of
+from trainer.arguments import loss_of, manual_step_output
 from trainer.hooks import StepHooks
 from trainer.datamodule import overrides
 from trainer.optim import (
@@ -168,6 +168,8 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
         training_step = model.training_step
     else:
         training_step = functools.partial(strategy.training_step, model)
+    if not automatic:  # what the step returns is checked, as Lightning's manual loop does (its loss is no backward's)
+        training_step = functools.partial(manual_step_output, training_step)
     if owner is not None:
         backward = functools.partial(owner.backward, trainer, module)
     elif overrides(module, "backward"):  # Lightning's hook, in place of loss.backward() (DDP's all-reduce still runs)

@@ -24,6 +24,7 @@ from trainer.data_source import prepare_data
 from trainer.hooks import refuse_module_hooks, step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks
 from trainer.log_dir import choose_log_dir, versions_root, without_file_logger
 from trainer.seed import reset_seed, seed_generators, use_deterministic_algorithms
+from trainer.states import TrainerFn
 from trainer.stage_loaders import end_workers
 from trainer.utilities import rank_zero_only, set_rank
 
@@ -136,6 +137,7 @@ def setup_stage(trainer: Trainer, stage: str, module: TrainingModule, data: Data
             print(description, file=sys.stderr)
             described = description
     prepare_data(data, trainer.strategy, trainer.datamodule)  # local rank zero; the other processes wait
+    stage = TrainerFn(stage)  # as Lightning passes trainer.state.fn: a str enum, == "fit", str() "TrainerFn.FITTING"
     if trainer.datamodule is not None:  # stage= by keyword, as Lightning calls them (an override may rename the rest)
         trainer.datamodule.setup(stage=stage)
     for callback in trainer.callbacks:
@@ -158,6 +160,7 @@ def teardown_stage(trainer: Trainer, stage: str, module: TrainingModule, data: D
     """Also after an error: the teardown hooks (datamodule, callbacks, module), the strategy's, what
     the stage attached to the module and the optimizers (``plan``'s step hooks), and the workers of
     the ``loaders`` it made."""
+    stage = TrainerFn(stage)  # as in setup_stage
     if trainer.datamodule is not None:  # stage= by keyword, as in setup_stage
         trainer.datamodule.teardown(stage=stage)
     for callback in trainer.callbacks:

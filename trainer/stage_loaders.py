@@ -79,7 +79,8 @@ class FitLoaders:
     val: list[Any] | None  # None: no validation
     max_epochs: int | None
     num_training_batches: int | float
-    num_val_batches: list[int | float]
+    num_val_batches: list[int | float]  # as the Trainer reports them (shown_counts)
+    val_limits: list[int | float]  # the batches the loop runs of each loader in ``val``
     made: list[Any]  # the loaders made this time: their persistent workers end with the stage (end_workers)
     val_loaded_at: float = 0  # the epoch the val loaders count as made at, as Lightning counts (val_reload_due)
 
@@ -96,20 +97,28 @@ def load_fit_data(trainer: Trainer, data: DataSource, previous: FitLoaders | Non
         train = {name: getattr(previous, name) for name in _TRAIN_FIELDS} | {"made": []}
     if "val" not in kinds:
         return FitLoaders(**train, val=previous.val, num_val_batches=previous.num_val_batches,
-                          val_loaded_at=previous.val_loaded_at)
+                          val_limits=previous.val_limits, val_loaded_at=previous.val_loaded_at)
     val = [prepare_stage_loader(trainer, loader, "validate", False, offset) for loader in data.loaders("val")]
+    trainer.metrics.restart_evaluation_steps("validate")  # new loaders: their step rows count from 0 (Lightning's)
     val_counts = [count for _, count in val]
     val_loaders = [loader for loader, _ in val]
     return FitLoaders(**(train | {"made": train["made"] + val_loaders}),
                       val=val_loaders if any(val_counts) else None,  # limit_val_batches=0: no validation, hooks included
-                      num_val_batches=val_counts, val_loaded_at=_val_loaded_at(trainer))
+                      num_val_batches=shown_counts(val_loaders, val_counts), val_limits=val_counts,
+                      val_loaded_at=_val_loaded_at(trainer))
 
 
 _TRAIN_FIELDS = ("train", "shown", "sampler", "max_epochs", "num_training_batches")
 
 
 def _load_train(trainer: Trainer, data: DataSource, offset: int) -> dict[str, Any]:
-    """The training loader prepared: :class:`FitLoaders`' fields of it (:data:`_TRAIN_FIELDS`, and ``made``)."""
+    """The training loader prepared: :class:`FitLoaders`' fields of it (:data:`_TRAIN_FIELDS`, and ``made``).
+    With ``limit_train_batches=0`` none is asked for (``num_training_batches`` stays ``inf``), as Lightning's
+    fit loop, which then skips itself, never asks."""
+    if trainer.limits["train"] == 0:
+        max_epochs = default_max_epochs(trainer.max_epochs, trainer.max_steps, (), warn=False)
+        return dict(train=None, shown=None, sampler=None, max_epochs=max_epochs, num_training_batches=math.inf,
+                    made=[])
     [train_loader] = data.loaders("train")
     max_epochs = default_max_epochs(trainer.max_epochs, trainer.max_steps, train_loader, warn=trainer.is_global_zero)
     prepared, num_batches = prepare_stage_loader(trainer, train_loader, "train", True, offset)
@@ -162,9 +171,12 @@ def estimated_stepping_batches(num_batches: int | float, accumulate_grad_batches
     return min(total, max_steps) if max_steps != -1 else total
 
 
-def limit_reached(max_epochs: int | None, max_steps: int, epoch: int, step: int) -> str | None:
-    """Which of ``max_steps`` and ``max_epochs`` ends fit at ``epoch`` and global ``step``, and how
-    to train more; None: neither."""
+def limit_reached(max_epochs: int | None, max_steps: int, epoch: int, step: int, limit_train_batches: int | float = 1.0
+                  ) -> str | None:
+    """Which of ``limit_train_batches=0``, ``max_steps`` and ``max_epochs`` ends fit at ``epoch`` and
+    global ``step``, and how to train more; None: none."""
+    if limit_train_batches == 0:  # as in Lightning, fit then trains nothing (it may still sanity-check validation)
+        return f"limit_train_batches={limit_train_batches} leaves no batch to train on. Raise limit_train_batches"
     if max_steps != -1 and step >= max_steps:
         return f"max_steps={max_steps} reached (global_step={step}). Raise max_steps"
     if max_epochs not in (None, -1) and epoch >= max_epochs:
@@ -190,11 +202,13 @@ def say_fit_stopped(max_epochs: int | None, max_steps: int, epoch: int, step: in
         info(f"`Trainer.fit` stopped: `max_epochs={max_epochs!r}` reached.")
 
 
-def say_trained_nothing(limit: str | None) -> None:
-    """fit found nothing to train (a second fit to the same limit, a resume from the end): why (``limit``,
-    from :func:`limit_reached`; None: should_stop was set already) and how to train more."""
+def say_trained_nothing(limit: str | None, say: bool = True) -> None:
+    """fit found nothing to train (a second fit to the same limit, a resume from the end,
+    ``limit_train_batches=0``): why (``limit``, from :func:`limit_reached`; None: should_stop was set
+    already) and how to train more (``say``: rank zero)."""
     why = limit or "trainer.should_stop was already set. Set trainer.should_stop = False"
-    print(f"Trainer.fit trained nothing: {why} to train more.", file=sys.stderr, flush=True)
+    if say:
+        print(f"Trainer.fit trained nothing: {why} to train more.", file=sys.stderr, flush=True)
 
 
 def reload_due(every: int, epoch: int, loaded_at: int, data: DataSource) -> bool:
@@ -249,12 +263,24 @@ def validation_schedule(val_check_interval: int | float, check_val_every_n_epoch
     return ValidationSchedule(max(1, int(num_batches * val_check_interval)))
 
 
+def shown_counts(loaders: list[Any], counts: list[int | float]) -> list[int | float]:
+    """The numbers of batches the Trainer reports (``num_val_batches``...) for ``loaders`` that run
+    ``counts`` batches: as Lightning's, a CombinedLoader in another mode than ``"sequential"`` counts
+    each of its loaders under the limit (``[3, 2]``), though its step gets the combined batches."""
+    shown: list[int | float] = []
+    for loader, count in zip(loaders, counts):
+        combined = isinstance(loader, CombinedLoader) and loader.mode != "sequential" and loader.limits is not None
+        shown += list(loader.limits) if combined else [count]
+    return shown
+
+
 def evaluation_loaders(trainer: Trainer, stage: str, loaders: list[Any]) -> tuple[list[Any], list[int | float]]:
     """Validate, test or predict's loaders, prepared, and their numbers of batches (the Trainer's
     ``num_val_batches``, ``num_test_batches`` or ``num_predict_batches``: :data:`NUM_BATCHES`)."""
     if not loaders:
         raise ValueError(f"Trainer.{stage} got an empty list of loaders; pass at least one DataLoader.")
     prepared = [prepare_stage_loader(trainer, loader, stage, False) for loader in loaders]
+    trainer.metrics.restart_evaluation_steps(stage)  # each call's step rows count from 0, as Lightning's loops
     made = [recording_batch_indices(loader) if stage == "predict" else loader for loader, _ in prepared]  # Lightning's
     return made, [count for _, count in prepared]
 

@@ -41,7 +41,7 @@ from trainer.shorthands import reject_unknown_arguments, translate, with_lightni
 from trainer.stage import call_exception_hooks, enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
     NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_batches, evaluation_loaders, gather_predictions, limit_reached,
-    load_fit_data, one_or_list, reload_due, resumed_fit_loaders, say_fit_stopped, say_min_not_met, say_trained_nothing, train_batches, val_reload_due, validation_schedule,
+    load_fit_data, one_or_list, reload_due, resumed_fit_loaders, say_fit_stopped, say_min_not_met, say_trained_nothing, shown_counts, train_batches, val_reload_due, validation_schedule,
 )
 from trainer.state import (
     Progress, fitted_module, handoff_state, is_accumulated_log_step, logger_step, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
@@ -273,26 +273,27 @@ class Trainer(TrainerProperties, SearchSeams):
         module.on_fit_start()
         if self._fit_loaders.val is not None and self._progress.resumed is None and self.num_sanity_val_steps != 0:
             self._run_sanity_check()  # on the val loaders as on_fit_start left them (a search there may make new ones)
-        if self.is_global_zero:  # Lightning's warning: fit keeps the user's train/eval modes
-            warn_eval_modules(module)
-        for callback in self.callbacks:
-            callback.on_train_start(self, module)
-        module.on_train_start()
-        self.strategy.check_placement(module)  # once, before the first step
-        loaded_at = self.current_epoch
-        if self._finished() and self.is_global_zero:  # a second fit to the same limit, a resume from the end
-            say_trained_nothing(limit_reached(self.max_epochs, self.max_steps, self.current_epoch, self.global_step))
-        while not self._finished():
-            if reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, loaded_at, data):
-                self._make_loaders("fit", data, ("train",))  # the val loaders when validation is next due
-                loaded_at = self.current_epoch
-            self._run_train_epoch()
-        say_fit_stopped(self.max_epochs, self.max_steps, self.current_epoch, self.global_step, self.is_global_zero)
+        if self._finished():  # a second fit to the same limit, a resume from the end, limit_train_batches=0: as Lightning's, no training hooks
+            say_trained_nothing(limit_reached(self.max_epochs, self.max_steps, self.current_epoch, self.global_step, self.limits["train"]), self.is_global_zero)
+        else:
+            if self.is_global_zero:  # Lightning's warning: fit keeps the user's train/eval modes
+                warn_eval_modules(module)
+            for callback in self.callbacks:
+                callback.on_train_start(self, module)
+            module.on_train_start()
+            self.strategy.check_placement(module)  # once, before the first step
+            loaded_at = self.current_epoch
+            while not self._finished():
+                if reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, loaded_at, data):
+                    self._make_loaders("fit", data, ("train",))  # the val loaders when validation is next due
+                    loaded_at = self.current_epoch
+                self._run_train_epoch()
+            say_fit_stopped(self.max_epochs, self.max_steps, self.current_epoch, self.global_step, self.is_global_zero)
+            for callback in self.callbacks:
+                callback.on_train_end(self, module)
+            module.on_train_end()
         # What save_checkpoint writes after fit returns (optimizer states by reference: nothing copied).
         self._end_of_fit = (module, training_state(self, self._progress))
-        for callback in self.callbacks:
-            callback.on_train_end(self, module)
-        module.on_train_end()
         for callback in self.callbacks:
             callback.on_fit_end(self, module)
         module.on_fit_end()
@@ -308,12 +309,12 @@ class Trainer(TrainerProperties, SearchSeams):
         else:
             loaders, counts = self._evaluation_loaders = evaluation_loaders(self, stage, data.loaders(STAGE_KIND[stage]))
             self._stage_loaders += loaders  # their persistent workers end with the stage
-            setattr(self, NUM_BATCHES[stage], counts)
+            setattr(self, NUM_BATCHES[stage], shown_counts(loaders, counts))  # a CombinedLoader's: each loader's
             setattr(self, f"{STAGE_KIND[stage]}_dataloaders", one_or_list(loaders))
 
     def _finished(self) -> bool:
         return (self.should_stop and self._may_stop()) or limit_reached(
-            self.max_epochs, self.max_steps, self.current_epoch, self.global_step) is not None
+            self.max_epochs, self.max_steps, self.current_epoch, self.global_step, self.limits["train"]) is not None
 
     def _may_stop(self) -> bool:
         """should_stop is set: stop, unless min_epochs/min_steps are not met (said once; as in Lightning)."""
@@ -330,8 +331,7 @@ class Trainer(TrainerProperties, SearchSeams):
         for callback in self.callbacks:
             callback.on_train_epoch_start(self, module)
         module.on_train_epoch_start()
-        train_loader, val_loaders = self._fit_loaders.train, self._fit_loaders.val  # after the hooks: a search there
-        num_batches = self.num_training_batches  # may have made new ones
+        train_loader, val_loaders, num_batches = self._fit_loaders.train, self._fit_loaders.val, self.num_training_batches  # after the hooks: a search there may have made new ones
         schedule = None if val_loaders is None else validation_schedule(self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch, num_batches)
         if progress.resumed is not None and progress.resumed.validation_pending and val_loaders is not None:
             restore_rng_state(progress.resumed.rng["now"])  # the checkpoint's, whatever the hooks since drew
@@ -515,7 +515,7 @@ class Trainer(TrainerProperties, SearchSeams):
                 callback.on_sanity_check_start(self, self.module)
             steps = math.inf if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
             with preserved_rng():  # checking costs the training run no random numbers
-                self._evaluation_loop("validate", self._fit_loaders.val, [min(steps, count) for count in self.num_val_batches])
+                self._evaluation_loop("validate", self._fit_loaders.val, [min(steps, count) for count in self._fit_loaders.val_limits])
             for callback in self.callbacks:
                 callback.on_sanity_check_end(self, self.module)
             self.metrics.end_sanity_check()  # its values are not the run's (as in Lightning); self.log trains again
@@ -531,7 +531,7 @@ class Trainer(TrainerProperties, SearchSeams):
         if val_reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, self._fit_loaders, self._data):
             self._make_loaders("fit", self._data, ("val",))  # as in Lightning: when validation is next due
         # It draws from the global RNG (the val loader's iter(), the steps' draws) as Lightning's: the same data order after it.
-        self._evaluation_loop("validate", self._fit_loaders.val, self.num_val_batches)
+        self._evaluation_loop("validate", self._fit_loaders.val, self._fit_loaders.val_limits)
         self.metrics.start_training()
 
     def _evaluation_loop(self, stage: str, loaders: list[Any], limits: list[int | float]) -> Any:

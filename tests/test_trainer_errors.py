@@ -200,6 +200,12 @@ def test_a_bad_trainer_argument_is_refused_with_what_would_work(arguments, match
         Trainer(**arguments)
 
 
+def test_a_gradient_clip_val_that_is_not_a_number_is_a_type_error_in_lightnings_words():
+    # Lightning 2.6.5: TypeError("`gradient_clip_val` should be an int or a float. Got (1, 2).")
+    with pytest.raises(TypeError, match=r"`gradient_clip_val` should be an int or a float. Got \(1, 2\)"):
+        Trainer(gradient_clip_val=(1, 2))
+
+
 def test_limit_train_batches_zero_leaves_nothing_to_train(make_trainer, regression_loader):
     with pytest.raises(ValueError, match=r"Trainer\(limit_train_batches=0\) leaves no batch to train on"):
         make_trainer(max_epochs=1, limit_train_batches=0).fit(Model(), regression_loader)

@@ -277,10 +277,11 @@ def clip_optimizer_gradients(trainer: Any, optimizer: Any, value: Any, algorithm
         algorithm = trainer.gradient_clip_algorithm or "norm"
     if algorithm not in CLIP_ALGORITHMS:
         raise ValueError(f'clip_gradients(gradient_clip_algorithm={algorithm!r}): use "norm" or "value".')
-    if value is None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, type(None))) or (value is not None and value < 0):
+        raise ValueError(f"clip_gradients(gradient_clip_val={value!r}): use a positive number, or 0 or None to clip "
+                         "nothing.")
+    if not value:  # None or 0: nothing is clipped, as in Lightning
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"clip_gradients(gradient_clip_val={value!r}): use a positive number, or None to clip nothing.")
     optimizer = optimizer.optimizer if isinstance(optimizer, OptimizerView) else optimizer
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"clip_gradients got {type(optimizer).__name__}; pass an optimizer from self.optimizers().")

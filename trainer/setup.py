@@ -139,10 +139,10 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
         if overrides(module, "configure_gradient_clipping"):  # called at every step, as in Lightning
             clip = functools.partial(module.configure_gradient_clipping, gradient_clip_val=trainer.gradient_clip_val,
                                      gradient_clip_algorithm=trainer.gradient_clip_algorithm)
-        elif trainer.gradient_clip_val is not None:
+        elif trainer.gradient_clip_val:  # 0 clips nothing, as in Lightning
             clip = trainer_clipping(optimizers[0], trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
     else:
-        if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val is not None:
+        if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val:
             raise ValueError(
                 "accumulate_grad_batches and gradient_clip_val apply to automatic optimization only; "
                 "with self.automatic_optimization = False, accumulate and clip in training_step."

@@ -70,6 +70,23 @@ def test_a_module_without_training_step_is_told_to_define_it(make_trainer, regre
         make_trainer(max_epochs=1).fit(Empty(), regression_loader)
 
 
+@pytest.mark.parametrize("hook", ["training_step", "configure_optimizers"])
+def test_a_hook_set_to_none_is_refused_before_fit_starts_in_lightnings_words(make_trainer, regression_loader, hook):
+    # Lightning 2.6.5 (its test_wrong_train_setting / test_wrong_configure_optimizers): model.training_step = None
+    # -> "No `training_step()` method defined."; Cadence called None ('NoneType' object is not callable).
+    started = []
+
+    class Model(LinearRegression):
+        def on_fit_start(self):
+            started.append(True)
+
+    model = Model()
+    setattr(model, hook, None)
+    with pytest.raises(NotImplementedError, match=rf"No `{hook}\(\)` method defined. Model.{hook} is None"):
+        make_trainer(max_epochs=1).fit(model, regression_loader)
+    assert not started
+
+
 def test_fit_refuses_a_plain_nn_module(make_trainer, regression_loader):
     with pytest.raises(TypeError, match="Trainer.fit needs a trainer.TrainingModule; got Linear"):
         make_trainer(max_epochs=1).fit(nn.Linear(4, 2), regression_loader)

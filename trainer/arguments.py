@@ -184,3 +184,7 @@ def require_training_module(module: Any, stage: str) -> None:
             f"`LightningModule`, got `{type(module).__name__}`). Subclass TrainingModule and define training_step "
             "and configure_optimizers."
         )
+    for hook in ("training_step", "configure_optimizers") if stage == "fit" else ():
+        if getattr(module, hook) is None:  # model.training_step = None (Lightning's words first)
+            raise NotImplementedError(f"No `{hook}()` method defined. {type(module).__name__}.{hook} is None: "
+                                      f"fit needs it; define {hook} in the module's class, or do not set it to None.")

@@ -120,7 +120,7 @@ class AsyncLogger(Logger):
                 f"{type(self).__name__}() without save_dir logs under the Trainer's default_root_dir, so its "
                 "directories are known once a Trainer runs with it. Pass save_dir=... to know them before."
             )
-        return str(self._save_dir / self._name)
+        return str(self._save_dir / (self.name or ""))  # the name property: a subclass may override it
 
     @property
     def version(self) -> int | str:

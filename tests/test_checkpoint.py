@@ -290,6 +290,15 @@ def test_save_checkpoint_before_any_fit_says_how_to_save(make_trainer, regressio
         trainer.save_checkpoint(tmp_path / "after.ckpt")
 
 
+def test_save_checkpoint_with_no_model_attached_is_lightnings_attribute_error(make_trainer, tmp_path):
+    # Lightning 2.6.5 (its test_trainer_save_checkpoint_no_model_attached): AttributeError("Saving a checkpoint is
+    # only possible if a model is attached to the Trainer. ...") from a Trainer that never ran a stage.
+    trainer = make_trainer(max_epochs=1)
+    assert trainer.model is None
+    with pytest.raises(AttributeError, match="Saving a checkpoint is only possible if a model is attached"):
+        trainer.save_checkpoint(tmp_path / "checkpoint.ckpt")
+
+
 def test_a_different_number_of_optimizers_is_an_error(checkpoint, make_trainer, regression_loader):
     class TwoOptimizers(Regressor):
         def configure_optimizers(self):

@@ -168,6 +168,35 @@ def test_configure_optimizers_returning_something_unknown_is_an_error(make_train
         make_trainer(max_epochs=1).fit(Model(make), regression_loader)
 
 
+@pytest.mark.parametrize(
+    "make, lightnings_words",
+    [  # the regexes of Lightning 2.6.5's own tests (trainer/optimization/test_optimizers.py)
+        (lambda m: 1, "Unknown configuration for model optimizers"),
+        (lambda m: {"optimizer": sgd(m), "lr_scheduler": {}}, 'The lr scheduler dict must have the key "scheduler"'),
+        (lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {"scheduler": halve_each(o), "interval": "incorrect"}})(
+            sgd(m)), 'The "interval" key in lr scheduler dict must be'),
+        (lambda m: (lambda o: {"optimizer": o, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(o)})(sgd(m)),
+         "`configure_optimizers` must include a monitor when a `ReduceLROnPlateau`"),
+    ],
+    ids=["unknown", "no-scheduler-key", "bad-interval", "plateau-without-monitor"],
+)
+def test_configure_optimizers_errors_carry_lightnings_words(make_trainer, regression_loader, make, lightnings_words):
+    with pytest.raises(ValueError, match=lightnings_words):
+        make_trainer(max_epochs=1).fit(Model(make), regression_loader)
+
+
+def test_a_plateau_watching_an_unlogged_metric_says_so_in_lightnings_words(make_trainer, regression_loader):
+    # Lightning 2.6.5's test_lr_scheduler_strict matches this (its MisconfigurationException; a RuntimeError here)
+    def make(module):
+        optimizer = sgd(module)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "giraffe"}}
+
+    with pytest.raises(RuntimeError, match=r"ReduceLROnPlateau conditioned on metric .* which is not available\. "
+                                           r"Available metrics are:"):
+        make_trainer(max_epochs=1, num_sanity_val_steps=0).fit(Plateau(make), regression_loader, regression_loader)
+
+
 def test_configure_optimizers_returning_none_trains_nothing_with_a_warning_as_in_lightning(make_trainer,
                                                                                           regression_loader):
     module = Model(lambda m: None)

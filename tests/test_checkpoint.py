@@ -142,14 +142,14 @@ def test_a_file_the_safe_loader_refuses_is_never_answered_with_advice_to_load_it
 
 
 def test_load_from_checkpoint_of_a_missing_file_says_so_without_fit_s_advice(tmp_path):
-    with pytest.raises(FileNotFoundError, match=rf"^Checkpoint {tmp_path / 'nope.ckpt'} does not exist. Check the path.$"):
+    with pytest.raises(FileNotFoundError, match=rf"^Checkpoint file not found: {tmp_path / 'nope.ckpt'} does not exist. Check the path.$"):
         Regressor.load_from_checkpoint(tmp_path / "nope.ckpt")  # not ckpt_path="last": no such argument here
 
 
 def test_a_missing_checkpoint_fails_before_anything_starts(make_trainer, regression_loader, tmp_path):
     trainer = make_trainer(max_epochs=1)
-    with pytest.raises(FileNotFoundError, match=rf"Checkpoint {tmp_path / 'nope.ckpt'} does not exist"):
-        trainer.fit(Regressor(), regression_loader, ckpt_path=tmp_path / "nope.ckpt")
+    with pytest.raises(FileNotFoundError, match=rf"Checkpoint file not found: {tmp_path / 'nope.ckpt'} does not exist"):
+        trainer.fit(Regressor(), regression_loader, ckpt_path=tmp_path / "nope.ckpt")  # Lightning's first words
     with pytest.raises(FileNotFoundError, match=rf"Checkpoint {tmp_path} is a directory"):
         trainer.fit(Regressor(), regression_loader, ckpt_path=tmp_path)
     with pytest.raises(TypeError, match=r"Trainer.fit\(ckpt_path=3\): pass a checkpoint path, \"last\", \"best\" or None"):

@@ -87,6 +87,20 @@ def test_a_hook_set_to_none_is_refused_before_fit_starts_in_lightnings_words(mak
     assert not started
 
 
+@pytest.mark.parametrize("stage, hook, lightnings_words", [  # the regexes of Lightning 2.6.5's test_eval_loop_config
+    ("validate", "validation_step", r"No `validation_step\(\)` method defined"),
+    ("test", "test_step", r"No `test_step\(\)` method defined"),
+    ("predict", "predict_step", r"`predict_step` cannot be None"),
+    ("predict", "forward", r"requires `forward` method to run"),
+])
+def test_an_evaluation_hook_set_to_none_is_refused_in_lightnings_words(make_trainer, regression_loader, stage, hook,
+                                                                       lightnings_words):
+    model = LinearRegression()
+    setattr(model, hook, None)
+    with pytest.raises(NotImplementedError, match=rf"{lightnings_words}.*LinearRegression.{hook} is None"):
+        getattr(make_trainer(max_epochs=1), stage)(model, regression_loader)
+
+
 def test_fit_refuses_a_plain_nn_module(make_trainer, regression_loader):
     with pytest.raises(TypeError, match="Trainer.fit needs a trainer.TrainingModule; got Linear"):
         make_trainer(max_epochs=1).fit(nn.Linear(4, 2), regression_loader)

@@ -197,6 +197,18 @@ def test_a_plateau_watching_an_unlogged_metric_says_so_in_lightnings_words(make_
         make_trainer(max_epochs=1, num_sanity_val_steps=0).fit(Plateau(make), regression_loader, regression_loader)
 
 
+def test_a_plateau_not_strict_skips_a_step_without_its_metric_with_lightnings_warning(make_trainer, regression_loader):
+    # Lightning 2.6.5's test_lr_scheduler_strict[False] matches this warning's words
+    def make(module):
+        optimizer = sgd(module)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "giraffe", "strict": False}}
+
+    with pytest.warns(RuntimeWarning, match=r"ReduceLROnPlateau conditioned on metric .* which is not available but "
+                                            r"strict is set to `False`"):
+        make_trainer(max_epochs=1, num_sanity_val_steps=0).fit(Plateau(make), regression_loader, regression_loader)
+
+
 def test_configure_optimizers_returning_none_trains_nothing_with_a_warning_as_in_lightning(make_trainer,
                                                                                           regression_loader):
     module = Model(lambda m: None)

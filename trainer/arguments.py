@@ -184,7 +184,16 @@ def require_training_module(module: Any, stage: str) -> None:
             f"`LightningModule`, got `{type(module).__name__}`). Subclass TrainingModule and define training_step "
             "and configure_optimizers."
         )
-    for hook in ("training_step", "configure_optimizers") if stage == "fit" else ():
-        if getattr(module, hook) is None:  # model.training_step = None (Lightning's words first)
-            raise NotImplementedError(f"No `{hook}()` method defined. {type(module).__name__}.{hook} is None: "
-                                      f"fit needs it; define {hook} in the module's class, or do not set it to None.")
+    predicts_with_forward = type(module).predict_step is TrainingModule.predict_step
+    for hook in NEEDED.get(stage, ()) + (("forward",) if stage == "predict" and predicts_with_forward else ()):
+        if getattr(module, hook) is None:  # model.training_step = None: Lightning's words first
+            lightnings = {"predict_step": "`predict_step` cannot be None to run `Trainer.predict`",
+                          "forward": "`Trainer.predict` requires `forward` method to run"}.get(
+                hook, f"No `{hook}()` method defined" + ("" if stage == "fit" else f" to run `Trainer.{stage}`"))
+            raise NotImplementedError(f"{lightnings}. {type(module).__name__}.{hook} is None: {stage} needs it; define "
+                                      f"{hook} in the module's class, or do not set it to None.")
+
+
+#: The module's methods each stage calls (a method set to None on the instance is refused when the stage starts).
+NEEDED = {"fit": ("training_step", "configure_optimizers"), "validate": ("validation_step",), "test": ("test_step",),
+          "predict": ("predict_step",)}

@@ -175,8 +175,9 @@ def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, m
         if config.needs_metric:
             metrics = metrics() if callable(metrics) else metrics
             if config.monitor not in metrics and not config.strict:
-                warnings.warn(f"ReduceLROnPlateau watches {config.monitor!r}, which was not logged, and strict is "
-                              "False: this step is skipped.", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"ReduceLROnPlateau conditioned on metric {config.monitor} which is not available but "
+                              f"strict is set to `False`. Skipping learning rate update: ReduceLROnPlateau watches "
+                              f"{config.monitor!r}, which was not logged.", RuntimeWarning, stacklevel=2)
                 continue
             if config.monitor not in metrics:
                 raise RuntimeError(  # Lightning's words first

@@ -101,6 +101,18 @@ def test_an_evaluation_hook_set_to_none_is_refused_in_lightnings_words(make_trai
         getattr(make_trainer(max_epochs=1), stage)(model, regression_loader)
 
 
+def test_pl_trainer_environment_variables_are_defaults_as_in_lightning(monkeypatch, tmp_path):
+    # Lightning 2.6.5 (its trainer/flags/test_env_vars.py): PL_TRAINER_<ARGUMENT> sets that argument's default, read as
+    # a Python literal; an argument passed (by keyword or position) wins. Cadence ignored them.
+    monkeypatch.setenv("PL_TRAINER_LOGGER", "False")
+    monkeypatch.setenv("PL_TRAINER_MAX_STEPS", "7")
+    monkeypatch.setenv("PL_TRAINER_DEFAULT_ROOT_DIR", str(tmp_path))
+    trainer = Trainer()
+    assert trainer.logger is None and trainer.max_steps == 7 and trainer.default_root_dir == str(tmp_path)
+    trainer = Trainer(3, 42, logger=True)
+    assert trainer.logger is not None and (trainer.max_epochs, trainer.max_steps) == (3, 42)
+
+
 def test_fit_refuses_a_plain_nn_module(make_trainer, regression_loader):
     with pytest.raises(TypeError, match="Trainer.fit needs a trainer.TrainingModule; got Linear"):
         make_trainer(max_epochs=1).fit(nn.Linear(4, 2), regression_loader)

@@ -179,7 +179,7 @@ class AsyncLogger(Logger):
             self.hparams.update(params)
             self._add(self.write_hyperparams, dict(self.hparams))
         self._write_alone()
-        if params is not None and not self._attached:  # by hand, hparams.yaml is there on return, as Lightning's
+        if not self._attached:  # by hand, hparams.yaml is there on return (also for params=None), as Lightning's
             self.save()
 
     def save(self) -> None:

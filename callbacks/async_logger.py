@@ -120,7 +120,7 @@ class AsyncLogger(Logger):
                 f"{type(self).__name__}() without save_dir logs under the Trainer's default_root_dir, so its "
                 "directories are known once a Trainer runs with it. Pass save_dir=... to know them before."
             )
-        return str(self._save_dir / self._name)
+        return str(self._save_dir / (self.name or ""))  # the name property: a subclass may override it
 
     @property
     def version(self) -> int | str:
@@ -179,7 +179,7 @@ class AsyncLogger(Logger):
             self.hparams.update(params)
             self._add(self.write_hyperparams, dict(self.hparams))
         self._write_alone()
-        if params is not None and not self._attached:  # by hand, hparams.yaml is there on return, as Lightning's
+        if not self._attached:  # by hand, hparams.yaml is there on return (also for params=None), as Lightning's
             self.save()
 
     def save(self) -> None:

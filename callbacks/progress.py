@@ -117,11 +117,15 @@ class ProgressBar(Callback):
 
     @property
     def total_val_batches(self) -> int | float:
-        """The batches of this validation pass over every loader (the sanity check's during it)."""
+        """The batches of this validation pass over every loader (the sanity check's during it); as
+        Lightning's, 0 in an epoch of ``fit`` that ``check_val_every_n_epoch`` leaves without validation."""
         trainer = self.trainer
         if trainer.sanity_checking:
             steps = math.inf if trainer.num_sanity_val_steps == -1 else trainer.num_sanity_val_steps
             return sum(min(steps, count) for count in trainer.num_val_batches)
+        every = trainer.check_val_every_n_epoch
+        if trainer.state.fn == "fit" and every is not None and (trainer.current_epoch + 1) % every:
+            return 0
         return sum(trainer.num_val_batches)
 
     total_test_batches = property(lambda self: sum(self.trainer.num_test_batches))

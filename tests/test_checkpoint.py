@@ -142,14 +142,14 @@ def test_a_file_the_safe_loader_refuses_is_never_answered_with_advice_to_load_it
 
 
 def test_load_from_checkpoint_of_a_missing_file_says_so_without_fit_s_advice(tmp_path):
-    with pytest.raises(FileNotFoundError, match=rf"^Checkpoint {tmp_path / 'nope.ckpt'} does not exist. Check the path.$"):
+    with pytest.raises(FileNotFoundError, match=rf"^Checkpoint file not found: {tmp_path / 'nope.ckpt'} does not exist. Check the path.$"):
         Regressor.load_from_checkpoint(tmp_path / "nope.ckpt")  # not ckpt_path="last": no such argument here
 
 
 def test_a_missing_checkpoint_fails_before_anything_starts(make_trainer, regression_loader, tmp_path):
     trainer = make_trainer(max_epochs=1)
-    with pytest.raises(FileNotFoundError, match=rf"Checkpoint {tmp_path / 'nope.ckpt'} does not exist"):
-        trainer.fit(Regressor(), regression_loader, ckpt_path=tmp_path / "nope.ckpt")
+    with pytest.raises(FileNotFoundError, match=rf"Checkpoint file not found: {tmp_path / 'nope.ckpt'} does not exist"):
+        trainer.fit(Regressor(), regression_loader, ckpt_path=tmp_path / "nope.ckpt")  # Lightning's first words
     with pytest.raises(FileNotFoundError, match=rf"Checkpoint {tmp_path} is a directory"):
         trainer.fit(Regressor(), regression_loader, ckpt_path=tmp_path)
     with pytest.raises(TypeError, match=r"Trainer.fit\(ckpt_path=3\): pass a checkpoint path, \"last\", \"best\" or None"):
@@ -288,6 +288,15 @@ def test_save_checkpoint_before_any_fit_says_how_to_save(make_trainer, regressio
     with pytest.raises(RuntimeError, match=r"no training state to write: no fit has finished on this Trainer. .* "
                                            r"torch.save\(model.state_dict"):
         trainer.save_checkpoint(tmp_path / "after.ckpt")
+
+
+def test_save_checkpoint_with_no_model_attached_is_lightnings_attribute_error(make_trainer, tmp_path):
+    # Lightning 2.6.5 (its test_trainer_save_checkpoint_no_model_attached): AttributeError("Saving a checkpoint is
+    # only possible if a model is attached to the Trainer. ...") from a Trainer that never ran a stage.
+    trainer = make_trainer(max_epochs=1)
+    assert trainer.model is None
+    with pytest.raises(AttributeError, match="Saving a checkpoint is only possible if a model is attached"):
+        trainer.save_checkpoint(tmp_path / "checkpoint.ckpt")
 
 
 def test_a_different_number_of_optimizers_is_an_error(checkpoint, make_trainer, regression_loader):

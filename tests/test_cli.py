@@ -252,7 +252,7 @@ def test_test_validate_and_predict_load_the_best_or_last_checkpoint_of_the_model
     [
         (["fit", "--ckpt_path=best"], r'ckpt_path: "best" is for validate, test and predict; fit resumes from "last" or a path'),
         (["test", "--ckpt_path=last"], r"ckpt_path: last found no last.ckpt from a run of cli_parts.Tiny in .*cadence_logs/version_\*/checkpoints"),
-        (["validate", "--ckpt_path=nope.ckpt"], r"cadence validate: Checkpoint nope.ckpt does not exist"),
+        (["validate", "--ckpt_path=nope.ckpt"], r"cadence validate: Checkpoint file not found: nope.ckpt does not exist"),
         (["test", "--data.class_path=cli_parts.loaders"],
          r"data \(loaders\) returns loaders for fit only; for test, name a class with test_dataloader\(\)"),
     ],

@@ -220,6 +220,7 @@ class NoTestStep(TrainingModule):
         (lambda t, m, loader, data: t.validate(m, {"a": loader, "b": 3}), TypeError,
          "got a dict that is not a dict of loaders"),
         (lambda t, m, loader, data: t.test(NoTestStep(), loader), TypeError,
+         r"No `test_step\(\)` method defined to run `Trainer.test`: "  # Lightning 2.6.5's words (its test_eval_loop_config)
          r"Trainer.test runs NoTestStep.test_step\(batch, batch_idx\), which NoTestStep does not define"),
         (lambda t, m, loader, data: t.predict(NoTestStep(), loader), TypeError,
          "defines neither predict_step.batch, batch_idx. nor forward"),

@@ -119,6 +119,22 @@ def test_sub_dir_holds_the_event_files_and_the_checkpoints_stay_in_the_version_d
     assert (version / "checkpoints" / "last.ckpt").exists()
 
 
+@pytest.mark.parametrize("logger_class", [TensorBoardLogger, CSVLogger])
+def test_a_subclass_overriding_name_and_version_logs_under_them(tmp_path, logger_class):
+    # Lightning 2.6.5 (its test_tensorboard_log_sub_dir): a logger subclass whose name and version properties are
+    # overridden has log_dir <save_dir>/<name>/<version> (Cadence used the constructor's name: cadence_logs).
+    class Fixed(logger_class):
+        @property
+        def name(self):
+            return "name"
+
+        @property
+        def version(self):
+            return "version"
+
+    assert Fixed(tmp_path / "logs").log_dir == str(tmp_path / "logs" / "name" / "version")
+
+
 class ReadsTheCsvLater(Callback):
     """At step 6, waits (up to ``patience`` seconds) for the row written at step 2 (step 3's values, at
     Lightning's step n - 1) to be in metrics.csv; flush_logs_every_n_steps=2 hands rows over every 2 steps."""

@@ -134,6 +134,16 @@ def test_clip_gradients_without_a_value_uses_the_trainers_and_a_different_one_is
         one_step_change(make_trainer, OtherValue(lr=1.0), gradient_clip_val=0.02)
 
 
+def test_a_gradient_clip_val_of_zero_clips_nothing_as_in_lightning(make_trainer):
+    # Lightning 2.6.5 takes Trainer(gradient_clip_val=0) and clips nothing (its precision plugin returns when
+    # clip_val <= 0; its test_precision_16_clip_gradients[0] checks clip_grad_norm_ is not called).
+    torch.manual_seed(0)
+    unclipped = one_step_change(make_trainer, LinearRegression(lr=1.0))
+    torch.manual_seed(0)
+    assert one_step_change(make_trainer, LinearRegression(lr=1.0), gradient_clip_val=0) == pytest.approx(unclipped)
+    assert unclipped > 0.1
+
+
 # --- the model's mode around evaluation -------------------------------------------------------
 class WithDropout(LinearRegression):
     def __init__(self):

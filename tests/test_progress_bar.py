@@ -64,6 +64,21 @@ def test_the_bars_and_their_totals_are_there_for_subclasses(make_trainer, regres
     pickle.dumps(bar)
 
 
+def test_total_val_batches_is_zero_in_an_epoch_that_does_not_validate(make_trainer, regression_loader):
+    # Lightning 2.6.5 (its test_check_val_every_n_epoch): with check_val_every_n_epoch=2 the bar's
+    # total_val_batches read at each training epoch's end is [0, 2, 0, 2].
+    totals = []
+
+    class Totals(ProgressBar):
+        def on_train_epoch_end(self, trainer, module):
+            totals.append(self.total_val_batches)
+
+    trainer = make_trainer(max_epochs=4, enable_progress_bar=True, callbacks=[Totals()], limit_val_batches=2,
+                           check_val_every_n_epoch=2, num_sanity_val_steps=0)
+    trainer.fit(Validated(), regression_loader, regression_loader)
+    assert totals == [0, 2, 0, 2]
+
+
 def test_refresh_rate_zero_keeps_the_bar_object_and_shows_nothing(make_trainer, regression_loader, capsys):
     bar = ProgressBar(refresh_rate=0)
     trainer = make_trainer(max_epochs=1, enable_progress_bar=True, callbacks=[bar])

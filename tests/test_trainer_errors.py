@@ -70,6 +70,49 @@ def test_a_module_without_training_step_is_told_to_define_it(make_trainer, regre
         make_trainer(max_epochs=1).fit(Empty(), regression_loader)
 
 
+@pytest.mark.parametrize("hook", ["training_step", "configure_optimizers"])
+def test_a_hook_set_to_none_is_refused_before_fit_starts_in_lightnings_words(make_trainer, regression_loader, hook):
+    # Lightning 2.6.5 (its test_wrong_train_setting / test_wrong_configure_optimizers): model.training_step = None
+    # -> "No `training_step()` method defined."; Cadence called None ('NoneType' object is not callable).
+    started = []
+
+    class Model(LinearRegression):
+        def on_fit_start(self):
+            started.append(True)
+
+    model = Model()
+    setattr(model, hook, None)
+    with pytest.raises(NotImplementedError, match=rf"No `{hook}\(\)` method defined. Model.{hook} is None"):
+        make_trainer(max_epochs=1).fit(model, regression_loader)
+    assert not started
+
+
+@pytest.mark.parametrize("stage, hook, lightnings_words", [  # the regexes of Lightning 2.6.5's test_eval_loop_config
+    ("validate", "validation_step", r"No `validation_step\(\)` method defined"),
+    ("test", "test_step", r"No `test_step\(\)` method defined"),
+    ("predict", "predict_step", r"`predict_step` cannot be None"),
+    ("predict", "forward", r"requires `forward` method to run"),
+])
+def test_an_evaluation_hook_set_to_none_is_refused_in_lightnings_words(make_trainer, regression_loader, stage, hook,
+                                                                       lightnings_words):
+    model = LinearRegression()
+    setattr(model, hook, None)
+    with pytest.raises(NotImplementedError, match=rf"{lightnings_words}.*LinearRegression.{hook} is None"):
+        getattr(make_trainer(max_epochs=1), stage)(model, regression_loader)
+
+
+def test_pl_trainer_environment_variables_are_defaults_as_in_lightning(monkeypatch, tmp_path):
+    # Lightning 2.6.5 (its trainer/flags/test_env_vars.py): PL_TRAINER_<ARGUMENT> sets that argument's default, read as
+    # a Python literal; an argument passed (by keyword or position) wins. Cadence ignored them.
+    monkeypatch.setenv("PL_TRAINER_LOGGER", "False")
+    monkeypatch.setenv("PL_TRAINER_MAX_STEPS", "7")
+    monkeypatch.setenv("PL_TRAINER_DEFAULT_ROOT_DIR", str(tmp_path))
+    trainer = Trainer()
+    assert trainer.logger is None and trainer.max_steps == 7 and trainer.default_root_dir == str(tmp_path)
+    trainer = Trainer(3, 42, logger=True)
+    assert trainer.logger is not None and (trainer.max_epochs, trainer.max_steps) == (3, 42)
+
+
 def test_fit_refuses_a_plain_nn_module(make_trainer, regression_loader):
     with pytest.raises(TypeError, match="Trainer.fit needs a trainer.TrainingModule; got Linear"):
         make_trainer(max_epochs=1).fit(nn.Linear(4, 2), regression_loader)
@@ -198,6 +241,12 @@ def test_an_int_val_check_interval_longer_than_the_epoch_is_an_error(make_traine
 def test_a_bad_trainer_argument_is_refused_with_what_would_work(arguments, match):
     with pytest.raises(ValueError, match=match):
         Trainer(**arguments)
+
+
+def test_a_gradient_clip_val_that_is_not_a_number_is_a_type_error_in_lightnings_words():
+    # Lightning 2.6.5: TypeError("`gradient_clip_val` should be an int or a float. Got (1, 2).")
+    with pytest.raises(TypeError, match=r"`gradient_clip_val` should be an int or a float. Got \(1, 2\)"):
+        Trainer(gradient_clip_val=(1, 2))
 
 
 def test_a_share_of_the_epoch_below_one_batch_reports_the_share_given(make_trainer, regression_loader):

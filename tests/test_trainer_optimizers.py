@@ -168,6 +168,47 @@ def test_configure_optimizers_returning_something_unknown_is_an_error(make_train
         make_trainer(max_epochs=1).fit(Model(make), regression_loader)
 
 
+@pytest.mark.parametrize(
+    "make, lightnings_words",
+    [  # the regexes of Lightning 2.6.5's own tests (trainer/optimization/test_optimizers.py)
+        (lambda m: 1, "Unknown configuration for model optimizers"),
+        (lambda m: {"optimizer": sgd(m), "lr_scheduler": {}}, 'The lr scheduler dict must have the key "scheduler"'),
+        (lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {"scheduler": halve_each(o), "interval": "incorrect"}})(
+            sgd(m)), 'The "interval" key in lr scheduler dict must be'),
+        (lambda m: (lambda o: {"optimizer": o, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(o)})(sgd(m)),
+         "`configure_optimizers` must include a monitor when a `ReduceLROnPlateau`"),
+    ],
+    ids=["unknown", "no-scheduler-key", "bad-interval", "plateau-without-monitor"],
+)
+def test_configure_optimizers_errors_carry_lightnings_words(make_trainer, regression_loader, make, lightnings_words):
+    with pytest.raises(ValueError, match=lightnings_words):
+        make_trainer(max_epochs=1).fit(Model(make), regression_loader)
+
+
+def test_a_plateau_watching_an_unlogged_metric_says_so_in_lightnings_words(make_trainer, regression_loader):
+    # Lightning 2.6.5's test_lr_scheduler_strict matches this (its MisconfigurationException; a RuntimeError here)
+    def make(module):
+        optimizer = sgd(module)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "giraffe"}}
+
+    with pytest.raises(RuntimeError, match=r"ReduceLROnPlateau conditioned on metric .* which is not available\. "
+                                           r"Available metrics are:"):
+        make_trainer(max_epochs=1, num_sanity_val_steps=0).fit(Plateau(make), regression_loader, regression_loader)
+
+
+def test_a_plateau_not_strict_skips_a_step_without_its_metric_with_lightnings_warning(make_trainer, regression_loader):
+    # Lightning 2.6.5's test_lr_scheduler_strict[False] matches this warning's words
+    def make(module):
+        optimizer = sgd(module)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "giraffe", "strict": False}}
+
+    with pytest.warns(RuntimeWarning, match=r"ReduceLROnPlateau conditioned on metric .* which is not available but "
+                                            r"strict is set to `False`"):
+        make_trainer(max_epochs=1, num_sanity_val_steps=0).fit(Plateau(make), regression_loader, regression_loader)
+
+
 def test_configure_optimizers_returning_none_trains_nothing_with_a_warning_as_in_lightning(make_trainer,
                                                                                           regression_loader):
     module = Model(lambda m: None)
@@ -327,8 +368,11 @@ def test_max_steps_counts_the_optimizer_steps_of_manual_optimization(make_traine
 
 
 def test_manual_optimization_refuses_accumulation_and_clipping(make_trainer, regression_loader):
-    for arguments in ({"accumulate_grad_batches": 2}, {"gradient_clip_val": 1.0}):
-        with pytest.raises(ValueError, match="apply to automatic optimization only"):
+    # Lightning 2.6.5's words (its test_trainer_manual_optimization_config matches the first), then Cadence's
+    for arguments, lightnings in (({"accumulate_grad_batches": 2}, "Automatic gradient accumulation is not supported"),
+                                  ({"gradient_clip_val": 1.0}, "Automatic gradient clipping is not supported"),
+                                  ({"gradient_clip_val": 1}, "Automatic gradient clipping is not supported")):
+        with pytest.raises(ValueError, match=rf"{lightnings} for manual optimization.*apply to automatic optimization only"):
             make_trainer(max_epochs=1, **arguments).fit(TinyGAN(gan_initial_state()), regression_loader)
 
 

@@ -32,6 +32,8 @@ def test_grad_norm_gives_each_parameters_norm_and_the_total_as_tensors():
     assert set(grad_norm(module, "inf", group_separator=".")) == {"grad_inf_norm.layer.weight", "grad_inf_norm_total"}
     with pytest.raises(ValueError, match=r"grad_norm\(norm_type=0.0\): use a positive number or 'inf'"):
         grad_norm(module, 0)
+    with pytest.raises(ValueError, match=r"`norm_type` must be a positive number or 'inf'"):  # Lightning 2.6.5's test
+        grad_norm(module, -1)
 
 
 def test_rank_zero_helpers_speak_on_rank_zero_only(monkeypatch, caplog):

@@ -16,6 +16,10 @@ from trainer.guards import check_nonfinite_mode
 from callbacks.console import warn
 
 
+class ArgumentTypeError(ValueError, TypeError):
+    """A Trainer argument of the wrong type: Lightning raises TypeError there, Cadence's checks ValueError."""
+
+
 def check_positive_int(value: Any, name: str, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -57,10 +61,14 @@ def check_trainer_arguments(
     check_positive_int(accumulate_grad_batches, "accumulate_grad_batches")
     check_positive_int(log_every_n_steps, "log_every_n_steps")
     check_positive_int(check_val_every_n_epoch, "check_val_every_n_epoch", allow_none=True)
-    if gradient_clip_val is not None and (
-        isinstance(gradient_clip_val, bool) or not isinstance(gradient_clip_val, (int, float)) or gradient_clip_val <= 0
-    ):
-        raise ValueError(f"Trainer(gradient_clip_val={gradient_clip_val!r}): use a positive number or None.")
+    if gradient_clip_val is not None and (isinstance(gradient_clip_val, bool)
+                                          or not isinstance(gradient_clip_val, (int, float))):
+        raise ArgumentTypeError(f"`gradient_clip_val` should be an int or a float. Got {gradient_clip_val}. "
+                                f"Trainer(gradient_clip_val={gradient_clip_val!r}): use a positive number, or 0 or "
+                                "None to clip nothing.")
+    if gradient_clip_val is not None and gradient_clip_val < 0:
+        raise ValueError(f"Trainer(gradient_clip_val={gradient_clip_val!r}): use a positive number or None "
+                         "(0 clips nothing, as None).")
     if gradient_clip_algorithm not in ("norm", "value"):
         raise ValueError(f'Trainer(gradient_clip_algorithm="{gradient_clip_algorithm}"): use "norm" or "value" '
                          f"(`gradient_clip_algorithm` {gradient_clip_algorithm} is invalid).")
@@ -188,3 +196,16 @@ def require_training_module(module: Any, stage: str) -> None:
             f"`LightningModule`, got `{type(module).__name__}`). Subclass TrainingModule and define training_step "
             "and configure_optimizers."
         )
+    predicts_with_forward = type(module).predict_step is TrainingModule.predict_step
+    for hook in NEEDED.get(stage, ()) + (("forward",) if stage == "predict" and predicts_with_forward else ()):
+        if getattr(module, hook) is None:  # model.training_step = None: Lightning's words first
+            lightnings = {"predict_step": "`predict_step` cannot be None to run `Trainer.predict`",
+                          "forward": "`Trainer.predict` requires `forward` method to run"}.get(
+                hook, f"No `{hook}()` method defined" + ("" if stage == "fit" else f" to run `Trainer.{stage}`"))
+            raise NotImplementedError(f"{lightnings}. {type(module).__name__}.{hook} is None: {stage} needs it; define "
+                                      f"{hook} in the module's class, or do not set it to None.")
+
+
+#: The module's methods each stage calls (a method set to None on the instance is refused when the stage starts).
+NEEDED = {"fit": ("training_step", "configure_optimizers"), "validate": ("validation_step",), "test": ("test_step",),
+          "predict": ("predict_step",)}

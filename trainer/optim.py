@@ -21,6 +21,7 @@ ACCEPTED = (
     "Return an optimizer, a list of optimizers, (optimizers, schedulers), or "
     '{"optimizer": ..., "lr_scheduler": ...}.'
 )
+UNKNOWN = "Unknown configuration for model optimizers: "  # Lightning's words, which its tests match
 
 
 @dataclass
@@ -46,8 +47,9 @@ def _scheduler_config(item: Any, where: str, monitor: str | None = None, manual:
     if isinstance(item, Mapping):
         unknown = set(item) - {"scheduler", "interval", "frequency", "monitor", "name", "strict"}
         if "scheduler" not in item or unknown:
+            lightnings = "" if "scheduler" in item else 'The lr scheduler dict must have the key "scheduler". '
             raise ValueError(
-                f"configure_optimizers: the lr_scheduler dict {where} needs a 'scheduler' key and "
+                f"{lightnings}configure_optimizers: the lr_scheduler dict {where} needs a 'scheduler' key and "
                 f"takes only scheduler, interval, frequency, monitor, name, strict (got {sorted(item)})."
             )
         config = SchedulerConfig(item["scheduler"], item.get("interval", "epoch"), item.get("frequency", 1),
@@ -60,11 +62,13 @@ def _scheduler_config(item: Any, where: str, monitor: str | None = None, manual:
             "use a torch.optim.lr_scheduler object."
         )
     if config.interval not in ("step", "epoch"):
-        raise ValueError(f'configure_optimizers: interval={config.interval!r} {where}; use "step" or "epoch".')
+        raise ValueError(f'The "interval" key in lr scheduler dict must be "step" or "epoch" but is '
+                         f'"{config.interval}": configure_optimizers: interval={config.interval!r} {where}; use "step" or "epoch".')
     if not isinstance(config.frequency, int) or config.frequency < 1:
         raise ValueError(f"configure_optimizers: frequency={config.frequency!r} {where}; use a whole number >= 1.")
     if config.needs_metric and not config.monitor:
         raise ValueError(
+            "`configure_optimizers` must include a monitor when a `ReduceLROnPlateau` scheduler is used: "
             "configure_optimizers returned ReduceLROnPlateau without a metric to watch; return "
             '{"optimizer": opt, "lr_scheduler": {"scheduler": sched, "monitor": "val/loss"}}.'
         )
@@ -110,7 +114,8 @@ class NoOptimizer(torch.optim.Optimizer):
 
 def _optimizer(item: Any) -> torch.optim.Optimizer:
     if not isinstance(item, torch.optim.Optimizer):
-        raise ValueError(f"configure_optimizers returned {type(item).__name__} where an optimizer was expected. {ACCEPTED}")
+        raise ValueError(f"{UNKNOWN}configure_optimizers returned {type(item).__name__} where an optimizer was expected. "
+                         f"{ACCEPTED}")
     return item
 
 
@@ -137,7 +142,7 @@ def _parse_optimizers(returned: Any, manual: bool) -> tuple[list[torch.optim.Opt
     if isinstance(returned, Mapping):
         returned = [returned]
     if not isinstance(returned, Sequence) or isinstance(returned, str) or not returned:
-        raise ValueError(f"configure_optimizers returned {returned!r}. {ACCEPTED}")
+        raise ValueError(f"{UNKNOWN}configure_optimizers returned {returned!r}. {ACCEPTED}")
     if all(isinstance(item, Mapping) for item in returned):
         optimizers, schedulers = [], []
         for index, item in enumerate(returned):
@@ -170,13 +175,15 @@ def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, m
         if config.needs_metric:
             metrics = metrics() if callable(metrics) else metrics
             if config.monitor not in metrics and not config.strict:
-                warnings.warn(f"ReduceLROnPlateau watches {config.monitor!r}, which was not logged, and strict is "
-                              "False: this step is skipped.", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"ReduceLROnPlateau conditioned on metric {config.monitor} which is not available but "
+                              f"strict is set to `False`. Skipping learning rate update: ReduceLROnPlateau watches "
+                              f"{config.monitor!r}, which was not logged.", RuntimeWarning, stacklevel=2)
                 continue
             if config.monitor not in metrics:
-                raise RuntimeError(
-                    f"ReduceLROnPlateau watches {config.monitor!r}, which was not logged; logged "
-                    f"metrics are {sorted(metrics)}. Log it with self.log or fix 'monitor'."
+                raise RuntimeError(  # Lightning's words first
+                    f"ReduceLROnPlateau conditioned on metric {config.monitor} which is not available. Available metrics "
+                    f"are: {sorted(metrics)}. ReduceLROnPlateau watches {config.monitor!r}, which was not logged: log "
+                    "it with self.log or fix 'monitor'."
                 )
             if config.step_with is not None:  # Lightning passes the logged value as it is
                 config.step_with(config.scheduler, metrics[config.monitor])
@@ -277,10 +284,11 @@ def clip_optimizer_gradients(trainer: Any, optimizer: Any, value: Any, algorithm
         algorithm = trainer.gradient_clip_algorithm or "norm"
     if algorithm not in CLIP_ALGORITHMS:
         raise ValueError(f'clip_gradients(gradient_clip_algorithm={algorithm!r}): use "norm" or "value".')
-    if value is None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, type(None))) or (value is not None and value < 0):
+        raise ValueError(f"clip_gradients(gradient_clip_val={value!r}): use a positive number, or 0 or None to clip "
+                         "nothing.")
+    if not value:  # None or 0: nothing is clipped, as in Lightning
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"clip_gradients(gradient_clip_val={value!r}): use a positive number, or None to clip nothing.")
     optimizer = optimizer.optimizer if isinstance(optimizer, OptimizerView) else optimizer
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"clip_gradients got {type(optimizer).__name__}; pass an optimizer from self.optimizers().")

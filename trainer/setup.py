@@ -139,14 +139,13 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
         if overrides(module, "configure_gradient_clipping"):  # called at every step, as in Lightning
             clip = functools.partial(module.configure_gradient_clipping, gradient_clip_val=trainer.gradient_clip_val,
                                      gradient_clip_algorithm=trainer.gradient_clip_algorithm)
-        elif trainer.gradient_clip_val is not None:
+        elif trainer.gradient_clip_val:  # 0 clips nothing, as in Lightning
             clip = trainer_clipping(optimizers[0], trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
     else:
-        if trainer.accumulate_grad_batches != 1 or trainer.gradient_clip_val is not None:
-            raise ValueError(
-                "accumulate_grad_batches and gradient_clip_val apply to automatic optimization only; "
-                "with self.automatic_optimization = False, accumulate and clip in training_step."
-            )
+        if trainer.gradient_clip_val:  # Lightning's checks, in its order and words
+            raise ValueError(_manual_refusal("clipping", "gradient_clip_val", trainer.gradient_clip_val))
+        if trainer.accumulate_grad_batches != 1:
+            raise ValueError(_manual_refusal("accumulation", "accumulate_grad_batches", trainer.accumulate_grad_batches))
         if trainer.on_nonfinite_loss == "skip":
             raise ValueError(
                 "Trainer(on_nonfinite_loss='skip') skips optimizer steps the Trainer takes; with "
@@ -198,3 +197,8 @@ def training_forward(hooks: StepHooks, training_step: Callable[[Any, int], Any],
         outputs = training_step(batch, batch_idx)
     return outputs, loss_of(outputs, batch_idx)
 
+
+def _manual_refusal(what: str, name: str, value: Any) -> str:
+    return (f"Automatic gradient {what} is not supported for manual optimization. Remove `Trainer({name}={value})` or "
+            "switch to automatic optimization: accumulate_grad_batches and gradient_clip_val apply to automatic "
+            "optimization only; with self.automatic_optimization = False, accumulate and clip in training_step.")

@@ -23,8 +23,11 @@ names the close match, or the Cadence way to do the same.
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import dataclasses
 import difflib
+import functools
 import inspect
 import os
 import sys
@@ -134,6 +137,28 @@ BAREBONES_OFF = {
     "log_every_n_steps": "Logging", "enable_model_summary": "Model summary", "num_sanity_val_steps": "Sanity checking",
     "fast_dev_run": "Development run", "detect_anomaly": "Anomaly detection", "profiler": "Profiling",
 }
+
+
+def defaults_from_env_vars(init: Callable[..., None]) -> Callable[..., None]:
+    """Lightning's ``PL_TRAINER_<ARGUMENT>`` environment variables (``PL_<CLASS NAME>_`` for a subclass): each the
+    default of that argument (read as a Python literal, else as a str: ``PL_TRAINER_LOGGER=False``,
+    ``PL_TRAINER_MAX_STEPS=7``); an argument passed wins. Nothing is read when no such variable is set."""
+    names = [name for name in inspect.signature(init).parameters if name not in ("self", "unknown")]
+
+    @functools.wraps(init)
+    def with_environment_defaults(self: Any, *args: Any, **kwargs: Any) -> None:
+        prefix = f"PL_{type(self).__name__.upper()}_"
+        if any(key.startswith(prefix) for key in os.environ):
+            kwargs, args = {**dict(zip(names, args)), **kwargs}, ()
+            for name in names:
+                value = os.environ.get(prefix + name.upper())
+                if value and name not in kwargs:
+                    with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                        value = ast.literal_eval(value)
+                    kwargs[name] = value
+        init(self, *args, **kwargs)
+
+    return with_environment_defaults
 
 
 def with_lightning_defaults(arguments: dict[str, Any]) -> dict[str, Any]:

@@ -183,6 +183,10 @@ def _datamodule_state(datamodule: DataModule | None) -> dict[str, Any]:
                 "datamodule_hparams_name": getattr(datamodule, "_hparams_name", "kwargs")} if datamodule.hparams else {})}
 
 
+class NoTrainingStateError(RuntimeError, AttributeError):
+    """``save_checkpoint`` with nothing to save: Lightning raises AttributeError when no model is attached."""
+
+
 def end_of_fit_checkpoint(trainer: Trainer, end_of_fit: tuple[TrainingModule, dict[str, Any]] | None,
                           weights_only: bool = False) -> dict[str, Any]:
     """The checkpoint ``save_checkpoint`` writes when no stage runs: the fitted module's weights as
@@ -190,8 +194,10 @@ def end_of_fit_checkpoint(trainer: Trainer, end_of_fit: tuple[TrainingModule, di
     training state its last fit ended with (``end_of_fit``: the module and
     its :func:`training_state`, or None when no fit has ended)."""
     if end_of_fit is None:
-        raise RuntimeError(
-            "Trainer.save_checkpoint has no training state to write: no fit has finished on this Trainer, or "
+        attached = "" if trainer.model is not None else (  # Lightning's words (an AttributeError there)
+            "Saving a checkpoint is only possible if a model is attached to the Trainer. ")
+        raise NoTrainingStateError(
+            f"{attached}Trainer.save_checkpoint has no training state to write: no fit has finished on this Trainer, or "
             "it ran in spawned FSDP workers, whose optimizer state stays sharded there. Call it after fit "
             "returns, or during a stage (from a callback or a module hook; ModelCheckpoint does); for the "
             "weights alone, torch.save(model.state_dict(), path)."

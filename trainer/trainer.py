@@ -37,7 +37,7 @@ from trainer.properties import TrainerProperties
 from trainer.searches import SearchSeams
 from trainer.seed import preserved_rng, restore_rng_state
 from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_model
-from trainer.shorthands import reject_unknown_arguments, translate, with_lightning_defaults
+from trainer.shorthands import defaults_from_env_vars, reject_unknown_arguments, translate, with_lightning_defaults
 from trainer.stage import call_exception_hooks, enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
     NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_batches, evaluation_loaders, gather_predictions, limit_reached,
@@ -75,6 +75,7 @@ class Trainer(TrainerProperties, SearchSeams):
         trainer.test(model, test_loader)
     """
 
+    @defaults_from_env_vars  # Lightning's PL_TRAINER_<ARGUMENT> environment variables (trainer/shorthands.py)
     def __init__(
         self, max_epochs: int | None = None, max_steps: int = -1,
         strategy: str | Strategy = "auto", devices: int | str | list[int] = "auto", precision: str | int | None = None,
@@ -90,8 +91,7 @@ class Trainer(TrainerProperties, SearchSeams):
         min_epochs: int | None = None, min_steps: int | None = None, max_time: str | datetime.timedelta | dict[str, int] | None = None,
         overfit_batches: int | float = 0.0, enable_model_summary: bool | None = None, benchmark: bool | None = None, detect_anomaly: bool = False,
         inference_mode: bool = True, use_distributed_sampler: bool = True, sync_batchnorm: bool = False,
-        reload_dataloaders_every_n_epochs: int = 0, profiler: Any = None, report: bool = True, barebones: bool = False,
-        **unknown: Any,
+        reload_dataloaders_every_n_epochs: int = 0, profiler: Any = None, report: bool = True, barebones: bool = False, **unknown: Any,
     ) -> None:
         arguments = dict(locals())  # exactly this signature's: nothing else is bound yet
         reject_unknown_arguments(arguments.pop("unknown"), Trainer.__init__)  # a close match, or the Cadence way

@@ -39,7 +39,7 @@ def check_exists(path: str | os.PathLike, hint: str = "Check the path.") -> Path
         check_complete(path)
         return path
     if not path.is_file():
-        raise FileNotFoundError(f"Checkpoint {path} does not exist. {hint}")
+        raise FileNotFoundError(f"Checkpoint file not found: {path} does not exist. {hint}")  # Lightning's words first
     return path
 
 

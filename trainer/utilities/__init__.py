@@ -113,7 +113,8 @@ def grad_norm(module: nn.Module, norm_type: float | int | str, group_separator: 
     in ``on_before_optimizer_step``. Parameters without a gradient are left out."""
     norm_type = float(norm_type)
     if norm_type <= 0:
-        raise ValueError(f"grad_norm(norm_type={norm_type}): use a positive number or 'inf' (the largest value).")
+        raise ValueError(f"`norm_type` must be a positive number or 'inf' (infinity norm). Got {norm_type}: "
+                         f"grad_norm(norm_type={norm_type}): use a positive number or 'inf' (the largest value).")
     norms = {f"grad_{norm_type}_norm{group_separator}{name}": parameter.grad.detach().norm(norm_type)
              for name, parameter in module.named_parameters() if parameter.grad is not None}
     if norms:

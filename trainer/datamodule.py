@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from trainer.data_hooks import DataHooks
-from trainer.hparams import HParams, HyperparametersMixin
+from trainer.hparams import HyperparametersMixin
 from trainer.loading import load_datamodule
 from trainer.module import TrainingModule
 
@@ -61,7 +61,7 @@ class DataModule(HyperparametersMixin, DataHooks):
 
     def __init__(self) -> None:
         self.trainer: Trainer | None = None  # the Trainer that last ran with it
-        self.hparams = HParams()  # save_hyperparameters (trainer/hparams.py) fills it
+        self._init_hparams()  # an empty hparams, which save_hyperparameters (trainer/hparams.py) fills
 
     #: Lightning's: a name for it (None: none given), and the checkpoint keys of its hyperparameters.
     name: str | None = None

@@ -19,7 +19,7 @@ from torch import nn
 
 from trainer import export
 from trainer.data_hooks import DataHooks
-from trainer.hparams import HParams, HyperparametersMixin
+from trainer.hparams import HyperparametersMixin
 from trainer.loading import load_module
 from trainer.model_hooks import ModelHooks
 from trainer.optim import (
@@ -65,7 +65,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, ModelHooks, nn.Module):
         self._automatic_optimization = True
         self._example_input_array: Any = None
         self._param_requires_grad_state: dict[nn.Parameter, bool] = {}
-        self.hparams = HParams()  # save_hyperparameters (trainer/hparams.py) fills it
+        self._init_hparams()  # an empty hparams, which save_hyperparameters (trainer/hparams.py) fills
 
     def __getstate__(self) -> dict[str, Any]:
         # The Trainer stays attached after a stage (Lightning users read module.trainer after fit),

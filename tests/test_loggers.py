@@ -378,6 +378,45 @@ def test_the_learning_rate_monitor_per_epoch_logs_the_rates_alone_as_lightning(m
         (0, {"lr-SGD": 0.05}), (4, {"lr-SGD": 0.05})]
 
 
+def test_the_learning_rate_monitor_per_epoch_under_manual_optimization_logs_at_lightnings_batch_step(make_trainer):
+    # Lightning logs the epoch's rates at fit_loop.epoch_loop._batches_that_stepped, which counts every
+    # batch under manual optimization (an HDN denoiser steps its optimizers every n batches by hand).
+    # Lightning 2.6.5, this module, 4 batches a step every second batch, 3 epochs: steps 0, 4, 8; global_step 6.
+    class Remember(Logger):
+        def __init__(self):
+            self.rows = []
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append((step, dict(metrics)))
+
+    class EverySecondBatch(TrainingModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.layer = nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            self.manual_backward(F.mse_loss(self.layer(x), y))
+            if batch_idx % 2 == 1:
+                self.optimizers().step()
+                self.optimizers().zero_grad()
+
+        def on_train_epoch_end(self):
+            self.lr_schedulers().step()
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)]
+
+    logger = Remember()
+    trainer = make_trainer(max_epochs=3, logger=logger, callbacks=[LearningRateMonitor("epoch")])
+    trainer.fit(EverySecondBatch(), loader(4))
+    assert [(step, metrics) for step, metrics in logger.rows if "lr-SGD" in metrics] == [
+        (0, {"lr-SGD": 0.1}), (4, {"lr-SGD": 0.05}), (8, {"lr-SGD": 0.025})]
+    assert trainer.global_step == 6 and trainer.batches_that_stepped == 12
+
+
 @pytest.mark.parametrize("logger_class", [CSVLogger, TensorBoardLogger])
 def test_a_logger_used_by_hand_has_written_hparams_yaml_when_log_hyperparams_returns(tmp_path, logger_class):
     # Lightning's loggers write hparams.yaml in log_hyperparams; code that reads it next must find it.

@@ -78,6 +78,13 @@ def test_save_hyperparameters_before_super_init_keeps_them_out_of_the_loggers_as
     assert saved["hyper_parameters"] == {"lr": 0.05, "width": 4}
     assert saved["datamodule_hyper_parameters"] == {"batch_size": 4}
     assert Early.load_from_checkpoint(tmp_path / "early.ckpt").lr == 0.05
+    # lightning-bolts' VAE.from_pretrained calls it on an instance: Lightning 2.6.5 refuses that, so that
+    # `model.load_from_checkpoint(path)` never looks as if it loaded `model` (Cadence returned a new module).
+    with pytest.raises(TypeError, match=r"The classmethod `Early.load_from_checkpoint` cannot be called on an instance. "
+                                        r"Please call it on the class type and make sure the return value is used."):
+        module.load_from_checkpoint(tmp_path / "early.ckpt")
+    with pytest.raises(TypeError, match=r"`EarlyData.load_from_checkpoint` cannot be called on an instance"):
+        data.load_from_checkpoint(tmp_path / "early.ckpt")
 
 
 class Configured(LinearRegression):

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from trainer.data_hooks import DataHooks
 from trainer.hparams import HyperparametersMixin
-from trainer.loading import load_datamodule
+from trainer.loading import class_only_method, load_datamodule
 from trainer.module import TrainingModule
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class DataModule(HyperparametersMixin, DataHooks):
                                                                             num_workers))
         return datamodule
 
-    @classmethod
+    @class_only_method
     def load_from_checkpoint(cls, checkpoint_path: str | os.PathLike, map_location: Any = None,
                              hparams_file: str | os.PathLike | None = None, weights_only: bool | None = None,
                              **kwargs: Any) -> DataModule:

@@ -20,7 +20,7 @@ from torch import nn
 from trainer import export
 from trainer.data_hooks import DataHooks
 from trainer.hparams import HyperparametersMixin
-from trainer.loading import load_module
+from trainer.loading import class_only_method, load_module
 from trainer.model_hooks import ModelHooks
 from trainer.optim import (
     clip_optimizer_gradients, freeze_other_optimizers, optimizers_for_module, unfreeze_other_optimizers,
@@ -75,7 +75,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, ModelHooks, nn.Module):
         return state
 
     # --- rebuilding from a checkpoint ------------------------------------------------------
-    @classmethod
+    @class_only_method
     def load_from_checkpoint(cls, checkpoint_path: str | os.PathLike, map_location: Any = None,
                              hparams_file: str | os.PathLike | None = None, strict: bool | None = None,
                              weights_only: bool | None = None, **kwargs: Any) -> TrainingModule:

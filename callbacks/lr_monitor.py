@@ -95,7 +95,7 @@ class LearningRateMonitor(Callback):
         if stats:
             self._remember(stats)
             for logger in trainer.loggers:  # after the previous epoch's values: rows stay in step order
-                logger.log_metrics(stats, step=trainer.global_step)  # no "epoch": as Lightning logs them
+                logger.log_metrics(stats, step=trainer.batches_that_stepped)  # no "epoch": as Lightning logs them
             trainer.callback_metrics.update({name: torch.tensor(value) for name, value in stats.items()})
 
     def _name_groups(self, trainer: Trainer) -> list[tuple[torch.optim.Optimizer, list[str], str | None]]:

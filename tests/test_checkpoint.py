@@ -322,6 +322,17 @@ def test_ckpt_path_last_loads_nothing_when_there_is_none_with_a_warning(make_tra
     assert all(torch.equal(value, weights[key]) for key, value in model.state_dict().items())
 
 
+def test_a_checkpoint_after_a_validation_inside_an_accumulation_window_names_val_check_interval(make_trainer, regression_loader):
+    # lightning-bolts' BYOL with accumulate_grad_batches=2 and val_check_interval=0.5 over 5-batch halves: its
+    # ModelCheckpoint saved inside a window, and the warning said "ModelCheckpoint does" save at a window's end.
+    trainer = make_trainer(max_epochs=1, accumulate_grad_batches=2, val_check_interval=3, enable_checkpointing=True,
+                           callbacks=[ModelCheckpoint(monitor="val/loss")])
+    with pytest.warns(UserWarning, match=r"save_checkpoint after batch 2, inside an accumulation window of 2 batches: .* "
+                                         r"unless a validation inside a window triggers it \(make val_check_interval a "
+                                         r"multiple of accumulate_grad_batches\)"):
+        trainer.fit(Validated(), regression_loader, regression_loader)
+
+
 def test_a_checkpoint_inside_an_accumulation_window_warns_that_it_is_not_exact(make_trainer, regression_loader, tmp_path):
     class SaveAtBatch(Callback):
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):

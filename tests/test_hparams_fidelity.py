@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 
 from linear_regression import LinearRegression
 from trainer import DataModule, TrainingModule
@@ -45,6 +45,46 @@ def test_a_submodule_kept_as_a_hyperparameter_is_warned_about():
 
     with pytest.warns(UserWarning, match=r"'net' is an instance of `nn.Module`.*ignore=\['net'\]"):
         WithNet(nn.Linear(1, 1))
+
+
+def test_save_hyperparameters_before_super_init_keeps_them_out_of_the_loggers_as_lightning(make_trainer, tmp_path):
+    # An HDN denoiser's module calls self.save_hyperparameters() before super().__init__(). Lightning 2.6.5
+    # keeps them (hparams, checkpoint, load_from_checkpoint) but its __init__ turns the logging flag back off:
+    # the TensorBoard logger's hparams.yaml is {} (same for a DataModule doing the same).
+    from callbacks import TensorBoardLogger
+
+    class Early(LinearRegression):
+        def __init__(self, lr: float = 0.1, width: int = 4) -> None:
+            self.save_hyperparameters()
+            super().__init__(lr=lr)
+
+    class EarlyData(DataModule):
+        def __init__(self, dataset, batch_size: int = 16) -> None:
+            self.save_hyperparameters(ignore="dataset")
+            super().__init__()
+            self.dataset = dataset
+
+        def train_dataloader(self):
+            return DataLoader(self.dataset, batch_size=self.hparams.batch_size)
+
+    module = Early(lr=0.05)
+    data = EarlyData(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=4)
+    assert dict(module.hparams) == {"lr": 0.05, "width": 4} and dict(data.hparams) == {"batch_size": 4}
+    trainer = make_trainer(max_epochs=1, logger=TensorBoardLogger(tmp_path, name="run"))
+    trainer.fit(module, datamodule=data)
+    assert yaml.safe_load((tmp_path / "run" / "version_0" / "hparams.yaml").read_text()) == {}
+    trainer.save_checkpoint(tmp_path / "early.ckpt")
+    saved = torch.load(tmp_path / "early.ckpt", weights_only=True)
+    assert saved["hyper_parameters"] == {"lr": 0.05, "width": 4}
+    assert saved["datamodule_hyper_parameters"] == {"batch_size": 4}
+    assert Early.load_from_checkpoint(tmp_path / "early.ckpt").lr == 0.05
+    # lightning-bolts' VAE.from_pretrained calls it on an instance: Lightning 2.6.5 refuses that, so that
+    # `model.load_from_checkpoint(path)` never looks as if it loaded `model` (Cadence returned a new module).
+    with pytest.raises(TypeError, match=r"The classmethod `Early.load_from_checkpoint` cannot be called on an instance. "
+                                        r"Please call it on the class type and make sure the return value is used."):
+        module.load_from_checkpoint(tmp_path / "early.ckpt")
+    with pytest.raises(TypeError, match=r"`EarlyData.load_from_checkpoint` cannot be called on an instance"):
+        data.load_from_checkpoint(tmp_path / "early.ckpt")
 
 
 class Configured(LinearRegression):

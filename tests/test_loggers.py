@@ -381,6 +381,58 @@ def test_the_learning_rate_monitor_per_epoch_logs_the_rates_alone_as_lightning(m
         (0, {"lr-SGD": 0.05}), (4, {"lr-SGD": 0.05})]
 
 
+class Remember(Logger):
+    """A logger that keeps each row it gets: ``(step, metrics)``."""
+
+    def __init__(self):
+        self.rows = []
+
+    def log_metrics(self, metrics, step=None):
+        self.rows.append((step, dict(metrics)))
+
+
+class EverySecondBatch(TrainingModule):
+    """Manual optimization stepping every second batch (an HDN denoiser's hand-made accumulation)."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.layer = nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.manual_backward(F.mse_loss(self.layer(x), y))
+        if batch_idx % 2 == 1:
+            self.optimizers().step()
+            self.optimizers().zero_grad()
+
+    def test_step(self, batch, batch_idx):
+        self.log("test_loss", F.mse_loss(self.layer(batch[0]), batch[1]))
+
+    def on_train_epoch_end(self):
+        self.lr_schedulers().step()
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)]
+
+
+def test_under_manual_optimization_the_loggers_step_counts_batches_as_lightnings(make_trainer):
+    # Lightning logs at fit_loop.epoch_loop._batches_that_stepped, which counts every batch under manual
+    # optimization: the epoch's rates of LearningRateMonitor("epoch") (an HDN denoiser's run) and a test after
+    # fit (a CycleGAN's validate of its best checkpoint). Lightning 2.6.5, this module, 4 batches a step every
+    # second batch, 3 epochs: rates at steps 0, 4, 8, global_step 6, the test's row at step 12.
+    logger = Remember()
+    trainer = make_trainer(max_epochs=3, logger=logger, callbacks=[LearningRateMonitor("epoch")])
+    module = EverySecondBatch()
+    trainer.fit(module, loader(4))
+    assert [(step, metrics) for step, metrics in logger.rows if "lr-SGD" in metrics] == [
+        (0, {"lr-SGD": 0.1}), (4, {"lr-SGD": 0.05}), (8, {"lr-SGD": 0.025})]
+    assert trainer.global_step == 6 and trainer.batches_that_stepped == 12
+    trainer.test(module, loader(2), verbose=False)
+    assert [step for step, metrics in logger.rows if "test_loss" in metrics] == [12]
+
+
 @pytest.mark.parametrize("logger_class", [CSVLogger, TensorBoardLogger])
 def test_a_logger_used_by_hand_has_written_hparams_yaml_when_log_hyperparams_returns(tmp_path, logger_class):
     # Lightning's loggers write hparams.yaml in log_hyperparams; code that reads it next must find it.

@@ -242,6 +242,25 @@ def test_hooks_lightning_2_refuses_are_errors_before_training(
     assert torch.equal(weights(module), before)
 
 
+def test_a_removed_epoch_end_hook_is_refused_by_the_stages_that_would_run_it_as_lightning(make_trainer, regression_loader):
+    # lightning-bolts' SAC keeps a test_epoch_end: Lightning 2.6.5 fits it and refuses it in test only (predict
+    # refuses none); Cadence refused the fit.
+    def test_step(self, batch, batch_idx):
+        self.log("test/loss", F.mse_loss(self.layer(batch[0]), batch[1]))
+
+    module = type("KeepsTestEpochEnd", (LinearRegression,), {
+        "test_epoch_end": lambda self, outputs: None, "test_step": test_step,
+        "predict_step": lambda self, batch, batch_idx: self.layer(batch[0])})()
+    trainer = make_trainer(max_epochs=1)
+    with pytest.warns(UserWarning, match=r"KeepsTestEpochEnd defines test_epoch_end, which Cadence never calls: .*test "
+                                         r"refuses it"):
+        trainer.fit(module, regression_loader)
+    assert trainer.global_step == 8
+    assert len(trainer.predict(module, regression_loader)) == 8
+    with pytest.raises(NotImplementedError, match=r"KeepsTestEpochEnd defines test_epoch_end, which Cadence does not call"):
+        trainer.test(module, regression_loader)
+
+
 def test_a_backward_override_runs_in_place_of_loss_backward_also_for_manual_backward(make_trainer, regression_loader):
     seen = []
 

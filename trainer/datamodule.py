@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from trainer.data_hooks import DataHooks
-from trainer.hparams import HParams, HyperparametersMixin
-from trainer.loading import load_datamodule
+from trainer.hparams import HyperparametersMixin
+from trainer.loading import class_only_method, load_datamodule
 from trainer.module import TrainingModule
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class DataModule(HyperparametersMixin, DataHooks):
 
     def __init__(self) -> None:
         self.trainer: Trainer | None = None  # the Trainer that last ran with it
-        self.hparams = HParams()  # save_hyperparameters (trainer/hparams.py) fills it
+        self._init_hparams()  # an empty hparams, which save_hyperparameters (trainer/hparams.py) fills
 
     #: Lightning's: a name for it (None: none given), and the checkpoint keys of its hyperparameters.
     name: str | None = None
@@ -109,7 +109,7 @@ class DataModule(HyperparametersMixin, DataHooks):
                                                                             num_workers))
         return datamodule
 
-    @classmethod
+    @class_only_method
     def load_from_checkpoint(cls, checkpoint_path: str | os.PathLike, map_location: Any = None,
                              hparams_file: str | os.PathLike | None = None, weights_only: bool | None = None,
                              **kwargs: Any) -> DataModule:

@@ -345,6 +345,9 @@ REFUSED_MODULE_HOOKS = {
     "validation_epoch_end": f"{_REMOVED}: use on_validation_epoch_end and keep the outputs you need as attributes",
     "test_epoch_end": f"{_REMOVED}: use on_test_epoch_end and keep the outputs you need as attributes",
 }
+#: The stages that refuse each, as Lightning's: a module keeping an unused test_epoch_end (lightning-bolts' SAC)
+#: fits, and ``test`` refuses it.
+REFUSING_STAGES = {"training_epoch_end": ("fit",), "validation_epoch_end": ("fit", "validate"), "test_epoch_end": ("test",)}
 #: LightningModule hooks (core/hooks.py and core/module.py) that Lightning 2 no longer calls either,
 #: with what to do instead: named in a warning when a module defines them.
 MODULE_HOOKS = {
@@ -365,17 +368,25 @@ CALLBACK_HOOKS = {
     "on_keyboard_interrupt": f"{_REMOVED}: use on_exception",
 }
 _warned: weakref.WeakSet[type] = weakref.WeakSet()  # classes warned about in this process
+_warned_removed: weakref.WeakSet[type] = weakref.WeakSet()  # classes keeping a removed epoch-end hook, warned about
 
 
-def refuse_module_hooks(module: TrainingModule, warns: bool) -> None:
-    """Raise when ``module`` defines a hook of :data:`REFUSED_MODULE_HOOKS`; with ``warns`` (rank zero),
-    say once that ``configure_sharded_model`` is deprecated (setup calls it, as Lightning)."""
+def refuse_module_hooks(module: TrainingModule, warns: bool, stage: str = "fit") -> None:
+    """Raise when ``module`` defines a hook of :data:`REFUSED_MODULE_HOOKS` that ``stage`` refuses (Lightning's
+    :data:`REFUSING_STAGES`), and with ``warns`` (rank zero) name once those it keeps for another stage; say
+    once that ``configure_sharded_model`` is deprecated (setup calls it, as Lightning)."""
     cls = type(module)
-    refused = [name for name in REFUSED_MODULE_HOOKS if callable(getattr(cls, name, None))
+    defined = [name for name in REFUSED_MODULE_HOOKS if callable(getattr(cls, name, None))
                and getattr(cls, name) is not getattr(TrainingModule, name, None)]
+    refused = [name for name in defined if stage in REFUSING_STAGES[name]]
     if refused:
         what = "; ".join(f"{name} ({REFUSED_MODULE_HOOKS[name]})" for name in refused)
         raise NotImplementedError(f"{cls.__name__} defines {', '.join(refused)}, which Cadence does not call: {what}.")
+    if defined and warns and cls not in _warned_removed:
+        _warned_removed.add(cls)
+        what = "; ".join(f"{name} ({REFUSED_MODULE_HOOKS[name]}; {' and '.join(REFUSING_STAGES[name])} refuses it)"
+                         for name in defined)
+        warn(f"{cls.__name__} defines {', '.join(defined)}, which Cadence never calls: {what}.")
     if cls.configure_sharded_model is not TrainingModule.configure_sharded_model:
         if cls.configure_model is not TrainingModule.configure_model:
             raise RuntimeError(f"Both {cls.__name__}.configure_model and {cls.__name__}.configure_sharded_model are "

@@ -37,7 +37,7 @@ class HParams(dict):
 class HyperparametersMixin:
     """``save_hyperparameters``, ``hparams`` and ``hparams_initial``, as Lightning's mixin of that name.
 
-    A class using it sets ``self.hparams = HParams()`` in its ``__init__``.
+    A class using it calls ``self._init_hparams()`` in its ``__init__``.
     """
 
     #: The checkpoint keys of the hyperparameters, of the name of the argument they came from
@@ -63,6 +63,8 @@ class HyperparametersMixin:
             logger: also send them to the loggers (``hparams.yaml``, TensorBoard); False keeps them in
                 ``hparams`` and checkpoints only.
         """
+        if "hparams" not in self.__dict__:  # called before super().__init__(), as Lightning allows
+            self.hparams = HParams()
         self._log_hyperparams = logger
         if frame is None:
             frame = inspect.currentframe().f_back
@@ -79,6 +81,15 @@ class HyperparametersMixin:
                               f"checkpointing (in the state dict). Leave it out of the hyperparameters: "
                               f"self.save_hyperparameters(ignore=[{name!r}]).", UserWarning, stacklevel=2)
         self._hparams_initial = copy.deepcopy(self.hparams)
+
+    def _init_hparams(self) -> None:
+        """Give the object its empty ``hparams``, in its ``__init__``. A ``save_hyperparameters()`` that ran
+        before ``super().__init__()`` keeps what it saved, and, as Lightning's ``__init__`` turns the logging
+        flag back off then, the loggers do not get them (``hparams.yaml`` is ``{}``; checkpoints keep them)."""
+        if "hparams" in self.__dict__:
+            self._log_hyperparams = False
+        else:
+            self.hparams = HParams()
 
     @property
     def hparams_initial(self) -> HParams:

@@ -9,6 +9,7 @@ missing, or was saved only as a description (an object's repr), is asked for by 
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import os
 from pathlib import Path
@@ -23,6 +24,24 @@ from trainer.hparams import HParams
 if TYPE_CHECKING:
     from trainer.datamodule import DataModule
     from trainer.module import TrainingModule
+
+
+class class_only_method(classmethod):
+    """``load_from_checkpoint``'s decorator, as Lightning's ``_restricted_classmethod``: called on an instance
+    (``model.load_from_checkpoint(path)``, which would leave ``model`` untouched and return a new object) it
+    raises a TypeError with Lightning's words; on the class it is a classmethod."""
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        bound = super().__get__(instance, owner)
+        if instance is None:
+            return bound
+        method = self.__func__
+
+        @functools.wraps(method)
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise TypeError(f"The classmethod `{type(instance).__name__}.{method.__name__}` cannot be called on an instance. "
+                            "Please call it on the class type and make sure the return value is used.")
+        return refuse
 
 
 def load_module(cls: type[TrainingModule], path: str | os.PathLike, map_location: Any, strict: bool | None,

@@ -19,8 +19,8 @@ from torch import nn
 
 from trainer import export
 from trainer.data_hooks import DataHooks
-from trainer.hparams import HParams, HyperparametersMixin
-from trainer.loading import load_module
+from trainer.hparams import HyperparametersMixin
+from trainer.loading import class_only_method, load_module
 from trainer.model_hooks import ModelHooks
 from trainer.optim import (
     clip_optimizer_gradients, freeze_other_optimizers, optimizers_for_module, unfreeze_other_optimizers,
@@ -65,7 +65,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, ModelHooks, nn.Module):
         self._automatic_optimization = True
         self._example_input_array: Any = None
         self._param_requires_grad_state: dict[nn.Parameter, bool] = {}
-        self.hparams = HParams()  # save_hyperparameters (trainer/hparams.py) fills it
+        self._init_hparams()  # an empty hparams, which save_hyperparameters (trainer/hparams.py) fills
 
     def __getstate__(self) -> dict[str, Any]:
         # The Trainer stays attached after a stage (Lightning users read module.trainer after fit),
@@ -75,7 +75,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, ModelHooks, nn.Module):
         return state
 
     # --- rebuilding from a checkpoint ------------------------------------------------------
-    @classmethod
+    @class_only_method
     def load_from_checkpoint(cls, checkpoint_path: str | os.PathLike, map_location: Any = None,
                              hparams_file: str | os.PathLike | None = None, strict: bool | None = None,
                              weights_only: bool | None = None, **kwargs: Any) -> TrainingModule:

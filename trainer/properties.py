@@ -211,6 +211,16 @@ class TrainerProperties:
         return TrainerState(status, TrainerFn(self.stage) if self.stage is not None else None, stage)
 
     @property
+    def batches_that_stepped(self: Trainer) -> int:
+        """The step the loggers get for the next training batch (Lightning's
+        ``fit_loop.epoch_loop._batches_that_stepped``): the batches that ended an accumulation window,
+        every batch under manual optimization, kept in checkpoints; what ``LearningRateMonitor`` logs at."""
+        module = self.lightning_module
+        if module is not None and not module.automatic_optimization:
+            return self._progress.batches_seen
+        return self.global_step
+
+    @property
     def _accelerator_connector(self: Trainer) -> Any:
         """Refused: Lightning's private connector (lightning-bolts' SSLOnlineEvaluator reads its ``is_distributed``)."""
         raise AttributeError(

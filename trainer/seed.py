@@ -95,13 +95,26 @@ def seed_worker_of_rank(rank: int):
     return functools.partial(_seed_worker_with_rank, rank=rank)
 
 
+_MASK64 = (1 << 64) - 1
+
+
 def _seed_worker_with_rank(worker_id: int, rank: int) -> None:
-    # Every rank draws the same base seed from the same seeded RNG; mixing in the rank keeps
-    # ranks from feeding identical augmentations.
-    seed = (torch.initial_seed() + 1_000_003 * rank) % 2**63
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
+    """Lightning's ``pl_worker_init_function``, so that a worker draws what it draws under Lightning: torch,
+    Python and NumPy seeded from the loader's base seed (torch gives the worker ``base + worker_id``), the
+    worker id and the rank, mixed by MurmurHash3's finalizer and stepped by Knuth's LCG; NumPy through its
+    own ``SeedSequence`` of the three."""
+    base = torch.initial_seed() - worker_id
+    mixed = (base << 32) | (worker_id << 16) | rank
+    for multiplier in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53):
+        mixed = ((mixed ^ (mixed >> 33)) * multiplier) & _MASK64
+    mixed ^= mixed >> 33
+    seeds = []
+    for _ in range(3):
+        mixed = (mixed * 6364136223846793005 + 1) & _MASK64
+        seeds.append(mixed)
+    torch.manual_seed(seeds[0])
+    random.seed((seeds[1] << 32) | seeds[2])
+    np.random.seed(np.random.SeedSequence([base, worker_id, rank]).generate_state(4))
 
 
 def seeded_generator(loader: Any, seed: int) -> dict[str, Any]:

@@ -45,7 +45,7 @@ def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_pa
     file); not a search (the Tuner's), which runs no loop from a checkpoint."""
     callbacks = callbacks_package.with_module_callbacks(trainer.callbacks, module.configure_callbacks(),
                                                         type(module).__name__)
-    refuse_module_hooks(module, warns=rank_zero_only.rank == 0)
+    refuse_module_hooks(module, warns=rank_zero_only.rank == 0, stage=stage)
     if rank_zero_only.rank == 0:
         warn_uncalled_hooks([module, *callbacks])
     loggers = [c for c in callbacks if isinstance(c, callbacks_package.Logger)]

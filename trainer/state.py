@@ -95,7 +95,8 @@ def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
         warn(
             f"save_checkpoint after batch {batch_idx}, inside an accumulation window of "
             f"{trainer.accumulate_grad_batches} batches: the gradients accumulated so far are not saved, so a run "
-            "resumed from it is not exact. Save after the window's last batch (ModelCheckpoint does).")
+            "resumed from it is not exact. Save after a window's last batch: ModelCheckpoint saves there, unless a "
+            "validation inside a window triggers it (make val_check_interval a multiple of accumulate_grad_batches).")
     # Each rank's RNG states: ranks may draw differently (dropout, per-rank augmentation). "now"
     # includes the training loader's own generators, whose state the next epoch's order comes from.
     rng = trainer.strategy.all_gather_object({

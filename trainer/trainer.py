@@ -497,7 +497,7 @@ class Trainer(TrainerProperties, SearchSeams):
         self._progress.in_epoch_end, self.batch_idx = False, -1
 
     def _logger_step(self) -> int:
-        return logger_step(self, self._progress, self._plan.automatic_optimization) if self.stage == "fit" else self.global_step
+        return logger_step(self, self._progress, self._plan.automatic_optimization) if self.stage == "fit" else self.batches_that_stepped
 
     def _log(self, published: list[tuple[int, dict[str, float]]]) -> None:
         """The loggers' on_log for the values the metric store published (trainer/metrics.py)."""

@@ -85,7 +85,7 @@ def compile_sources() -> None:
 
 def count(name: str, steps: int, raw_handover: bool = False, keep: Path | None = None) -> int:
     """Instructions of a whole process that runs ``steps`` steps of ``name``; with ``keep``, its
-    cachegrind file is kept there as ``<name>-<steps>.out`` (per function: ``cg_annotate``, ``cg_diff``)."""
+    cachegrind file is kept there as ``<name>-<steps>.out`` (per function: ``cg_annotate``, ``cg_diff``, or ``--compare A B``)."""
     env = measured_environment()
     with tempfile.TemporaryDirectory() as scratch:
         command = ["setarch", "-R", "valgrind", "--tool=cachegrind", "--cache-sim=no",
@@ -100,6 +100,32 @@ def count(name: str, steps: int, raw_handover: bool = False, keep: Path | None =
     return int(found.group(1).replace(",", ""))
 
 
+def per_function(path: Path) -> dict[str, int]:
+    """Instructions per function (``fn=`` name) in a cachegrind file, summed over its lines."""
+    totals: dict[str, int] = {}
+    function = ""
+    for line in path.read_text().splitlines():
+        if line.startswith("fn="):
+            function = line[3:]
+        elif line[:1].isdigit() and len(fields := line.split()) > 1:
+            totals[function] = totals.get(function, 0) + int(fields[1])
+    return totals
+
+
+def compare(keep: Path, first: str, second: str, short: int, long: int, rows: int = 30) -> None:
+    """Per function, instructions a step of ``first`` minus ``second`` from files kept by ``--keep``
+    (``(long-step file - short-step file) / (long - short)`` each), largest differences first."""
+    def per_step(name: str) -> dict[str, float]:
+        at_long, at_short = per_function(keep / f"{name}-{long}.out"), per_function(keep / f"{name}-{short}.out")
+        return {key: (at_long.get(key, 0) - at_short.get(key, 0)) / (long - short) for key in {*at_long, *at_short}}
+
+    a, b = per_step(first), per_step(second)
+    difference = {key: a.get(key, 0.0) - b.get(key, 0.0) for key in {*a, *b}}
+    print(f"{first} {sum(a.values()):,.0f} - {second} {sum(b.values()):,.0f} = {sum(difference.values()):+,.0f} a step")
+    for key, value in sorted(difference.items(), key=lambda item: -abs(item[1]))[:rows]:
+        print(f"{value:+9,.0f} {a.get(key, 0.0):10,.0f} {b.get(key, 0.0):10,.0f}  {key[:100]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("contenders", nargs="*", help="default: every installed contender")
@@ -110,11 +136,18 @@ def main() -> None:
                              "(see run_steps), not at the end")
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="keep each run's cachegrind file in DIR, for cg_annotate/cg_diff per function")
+    parser.add_argument("--compare", nargs=2, metavar=("A", "B"),
+                        help="with --keep DIR of an earlier run: per function, A's instructions a step minus B's")
     parser.add_argument("--run", nargs=2, metavar=("NAME", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
     if args.run:
         run_steps(args.run[0], int(args.run[1]), args.raw_handover)
+        return
+    if args.compare:
+        if args.keep is None:
+            sys.exit("--compare A B reads the cachegrind files of an earlier run: give its --keep DIR.")
+        compare(args.keep, *args.compare, args.short, args.long)
         return
     if shutil.which("valgrind") is None or shutil.which("setarch") is None:
         sys.exit("instructions.py needs valgrind and setarch (apt-get install valgrind util-linux).")

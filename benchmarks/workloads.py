@@ -242,6 +242,15 @@ def cadence_fit(network: nn.Module, loader: DataLoader, users: bool, root: str, 
     trainer.fit(module, loader)
 
 
+def lean_with_idle_thread(network: nn.Module, loader: DataLoader, root: str) -> None:
+    """cadence-lean in a process that has started one more thread, which waits forever: glibc's malloc
+    and free take their arena lock from then on (the loggers' writer threads bring this cost too)."""
+    import threading
+
+    threading.Thread(target=threading.Event().wait, name="idle", daemon=True).start()
+    cadence_fit(network, loader, False, root)
+
+
 def cadence_bf16_fit(network: nn.Module, loader: DataLoader, root: str) -> None:
     from callbacks import AMP
 
@@ -296,7 +305,12 @@ def contenders(variants: bool = False) -> dict[str, Callable[..., None]]:
     ``variants`` adds Cadence configurations that are run only when named: ``cadence-lean-no-report``
     (``report=False``), ``cadence-lean-profiled`` (a Profiler whose one-batch schedule ends on the
     first batch, so the other batches pay what a finished profiler costs) and
-    ``cadence-lean-microbatch`` (``AutoMicrobatch()``, whose batches fit: what the seam costs).
+    ``cadence-lean-microbatch`` (``AutoMicrobatch()``, whose batches fit: what the seam costs); and the
+    parts of ``cadence-users``, to split its cost over lean (benchmarks/RESULTS.md, round 6 overhead):
+    ``cadence-lean-thread`` (lean after starting one Python thread that never wakes: what a process pays
+    for having a second thread), ``cadence-users-nologgers`` (``logger=False``: ``self.log``, the bar and
+    the checkpoint callback), ``cadence-users-nolog`` (``log_every_n_steps=100000``: the loggers present,
+    no log step), ``cadence-users-csvonly`` and ``cadence-users-tbonly`` (one default logger each).
     """
     found: dict[str, Callable[..., None]] = {
         "hand": lambda network, loader, root: hand_loop(network, loader),
@@ -310,13 +324,21 @@ def contenders(variants: bool = False) -> dict[str, Callable[..., None]]:
     found["cadence-clipped-lean"] = lambda network, loader, root: cadence_fit(network, loader, False, root,
                                                                                gradient_clip_val=1.0)
     if variants:
-        from callbacks import AutoMicrobatch, Profiler
+        from callbacks import AutoMicrobatch, CSVLogger, Profiler, TensorBoardLogger
 
         found["cadence-lean-no-report"] = lambda network, loader, root: cadence_fit(network, loader, False, root, report=False)
         found["cadence-lean-microbatch"] = lambda network, loader, root: cadence_fit(
             network, loader, False, root, callbacks=[AutoMicrobatch()])
         found["cadence-lean-profiled"] = lambda network, loader, root: cadence_fit(
             network, loader, False, root, callbacks=[Profiler(wait=0, warmup=0, active=1, record_shapes=False, profile_memory=False)])
+        found["cadence-lean-thread"] = lean_with_idle_thread
+        found["cadence-users-nologgers"] = lambda network, loader, root: cadence_fit(network, loader, True, root, logger=False)
+        found["cadence-users-nolog"] = lambda network, loader, root: cadence_fit(network, loader, True, root,
+                                                                                  log_every_n_steps=100000)
+        found["cadence-users-csvonly"] = lambda network, loader, root: cadence_fit(network, loader, True, root,
+                                                                                    logger=CSVLogger())
+        found["cadence-users-tbonly"] = lambda network, loader, root: cadence_fit(network, loader, True, root,
+                                                                                   logger=TensorBoardLogger())
     if lightning_version() is not None:
         found["lightning-lean"] = lambda network, loader, root: lightning_fit(network, loader, False, root)
         found["lightning-users"] = lambda network, loader, root: lightning_fit(network, loader, True, root)

@@ -1,7 +1,7 @@
 """AsyncLogger: Lightning's directory scheme and a background writer thread, for the file loggers.
 
 Where the files go follows Lightning: ``<save_dir>/<name>/version_<N>``. Left to their defaults
-(``save_dir``: the Trainer's ``default_root_dir``; ``name``: ``"cadence_logs"``; ``version``: the
+(``save_dir``: the Trainer's ``default_root_dir``; ``name``: ``"lightning_logs"``; ``version``: the
 next free one), every logger of a run writes into one directory, ``trainer.log_dir``, where the
 checkpoints go too. A run resumed from a checkpoint in ``<...>/version_<N>/checkpoints/`` keeps
 logging into ``version_<N>``.
@@ -59,7 +59,7 @@ class AsyncLogger(Logger):
     #: The least time between two hand-overs that ``flush_every_n_steps`` asks for.
     min_handover_seconds: float = 0.1
 
-    def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "cadence_logs",
+    def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "lightning_logs",
                  version: int | str | None = None, prefix: str = "") -> None:
         kind = type(self).__name__
         if save_dir is not None and not isinstance(save_dir, (str, os.PathLike)):

@@ -41,7 +41,7 @@ class CSVLogger(AsyncLogger):
         Trainer(logger=CSVLogger("logs", name="mnist"))  # logs/mnist/version_0/metrics.csv
     """
 
-    def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "cadence_logs",
+    def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "lightning_logs",
                  version: int | str | None = None, prefix: str = "", flush_logs_every_n_steps: int = 100) -> None:
         if isinstance(flush_logs_every_n_steps, bool) or not isinstance(flush_logs_every_n_steps, int) or (
                 flush_logs_every_n_steps < 1):

@@ -1,4 +1,4 @@
-"""TensorBoardLogger: event files written by a background thread; ``tensorboard --logdir cadence_logs``.
+"""TensorBoardLogger: event files written by a background thread; ``tensorboard --logdir lightning_logs``.
 
 Scalars go to the event file from the writer thread. ``logger.experiment`` is the
 ``SummaryWriter`` itself, for what Cadence does not log for you (``add_image``,
@@ -57,7 +57,7 @@ class TensorBoardLogger(AsyncLogger):
         self.logger.experiment.add_image("samples", grid, self.global_step)  # in a hook, on rank zero
     """
 
-    def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "cadence_logs",
+    def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "lightning_logs",
                  version: int | str | None = None, log_graph: bool = False, default_hp_metric: bool = True,
                  prefix: str = "", sub_dir: str | os.PathLike | None = None, **kwargs: Any) -> None:
         unknown = sorted(set(kwargs) - set(WRITER_ARGUMENTS))

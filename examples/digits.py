@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--strategy", default="auto", help='"auto", "cpu", "cuda", "cuda:N", "mps" or "ddp"')
     parser.add_argument("--devices", default="auto",
                         help='processes for "ddp" (default "auto": every GPU, or one process on a CPU)')
-    parser.add_argument("--root-dir", default=None, help="where cadence_logs/ goes (default: the current directory)")
+    parser.add_argument("--root-dir", default=None, help="where lightning_logs/ goes (default: the current directory)")
     args = parser.parse_args(argv)
     devices = int(args.devices) if args.devices.isdigit() else args.devices
     trainer, checkpoint, model, data = train(args.max_epochs, args.strategy, devices, args.root_dir)

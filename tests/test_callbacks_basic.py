@@ -101,7 +101,7 @@ def test_logs_and_checkpoints_go_to_numbered_version_directories(tmp_path, regre
         trainer = Trainer(strategy="cpu", max_epochs=1, default_root_dir=tmp_path, enable_progress_bar=False,
                           log_every_n_steps=2)
         trainer.fit(Model(), regression_loader, regression_loader)
-        assert trainer.log_dir == str(tmp_path / "cadence_logs" / expected)
+        assert trainer.log_dir == str(tmp_path / "lightning_logs" / expected)
     files = {path.relative_to(trainer.log_dir).as_posix().split(".")[0] for path in Path(trainer.log_dir).rglob("*")}
     assert {"metrics", "events", "checkpoints", "checkpoints/last"} <= files
     rows = (Path(trainer.log_dir) / "metrics.csv").read_text().splitlines()

@@ -154,7 +154,7 @@ def test_a_missing_checkpoint_fails_before_anything_starts(make_trainer, regress
         trainer.fit(Regressor(), regression_loader, ckpt_path=tmp_path)
     with pytest.raises(TypeError, match=r"Trainer.fit\(ckpt_path=3\): pass a checkpoint path, \"last\", \"best\" or None"):
         trainer.fit(Regressor(), regression_loader, ckpt_path=3)
-    assert trainer.global_step == 0 and not (tmp_path / "cadence_logs").exists()
+    assert trainer.global_step == 0 and not (tmp_path / "lightning_logs").exists()
 
 
 def test_a_checkpoint_of_another_model_names_the_missing_and_unexpected_keys(checkpoint, make_trainer, regression_loader):

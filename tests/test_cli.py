@@ -182,23 +182,23 @@ def test_print_config_prints_the_resolved_configuration_and_builds_nothing(parts
 def test_the_saved_config_yaml_runs_the_same_run_again(parts, tmp_path):
     path = write(tmp_path, "run.yaml", RUN)
     assert main(["fit", "--config", str(path), "--model.init_args.width=3"]) == 0
-    saved = tmp_path / "cadence_logs" / "version_0" / "config.yaml"
+    saved = tmp_path / "lightning_logs" / "version_0" / "config.yaml"
     config = yaml.safe_load(saved.read_text())
     assert isinstance(config["seed_everything"], int) and config["trainer"]["seed"] == config["seed_everything"]
     assert config["model"]["init_args"] == {"width": 3, "lr": 0.1}
     assert main(["fit", "--config", str(saved)]) == 0
-    first, again = (weights(tmp_path / "cadence_logs" / f"version_{n}" / "checkpoints" / "last.ckpt") for n in (0, 1))
+    first, again = (weights(tmp_path / "lightning_logs" / f"version_{n}" / "checkpoints" / "last.ckpt") for n in (0, 1))
     assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
-    assert yaml.safe_load((tmp_path / "cadence_logs" / "version_1" / "config.yaml").read_text()) == config
+    assert yaml.safe_load((tmp_path / "lightning_logs" / "version_1" / "config.yaml").read_text()) == config
 
 
 def test_a_resumed_run_keeps_its_config_yaml_and_saves_a_changed_one_beside_it(parts, tmp_path, capsys):
     path = write(tmp_path, "run.yaml", RUN.replace("seed_everything: true", "seed_everything: 3"))
-    version = tmp_path / "cadence_logs" / "version_0"
+    version = tmp_path / "lightning_logs" / "version_0"
     assert main(["fit", "--config", str(path), "--ckpt_path=last"]) == 0  # nothing to resume: one command starts it
     assert capsys.readouterr().err.startswith(
         f"cadence fit: ckpt_path: last found no last.ckpt from a run of cli_parts.Tiny in "
-        f"{tmp_path / 'cadence_logs'}/version_*/checkpoints; training starts from scratch.\n")
+        f"{tmp_path / 'lightning_logs'}/version_*/checkpoints; training starts from scratch.\n")
     first = (version / "config.yaml").read_text()
     assert main(["fit", "--config", str(path), "--ckpt_path=last"]) == 0  # the same run: nothing new
     assert main(["fit", "--config", str(path), "--ckpt_path=last", "--trainer.max_epochs=2"]) == 0
@@ -209,14 +209,14 @@ def test_a_resumed_run_keeps_its_config_yaml_and_saves_a_changed_one_beside_it(p
     assert resumed["trainer"]["max_epochs"] == 2 and resumed["ckpt_path"] == str(version / "checkpoints" / "last.ckpt")
     err = capsys.readouterr().err
     assert err.count("whose config.yaml differs: trainer.max_epochs: 1 -> 2. Saved this configuration as config.resumed.yaml") == 1
-    assert not (tmp_path / "cadence_logs" / "version_1").exists()
+    assert not (tmp_path / "lightning_logs" / "version_1").exists()
 
 
 # --- validate, test, predict ----------------------------------------------------------------------
 def test_test_validate_and_predict_load_the_best_or_last_checkpoint_of_the_model(parts, tmp_path, capsys):
     path = write(tmp_path, "run.yaml", RUN.replace("max_epochs: 1", "max_epochs: 3"))
     assert main(["fit", "--config", str(path)]) == 0
-    checkpoints = tmp_path / "cadence_logs" / "version_0" / "checkpoints"
+    checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
     best = next(p for p in checkpoints.iterdir() if p.name != "last.ckpt")
     capsys.readouterr()
     assert main(["test", "--config", str(path), "--ckpt_path", "best"]) == 0
@@ -230,16 +230,16 @@ def test_test_validate_and_predict_load_the_best_or_last_checkpoint_of_the_model
     with torch.no_grad():
         expected = torch.stack([tiny.layer(x).pow(2).mean() for (x,) in data.test_dataloader()]).mean()
     assert out == f"test/loss\t{float(expected):.6g}\n"
-    assert "Logs: " + str(tmp_path / "cadence_logs" / "version_1") in err
+    assert "Logs: " + str(tmp_path / "lightning_logs" / "version_1") in err
     assert main(["validate", "--config", str(path), "--ckpt_path=last"]) == 0
     assert capsys.readouterr().out.startswith("val/loss\t")
     assert main(["validate", "--config", str(path)]) == 0
     assert capsys.readouterr().err.startswith("cadence validate: no ckpt_path: the model has the weights Tiny() gives it. "
                                               "Pass --ckpt_path best, last or a file for trained ones.\n")
     assert main(["predict", "--config", str(path), "--ckpt_path", str(best)]) == 0
-    predictions = torch.load(tmp_path / "cadence_logs" / "version_4" / "predictions.pt", weights_only=True)["predictions"]
+    predictions = torch.load(tmp_path / "lightning_logs" / "version_4" / "predictions.pt", weights_only=True)["predictions"]
     assert len(predictions) == 4 and torch.allclose(predictions[0], tiny.layer(next(iter(data.predict_dataloader()))[0]))
-    assert yaml.safe_load((tmp_path / "cadence_logs" / "version_4" / "config.yaml").read_text())["ckpt_path"] == str(best)
+    assert yaml.safe_load((tmp_path / "lightning_logs" / "version_4" / "config.yaml").read_text())["ckpt_path"] == str(best)
     assert [call for call in parts.calls if call.startswith("setup")][-2:] == ["setup validate", "setup predict"]
     last = checkpoints / "last.ckpt"
     last.write_bytes(last.read_bytes()[:100])  # damaged: best is recorded in it
@@ -251,7 +251,7 @@ def test_test_validate_and_predict_load_the_best_or_last_checkpoint_of_the_model
     "argv, match",
     [
         (["fit", "--ckpt_path=best"], r'ckpt_path: "best" is for validate, test and predict; fit resumes from "last" or a path'),
-        (["test", "--ckpt_path=last"], r"ckpt_path: last found no last.ckpt from a run of cli_parts.Tiny in .*cadence_logs/version_\*/checkpoints"),
+        (["test", "--ckpt_path=last"], r"ckpt_path: last found no last.ckpt from a run of cli_parts.Tiny in .*lightning_logs/version_\*/checkpoints"),
         (["validate", "--ckpt_path=nope.ckpt"], r"cadence validate: Checkpoint file not found: nope.ckpt does not exist"),
         (["test", "--data.class_path=cli_parts.loaders"],
          r"data \(loaders\) returns loaders for fit only; for test, name a class with test_dataloader\(\)"),

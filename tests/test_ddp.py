@@ -283,7 +283,7 @@ def test_each_rank_writes_its_own_profiler_trace_and_rank_zero_prints_the_table(
 def test_only_rank_zero_prints_and_writes_logs_and_checkpoints(spawned_fit):
     assert spawned_fit.stderr.count("DDPStrategy: 2 processes") == 3  # fit, validate, predict
     assert spawned_fit.stderr.count("Epoch 1/2") == 1
-    versions = list((spawned_fit.out / "cadence_logs").iterdir())
+    versions = list((spawned_fit.out / "lightning_logs").iterdir())
     assert [path.name for path in versions] == ["version_0"]
     rows = list(csv.DictReader(io.StringIO(spawned_fit.csv_after_fit)))
     written = [(row["step"], name) for row in rows for name, value in row.items() if value and name not in ("epoch", "step")]

@@ -80,7 +80,7 @@ def test_the_digits_script_and_yaml_train_identical_weights_and_test_them(in_tmp
 
     digits.main([*shlex.split(DIGITS_SCRIPT)[2:], "--max-epochs", "2", "--root-dir", str(in_tmp / "script")])
     out = capsys.readouterr().out
-    script_dir = in_tmp / "script" / "cadence_logs" / "version_0"
+    script_dir = in_tmp / "script" / "lightning_logs" / "version_0"
     assert f"Logs (metrics.csv, TensorBoard events): {script_dir}" in out
     script_best = Path(re.search(r"Best checkpoint: (.*)", out).group(1))
     accuracy = float(re.search(r"Test accuracy: ([\d.]+)", out).group(1))
@@ -168,7 +168,7 @@ def test_the_digits_script_and_config_train_the_same_weights_in_two_ddp_processe
     assert float(re.search(r"Test accuracy: ([\d.]+)", script_output).group(1)) > 0.5  # one epoch
     directory, config_output = multi_process_runs["config"]
     assert "DDP: 2 processes on 1 machine(s), spawned, backend gloo" in config_output
-    version = directory / "cadence_logs" / "version_0"
+    version = directory / "lightning_logs" / "version_0"
     assert f"Configuration: {version / 'config.yaml'}" in config_output  # said by rank zero, which wrote it
     config = yaml.safe_load((version / "config.yaml").read_text())
     assert config["trainer"]["strategy"] == "ddp" and config["trainer"]["devices"] == 2
@@ -184,9 +184,9 @@ def test_the_torchrun_commands_run_the_digits_config_on_the_loopback(multi_proce
     directory, output = multi_process_runs[run]
     nodes_output = output + (multi_process_runs["node1"][1] if run == "node0" else "")
     assert nodes_output.count(f"DDP: 2 processes on {machines} machine(s), joined from torchrun") == 1  # rank zero
-    version = directory / "cadence_logs" / "version_0"
+    version = directory / "lightning_logs" / "version_0"
     assert yaml.safe_load((version / "config.yaml").read_text())["trainer"]["strategy"] == "auto"
-    assert (version / "checkpoints" / "last.ckpt").is_file() and not (directory / "cadence_logs" / "version_1").exists()
+    assert (version / "checkpoints" / "last.ckpt").is_file() and not (directory / "lightning_logs" / "version_1").exists()
 
 
 def test_the_character_language_model_reports_perplexity_and_samples_text(in_tmp, capsys):

@@ -122,7 +122,7 @@ def test_sub_dir_holds_the_event_files_and_the_checkpoints_stay_in_the_version_d
 @pytest.mark.parametrize("logger_class", [TensorBoardLogger, CSVLogger])
 def test_a_subclass_overriding_name_and_version_logs_under_them(tmp_path, logger_class):
     # Lightning 2.6.5 (its test_tensorboard_log_sub_dir): a logger subclass whose name and version properties are
-    # overridden has log_dir <save_dir>/<name>/<version> (Cadence used the constructor's name: cadence_logs).
+    # overridden has log_dir <save_dir>/<name>/<version> (Cadence used the constructor's name: lightning_logs).
     class Fixed(logger_class):
         @property
         def name(self):

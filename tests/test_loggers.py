@@ -189,12 +189,12 @@ def test_a_csv_logger_given_nothing_to_log_writes_no_metrics_csv(make_trainer, t
 
 
 def test_loggers_left_to_their_defaults_share_the_next_version(make_trainer, tmp_path):
-    (tmp_path / "cadence_logs" / "version_4").mkdir(parents=True)
+    (tmp_path / "lightning_logs" / "version_4").mkdir(parents=True)
     csv_logger, tensorboard = CSVLogger(), TensorBoardLogger(version="named")
     trainer = make_trainer(max_epochs=1, logger=[csv_logger, tensorboard, CSVLogger(name="other")])
     trainer.fit(Logged(), loader(2))
-    assert trainer.log_dir == str(tmp_path / "cadence_logs" / "version_5") and csv_logger.version == 5
-    assert tensorboard.log_dir == str(tmp_path / "cadence_logs" / "named")
+    assert trainer.log_dir == str(tmp_path / "lightning_logs" / "version_5") and csv_logger.version == 5
+    assert tensorboard.log_dir == str(tmp_path / "lightning_logs" / "named")
     assert (tmp_path / "other" / "version_0" / "metrics.csv").is_file()
 
 
@@ -350,12 +350,12 @@ def test_a_learning_rate_monitor_without_a_logger_says_so(make_trainer):
 def test_loggers_have_lightnings_remaining_members(tmp_path):
     logger = CSVLogger(save_dir=tmp_path, prefix="train")
     assert (logger.group_separator, logger.LOGGER_JOIN_CHAR, logger.NAME_HPARAMS_FILE) == ("/", "-", "hparams.yaml")
-    assert logger.root_dir == str(tmp_path / "cadence_logs")
+    assert logger.root_dir == str(tmp_path / "lightning_logs")
     logger.log_hyperparams()  # Lightning's params=None: nothing new to keep, and no error
     assert logger.hparams == {}
     # by hand, the version directory holds its files when it returns, as Lightning's (its test_no_name); Cadence's
     # writer thread wrote them a moment later (Lightning's test failed in 2 of 4 runs on the loaded machine)
-    assert (tmp_path / "cadence_logs" / "version_0" / "hparams.yaml").exists()
+    assert (tmp_path / "lightning_logs" / "version_0" / "hparams.yaml").exists()
 
     class Printing(Logger):
         def log_metrics(self, metrics, step=None):

@@ -70,14 +70,14 @@ def test_ctrl_c_to_the_whole_job_saves_exits_130_and_the_same_command_resumes_bi
     assert stderr.count("press Ctrl-C again to stop now without saving") == 1 and "Traceback" not in stderr
     assert "Ctrl-C (SIGINT) received; stopped after global step" in stderr
     assert f"run the same command (python {run_resumable.__file__} {root} --ready-at-step 3)" in stderr
-    version = root / "cadence_logs" / "version_0"
+    version = root / "lightning_logs" / "version_0"
     saved = torch.load(version / "checkpoints" / "last.ckpt", weights_only=True)["loops"]
     assert saved["global_step"] >= 3 and saved["batches_done"] % 2 == 0  # a whole accumulation window
     assert str(saved["global_step"] - 1) in logged_steps(version / "metrics.csv", "train/loss")  # flushed (Lightning's step)
     capsys.readouterr()
     resumed = run_resumable.train(root)  # the same command again
     assert all(torch.equal(resumed.state_dict()[key], value) for key, value in reference.items())
-    assert [path.name for path in (root / "cadence_logs").iterdir()] == ["version_0"]
+    assert [path.name for path in (root / "lightning_logs").iterdir()] == ["version_0"]
     assert (f"Cadence: resuming from {version / 'checkpoints' / 'last.ckpt'} at epoch {saved['epoch']}, global step "
             f"{saved['global_step']}, after batch {saved['batches_done'] - 1} of the epoch.") in capsys.readouterr().err
 
@@ -147,7 +147,7 @@ def test_a_sigterm_while_the_dataloader_workers_start_kills_none_of_them_and_the
     with pytest.raises(SystemExit) as exited:
         run_resumable.train(tmp_path, [stopper], worker_start_method="spawn")
     assert exited.value.code == 128 + signal.SIGTERM
-    saved = torch.load(tmp_path / "cadence_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    saved = torch.load(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
     assert (saved["loops"]["epoch"], saved["loops"]["batches_done"]) == (0, 2)  # the window the signal came in
 
 
@@ -159,7 +159,7 @@ def test_ctrl_c_to_a_spawned_ddp_job_while_its_workers_start_saves_and_the_launc
     assert child.returncode == 128 + signal.SIGINT, child.stderr
     assert "Traceback" not in child.stderr and child.stderr.count("press Ctrl-C again") == 1
     assert child.stderr.count("Ctrl-C (SIGINT) received; stopped after global step") == 1
-    saved = torch.load(tmp_path / "cadence_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    saved = torch.load(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["loops"]["global_step"] >= 1 and len(saved["rng"]) == 2  # every rank's state
 
 

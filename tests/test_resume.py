@@ -59,15 +59,15 @@ def assert_same_weights(model: nn.Module, reference: dict[str, torch.Tensor]) ->
 
 def test_a_run_killed_after_a_checkpoint_resumes_to_bit_identical_weights(tmp_path, uninterrupted):
     assert run_child(tmp_path, "--kill-at-step", "14") == -signal.SIGKILL  # after step 12's checkpoint, mid-epoch 2
-    checkpoints = tmp_path / "cadence_logs" / "version_0" / "checkpoints"
+    checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
     assert torch.load(checkpoints / "last.ckpt", weights_only=True)["loops"]["global_step"] == 12
-    metrics = tmp_path / "cadence_logs" / "version_0" / "metrics.csv"
+    metrics = tmp_path / "lightning_logs" / "version_0" / "metrics.csv"
     with open(metrics, newline="") as file:
         header, *rows = list(csv.reader(file))
     assert {"epoch", "step"} <= set(header) and all(len(row) == len(header) for row in rows)  # valid after SIGKILL
     resumed = run_resumable.train(tmp_path)  # the same code again: fit(ckpt_path="last")
     assert_same_weights(resumed, uninterrupted)
-    assert [path.name for path in (tmp_path / "cadence_logs").iterdir()] == ["version_0"]  # one run, one directory
+    assert [path.name for path in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]  # one run, one directory
     with open(metrics, newline="") as file:
         rows = list(csv.DictReader(file))
     steps = [int(row["step"]) for row in rows if row["train/loss"]]
@@ -85,7 +85,7 @@ def test_a_float16_amp_run_killed_after_a_checkpoint_resumes_to_bit_identical_we
 
 def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(tmp_path, uninterrupted):
     assert run_child(tmp_path, "--kill-while-saving-step", "12") == -signal.SIGKILL
-    checkpoints = tmp_path / "cadence_logs" / "version_0" / "checkpoints"
+    checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
     assert torch.load(checkpoints / "last.ckpt", weights_only=True)["loops"]["global_step"] == 8  # whole
     assert len(list(checkpoints.glob(".*.tmp"))) == 1  # the half-written file never replaced it
     resumed = run_resumable.train(tmp_path)
@@ -210,7 +210,7 @@ def test_a_torchrun_job_whose_rank_is_killed_is_restarted_and_resumes_by_itself_
         [job(tmp_path / "killed", "--kill-rank", "1", "--kill-at-step", "6"), job(tmp_path / "uninterrupted")],
         timeout=240)
     assert (restarted, uninterrupted) == (0, 0), restarted_output
-    checkpoint = tmp_path / "killed" / "cadence_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    checkpoint = tmp_path / "killed" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     assert ("Cadence: torchrun restarted the job (restart 1 of at most 1) and fit got no ckpt_path, so it resumes "
             f"from {checkpoint}.") in restarted_output
     assert f"Cadence: resuming from {checkpoint} at epoch 1, global step 4" in restarted_output
@@ -218,7 +218,7 @@ def test_a_torchrun_job_whose_rank_is_killed_is_restarted_and_resumes_by_itself_
         assert re.search(r"Rank 1 died: its process \(pid \d+\) is gone, without a Python error \(killed: SIGKILL, "
                          r"the out-of-memory killer\)\. It was last seen in .+, while rank 0 waited in",  # its last report
                          restarted_output) and "fell behind" not in restarted_output
-    assert [path.name for path in (tmp_path / "killed" / "cadence_logs").iterdir()] == ["version_0"]  # logs continue
+    assert [path.name for path in (tmp_path / "killed" / "lightning_logs").iterdir()] == ["version_0"]  # logs continue
     final, reference = (torch.load(tmp_path / name / "final.pt", weights_only=True) for name in ("killed", "uninterrupted"))
     assert final.keys() == reference.keys() and all(torch.equal(final[key], reference[key]) for key in reference)
 

@@ -88,11 +88,11 @@ GOOD = """
 def test_cadence_fit_trains_the_run_the_yaml_describes(parts, tmp_path, capsys):
     path = write_config(tmp_path, GOOD)
     assert main(["fit", "--config", str(path), f"--trainer.default_root_dir={tmp_path}"]) == 0
-    checkpoints = tmp_path / "cadence_logs" / "version_0" / "checkpoints"
+    checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
     assert (checkpoints / "last.ckpt").is_file()
     err = capsys.readouterr().err
-    assert f"Logs: {tmp_path / 'cadence_logs' / 'version_0'}" in err and "Best checkpoint (ModelCheckpoint):" in err
-    assert f"Configuration: {tmp_path / 'cadence_logs' / 'version_0' / 'config.yaml'}" in err
+    assert f"Logs: {tmp_path / 'lightning_logs' / 'version_0'}" in err and "Best checkpoint (ModelCheckpoint):" in err
+    assert f"Configuration: {tmp_path / 'lightning_logs' / 'version_0' / 'config.yaml'}" in err
 
 
 def test_overrides_on_the_command_line_replace_keys_of_the_file(parts, tmp_path):
@@ -109,7 +109,7 @@ def test_the_digits_config_trains_for_a_few_batches(tmp_path, monkeypatch):
                  "--trainer.limit_train_batches=3", f"--trainer.default_root_dir={tmp_path}",
                  "--trainer.enable_progress_bar=false", "--trainer.logger=false"])
     assert code == 0
-    assert list((tmp_path / "cadence_logs" / "version_0" / "checkpoints").glob("epoch=0-val_acc=*.ckpt"))
+    assert list((tmp_path / "lightning_logs" / "version_0" / "checkpoints").glob("epoch=0-val_acc=*.ckpt"))
 
 
 def test_python_dash_m_trainer_is_the_cadence_command():
@@ -155,7 +155,7 @@ def test_a_bad_config_is_refused_before_anything_is_built(parts, tmp_path, edit,
     with pytest.raises(SystemExit, match=match):
         main(["fit", "--config", str(path)])
     assert parts.calls == []  # neither the model nor the data function ran
-    assert not (tmp_path / "cadence_logs").exists()
+    assert not (tmp_path / "lightning_logs").exists()
 
 
 def test_a_data_function_must_return_one_or_two_loaders(parts, tmp_path):

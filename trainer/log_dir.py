@@ -41,7 +41,7 @@ def versions_root(loggers: list[Callback], default_root_dir: str | Path) -> Path
     """Where the run's ``version_<N>`` directories are: the first file logger's ``<save_dir>/<name>``."""
     first = next((logger for logger in loggers if isinstance(logger, AsyncLogger)), None)
     if first is None:
-        return Path(default_root_dir) / "cadence_logs"
+        return Path(default_root_dir) / "lightning_logs"
     return Path(first.save_dir or default_root_dir) / first.name
 
 def version_of(checkpoint: Path | None, root: Path) -> str | None:
@@ -55,9 +55,9 @@ def version_of(checkpoint: Path | None, root: Path) -> str | None:
 
 
 def versioned_run_dir(default_root_dir: str | Path, resumed_from: Path | None) -> Path:
-    """``<default_root_dir>/cadence_logs/version_<N>``, the next free one or, for a fit resumed from a checkpoint
+    """``<default_root_dir>/lightning_logs/version_<N>``, the next free one or, for a fit resumed from a checkpoint
     in one, that one: the command line's run directory when no logger writes files (it keeps one per run)."""
-    root = Path(default_root_dir) / "cadence_logs"
+    root = Path(default_root_dir) / "lightning_logs"
     return root / (version_of(resumed_from, root) or f"version_{AsyncLogger.next_version(root)}")
 
 

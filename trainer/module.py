@@ -101,7 +101,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, ModelHooks, nn.Module):
 
         Example::
 
-            model = Classifier.load_from_checkpoint("cadence_logs/version_0/checkpoints/last.ckpt")
+            model = Classifier.load_from_checkpoint("lightning_logs/version_0/checkpoints/last.ckpt")
             model.eval()
         """
         return load_module(cls, checkpoint_path, map_location, strict, kwargs, hparams_file)

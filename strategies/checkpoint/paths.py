@@ -63,7 +63,7 @@ def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], v
 
     ``"last"`` is the newest ``last.ckpt`` (a file, or a sharded directory) in ``checkpoint_dirs``
     (the ModelCheckpoints' explicit dirpaths) if there are any, else under
-    ``<versions>/version_*/checkpoints/`` (``versions``: the run's ``<default_root_dir>/cadence_logs``,
+    ``<versions>/version_*/checkpoints/`` (``versions``: the run's ``<default_root_dir>/lightning_logs``,
     or its first logger's ``<save_dir>/<name>``). When there is none, nothing is loaded (returns None,
     with a warning if ``warn``), as in Lightning: ``fit`` starts from scratch, so one command both
     starts a run and resumes it, and the other stages run the module's own weights. ``"best"`` is

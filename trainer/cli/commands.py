@@ -8,7 +8,7 @@ the function that carries it out; ``build_parser`` lists them::
     cadence test --config examples/digits.yaml --ckpt_path best
     cadence fit --config examples/charlm.yaml --print_config
     cadence diagnose comm --devices 2
-    cadence convert-checkpoint cadence_logs/version_0/checkpoints/last.ckpt model.ckpt
+    cadence convert-checkpoint lightning_logs/version_0/checkpoints/last.ckpt model.ckpt
     cadence env --json
 
 ``fit``, ``validate``, ``test`` and ``predict`` read one or more YAML files (trainer/cli/config.py),

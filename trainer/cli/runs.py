@@ -139,7 +139,7 @@ def checkpoint_for(ckpt_path: str | None, stage: str, trainer: Trainer, model_cl
     """The checkpoint file a command-line run of ``stage`` loads.
 
     ``last``: the newest ``last.ckpt`` in the ModelCheckpoint's ``dirpath`` if the config gives one,
-    else under ``<default_root_dir>/cadence_logs/version_*/checkpoints/`` among the runs of the same
+    else under ``<default_root_dir>/lightning_logs/version_*/checkpoints/`` among the runs of the same
     model class (by their ``config.yaml``; runs started from Python count too). ``best``: the best
     checkpoint recorded by the ModelCheckpoint in that ``last.ckpt``. ``fit`` with no ``last.ckpt``
     starts from scratch (saying so), so one command both starts and resumes a run.
@@ -171,7 +171,7 @@ def _newest_last(trainer: Trainer, model_class_path: str) -> tuple[Path | None, 
     directories = [Path(c.dirpath) for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath is not None]
     if directories:
         return newest_last(directories), " or ".join(map(str, directories))
-    root = Path(trainer.default_root_dir) / "cadence_logs"
+    root = Path(trainer.default_root_dir) / "lightning_logs"
     runs = [d for d in run_checkpoint_directories(root) if _model_of(d.parent) in (None, model_class_path)]
     return newest_last(runs), f"{root}/version_*/checkpoints"
 

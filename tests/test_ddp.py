@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from callbacks import AutoMicrobatch, CSVLogger, ModelCheckpoint, Profiler
 from linear_regression import IndexedRegression, LinearRegression, regression_samples
 from strategies import DDP, DDPStrategy
-from processes import free_port, run_together, torchrun
+from processes import REAL_SPAWN, free_port, run_together, torchrun
 from trainer import DataModule, Trainer, TrainingModule, seed_everything
 
 WORLD_SIZE = 2
@@ -408,7 +408,8 @@ def test_a_rank_that_crashes_in_native_code_is_reported_with_its_python_stack(tm
     assert multiprocessing.active_children() == []
 
 
-def test_a_rank_that_crashes_while_exiting_after_its_work_loses_nothing(tmp_path):
+def test_a_rank_that_crashes_while_exiting_after_its_work_loses_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv(REAL_SPAWN, "1")  # a real worker's exit, where the crash happens
     with pytest.warns(UserWarning, match=r"DDP rank 1 of 2 was killed by SIGABRT while its process was exiting, "
                                          r"after it had finished its work; the results are complete"):
         trainer = fit_misbehaving("abort_at_exit", tmp_path)

@@ -156,7 +156,7 @@ def test_a_step_interval_reduce_lr_on_plateau_reads_this_batchs_value(make_train
         (lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {"scheduler": halve_each(o), "frequency": 0}})(sgd(m)),
          "frequency=0 in dict 0; use a whole number >= 1"),
         (lambda m: {"optimizer": sgd(m), "lr_scheduler": 0.5}, "returned float as an LR scheduler"),
-        (lambda m: [sgd(m), sgd(m)], "returned 2 optimizers. Several optimizers need manual optimization"),
+        (lambda m: [sgd(m), sgd(m)], "returned 2 optimizers: set `self.automatic_optimization = False`"),
         # Lightning: a scheduler made from an optimizer that is not returned would change nothing that trains
         (lambda m: ([sgd(m)], [halve_each(sgd(m))]), "attached with an optimizer that wasn't returned"),
     ],
@@ -166,6 +166,32 @@ def test_a_step_interval_reduce_lr_on_plateau_reads_this_batchs_value(make_train
 def test_configure_optimizers_returning_something_unknown_is_an_error(make_trainer, regression_loader, make, match):
     with pytest.raises(ValueError, match=match):
         make_trainer(max_epochs=1).fit(Model(make), regression_loader)
+
+
+class LightningOneStep(Model):
+    """Lightning 1.x's signature: training_step called once per optimizer with its index."""
+
+    def training_step(self, batch, batch_idx, optimizer_idx):
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("automatic", [True, False])
+def test_a_training_step_taking_lightning_1s_optimizer_idx_is_refused_before_training(make_trainer, regression_loader,
+                                                                                        automatic):
+    # Lightning 2.6.5 raises this RuntimeError (its test_multiple_optimizers_automatic_optimization_raises)
+    # whatever the optimization mode; Cadence called training_step without it: a bare TypeError mid-fit.
+    model = LightningOneStep(lambda m: sgd(m))
+    model.automatic_optimization = automatic
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match="Remove the `optimizer_idx` argument from `training_step`"):
+        make_trainer(max_epochs=1).fit(model, regression_loader)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_two_optimizers_under_automatic_optimization_is_lightnings_runtime_error(make_trainer, regression_loader):
+    # Lightning 2.6.5: RuntimeError "Training with multiple optimizers is only supported with manual optimization"
+    with pytest.raises(RuntimeError, match="multiple optimizers is only supported with manual optimization"):
+        make_trainer(max_epochs=1).fit(Model(lambda m: (sgd(m), sgd(m))), regression_loader)
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -123,15 +124,10 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
     # stage's teardown: back beside its parameters, which the strategy has placed by now.
     optimizer_states_to(optimizers, None)
     automatic = module.automatic_optimization  # read once: the hot loop reads it every step
+    _check_optimizer_count(module.training_step, len(optimizers), automatic)
     handles: list[Any] = []
     clip = None
     if automatic:
-        if len(optimizers) > 1:
-            raise ValueError(
-                f"configure_optimizers returned {len(optimizers)} optimizers. Several optimizers "
-                "need manual optimization: set self.automatic_optimization = False in __init__ and "
-                "step them in training_step (self.optimizers(), self.manual_backward(loss))."
-            )
         steps_them = overrides(module, "lr_scheduler_step")
         check_scheduler_api(scheduler_configs, steps_them)
         for config in scheduler_configs if steps_them else ():
@@ -196,6 +192,28 @@ def training_forward(hooks: StepHooks, training_step: Callable[[Any, int], Any],
     with hooks.forward_context_manager():
         outputs = training_step(batch, batch_idx)
     return outputs, loss_of(outputs, batch_idx)
+
+
+class MultipleOptimizersError(RuntimeError, ValueError):
+    """Several optimizers under automatic optimization, or Lightning 1.x's ``optimizer_idx``: a
+    RuntimeError as Lightning's, and a ValueError as Cadence's refusal was."""
+
+
+def _check_optimizer_count(training_step: Callable, count: int, automatic: bool) -> None:
+    """Lightning 2's checks, in its order and words first: a ``training_step`` that still takes
+    Lightning 1.x's ``optimizer_idx`` (it would be called without it), then several optimizers
+    under automatic optimization."""
+    head = "Training with multiple optimizers is only supported with manual optimization."
+    how = ("set `self.automatic_optimization = False` in `__init__`, then access your optimizers in `training_step` "
+           "with `opt1, opt2, ... = self.optimizers()` and step each one (`self.manual_backward(loss)`, `opt1.step()`, "
+           "`opt1.zero_grad()`)")
+    if "optimizer_idx" in inspect.signature(training_step).parameters:
+        raise MultipleOptimizersError(
+            f"{head} Remove the `optimizer_idx` argument from `training_step`, {how}. (Lightning 1.x called "
+            "training_step once per optimizer with its index; Lightning 2 and Cadence do not.)")
+    if automatic and count > 1:
+        raise MultipleOptimizersError(
+            f"{head} configure_optimizers returned {count} optimizers: {how}.")
 
 
 def _manual_refusal(what: str, name: str, value: Any) -> str:

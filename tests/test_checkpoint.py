@@ -310,13 +310,16 @@ def test_a_different_number_of_optimizers_is_an_error(checkpoint, make_trainer, 
 
 def test_ckpt_path_last_loads_nothing_when_there_is_none_with_a_warning(make_trainer, regression_loader, tmp_path):
     trainer = make_trainer(max_epochs=1)
-    with pytest.warns(UserWarning, match=r'fit\(ckpt_path="last"\) found no last.ckpt in .*; training starts from scratch'):
+    # Lightning 2.6.5's words first ('.fit(ckpt_path="last") is set, ... No checkpoint will be loaded.'), then where
+    with pytest.warns(UserWarning, match=r'^\.fit\(ckpt_path="last"\) is set, but there is no last checkpoint available\. '
+                                         r'No checkpoint will be loaded: found no last.ckpt in .*; training starts from scratch'):
         trainer.fit(Regressor(), regression_loader, ckpt_path="last")
     assert trainer.global_step == 8
     model = Validated()  # Lightning 2.6.6: a warning, and validate runs the module's own weights
     weights = {key: value.clone() for key, value in model.state_dict().items()}
-    with pytest.warns(UserWarning, match=r'Trainer.validate\(ckpt_path="last"\) found no last.ckpt in .*: no checkpoint '
-                                         r"is loaded, the module keeps its weights"):
+    with pytest.warns(UserWarning, match=r'^\.validate\(ckpt_path="last"\) is set, but there is no last checkpoint '
+                                         r"available\. No checkpoint will be loaded: found no last.ckpt in .*; the module "
+                                         r"keeps its weights"):
         [result] = trainer.validate(model, regression_loader, ckpt_path="last", verbose=False)
     assert trainer.ckpt_path is None and "val/loss" in result
     assert all(torch.equal(value, weights[key]) for key, value in model.state_dict().items())

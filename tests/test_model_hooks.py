@@ -129,8 +129,9 @@ def test_clip_gradients_without_a_value_uses_the_trainers_and_a_different_one_is
         def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
             self.clip_gradients(optimizer, gradient_clip_val=0.5)
 
-    with pytest.raises(ValueError, match=r"clip_gradients\(gradient_clip_val=0.5\) differs from "
-                                         r"Trainer\(gradient_clip_val=0.02\); use only one of them"):
+    # Lightning 2.6.5's words (its test_lightning_module_configure_gradient_clipping_different_argument_values)
+    with pytest.raises(ValueError, match=r"You have set `Trainer\(gradient_clip_val=0.02\)` and have passed "
+                                         r"`clip_gradients\(gradient_clip_val=0.5\)`\. Please use only one of them"):
         one_step_change(make_trainer, OtherValue(lr=1.0), gradient_clip_val=0.02)
 
 

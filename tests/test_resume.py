@@ -175,7 +175,10 @@ def test_an_iterable_dataset_resumes_by_reading_and_dropping_the_trained_batches
     path = tmp_path / "step3.ckpt"
     make_trainer(max_epochs=1, callbacks=[SaveAtStep(path, 3)]).fit(fresh_model(), DataLoader(Stream(), batch_size=8))
     trainer = make_trainer(max_epochs=1)
-    with pytest.warns(UserWarning, match=r"Resuming mid-epoch on a DataLoader without a batch sampler .* the 3 batches "
+    # Lightning 2.6.5's words first: "You're resuming from a checkpoint that ended before the epoch ended and ..."
+    with pytest.warns(UserWarning, match=r"^You're resuming from a checkpoint that ended before the epoch ended and your "
+                                         r"dataloader is not resumable\. Resuming mid-epoch on a DataLoader without a "
+                                         r"batch sampler .* the 3 batches "
                                          r"already trained are fetched and dropped"):
         trainer.fit(fresh_model(), DataLoader(Stream(), batch_size=8), ckpt_path=path)
     assert trainer.global_step == 8

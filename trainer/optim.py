@@ -278,8 +278,8 @@ def clip_optimizer_gradients(trainer: Any, optimizer: Any, value: Any, algorithm
     if value is None:
         value = trainer.gradient_clip_val
     elif trainer.gradient_clip_val is not None and value != trainer.gradient_clip_val:
-        raise ValueError(f"clip_gradients(gradient_clip_val={value!r}) differs from Trainer(gradient_clip_val="
-                         f"{trainer.gradient_clip_val!r}); use only one of them.")
+        raise ValueError(f"You have set `Trainer(gradient_clip_val={trainer.gradient_clip_val!r})` and have passed "
+                         f"`clip_gradients(gradient_clip_val={value!r})`. Please use only one of them.")
     if algorithm is None:
         algorithm = trainer.gradient_clip_algorithm or "norm"
     if algorithm not in CLIP_ALGORITHMS:

@@ -145,7 +145,8 @@ def resume_iterator(loader: Any, sampler: ResumableBatchSampler | None, skip: in
     what = ("several loaders combined (a CombinedLoader)" if type(loader).__name__ == "CombinedLoader" else
             f"a {type(loader).__name__} without a batch sampler (an IterableDataset, batch_size=None, or not a "
             "DataLoader)")
-    warn(f"Resuming mid-epoch on {what}: the {skip} batches already trained are fetched and dropped, and a loader "
+    warn(f"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not resumable. "
+         f"Resuming mid-epoch on {what}: the {skip} batches already trained are fetched and dropped, and a loader "
          "that shuffles may not repeat the killed run's order.")
     iterator = iter(loader)
     for _ in range(skip):

@@ -89,10 +89,12 @@ def resolve_ckpt_path(ckpt_path: Any, stage: str, checkpoint_dirs: list[Path], v
     if last is not None:
         return check_exists(last)
     if warn and stage == "fit":
-        warnings.warn(f"fit(ckpt_path=\"last\") found no last.ckpt in {where}; training starts from scratch.", stacklevel=5)
+        warnings.warn(f".fit(ckpt_path=\"last\") is set, but there is no last checkpoint available. No checkpoint will be "
+                      f"loaded: found no last.ckpt in {where}; training starts from scratch.", stacklevel=5)
     elif warn:  # as Lightning: not an error, so that "last" can be set before the first fit has written one
-        warnings.warn(f"Trainer.{stage}(ckpt_path=\"last\") found no last.ckpt in {where}: no checkpoint is loaded, the "
-                      "module keeps its weights (as in Lightning). Pass a checkpoint path to load one.", stacklevel=6)
+        warnings.warn(f".{stage}(ckpt_path=\"last\") is set, but there is no last checkpoint available. No checkpoint will "
+                      f"be loaded: found no last.ckpt in {where}; the module keeps its weights. Pass a checkpoint path "
+                      "to load one.", stacklevel=6)
     return None
 
 

@@ -99,7 +99,9 @@ def reject_unknown_arguments(unknown: dict[str, Any], function: Callable[..., An
             continue
         match = difflib.get_close_matches(name, accepted, n=1, cutoff=0.75)
         hint = f"did you mean {match[0]}?" if match else f"it takes: {', '.join(accepted)}."
-        problems.append(f"{where}({name}={value!r}): no such argument; {hint}")
+        # Python's own words last, for code that matches them (Lightning's test_trainer_subclassing does)
+        problems.append(f"{where}({name}={value!r}): no such argument; {hint} ({function.__qualname__}() got an "
+                        f"unexpected keyword argument {name!r})")
     raise TypeError("\n".join(problems))
 
 

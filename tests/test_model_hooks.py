@@ -61,10 +61,45 @@ def test_a_scheduler_of_another_api_without_lr_scheduler_step_is_refused_before_
 
     module = NoStepHook()
     before = weights(module)
-    with pytest.raises(TypeError, match=r"EpochScheduler, which is not a torch LR scheduler.*Override "
-                                        r"lr_scheduler_step\(self, scheduler, metric\)"):
+    # Lightning 2.6.5's words first (its test_manual_optimization_with_non_pytorch_scheduler[True])
+    with pytest.raises(TypeError, match=r"^The provided lr scheduler `EpochScheduler` doesn't follow PyTorch's "
+                                        r"LRScheduler API\..*override lr_scheduler_step\(self, scheduler, metric\)"):
         make_trainer(max_epochs=1, limit_val_batches=0).fit(module, regression_loader)
     assert torch.equal(weights(module), before)
+
+
+def test_a_scheduler_without_a_step_method_is_stepped_by_lr_scheduler_step(make_trainer, regression_loader):
+    # As Lightning: only state_dict/load_state_dict are required of a scheduler; how it steps is the
+    # module's lr_scheduler_step (Cadence refused one without .step() before training).
+    class Halving:
+        def __init__(self, optimizer):
+            self.optimizer, self.advances = optimizer, 0
+
+        def advance(self):
+            self.advances += 1
+            for group in self.optimizer.param_groups:
+                group["lr"] /= 2
+
+        def state_dict(self):
+            return {"advances": self.advances}
+
+        def load_state_dict(self, state):
+            self.advances = state["advances"]
+
+    class Custom(LinearRegression):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            self.scheduler = Halving(optimizer)
+            return [optimizer], [self.scheduler]
+
+        def lr_scheduler_step(self, scheduler, metric):
+            scheduler.advance()
+
+    module = Custom()
+    trainer = make_trainer(max_epochs=2, limit_val_batches=0)
+    trainer.fit(module, regression_loader)
+    assert module.scheduler.advances == 2  # once per epoch, the default interval
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.025)
 
 
 def test_lr_scheduler_step_gets_the_monitored_value_for_reduce_on_plateau(make_trainer, regression_loader):

@@ -56,10 +56,12 @@ def _scheduler_config(item: Any, where: str, monitor: str | None = None, manual:
                                  item.get("monitor"), bool(item.get("strict", True)), item.get("name"))
     else:  # a bare scheduler watches the dict's top-level "monitor", as in Lightning
         config = SchedulerConfig(item, monitor=monitor)
-    if not hasattr(config.scheduler, "step") or not hasattr(config.scheduler, "state_dict"):
+    if not hasattr(config.scheduler, "state_dict") or not hasattr(config.scheduler, "load_state_dict"):
+        name = type(config.scheduler).__name__  # Lightning's words first; how it steps: check_scheduler_api
         raise ValueError(
-            f"configure_optimizers returned {type(config.scheduler).__name__} as an LR scheduler {where}; "
-            "use a torch.optim.lr_scheduler object."
+            f"The provided lr scheduler `{name}` is invalid. It should have `state_dict` and `load_state_dict` methods "
+            f"defined. configure_optimizers returned {name} as an LR scheduler {where}; use a torch.optim.lr_scheduler "
+            "object."
         )
     if config.interval not in ("step", "epoch"):
         raise ValueError(f'The "interval" key in lr scheduler dict must be "step" or "epoch" but is '
@@ -201,11 +203,13 @@ def check_scheduler_api(configs: list[SchedulerConfig], module_steps_them: bool)
     for config in configs:
         if not module_steps_them and not isinstance(config.scheduler, (
                 torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
+            name = type(config.scheduler).__name__
             raise TypeError(
-                f"configure_optimizers returned {type(config.scheduler).__name__}, which is not a torch LR "
-                "scheduler, so the Trainer cannot know how to step it (Lightning: it doesn't follow PyTorch's "
-                "LRScheduler API). Override lr_scheduler_step(self, scheduler, metric) in your module to step it, "
-                "e.g. scheduler.step(epoch=self.current_epoch).")
+                f"The provided lr scheduler `{name}` doesn't follow PyTorch's LRScheduler API. You should override "
+                "the `LightningModule.lr_scheduler_step` hook with your own logic if you are using a custom LR "
+                f"scheduler. configure_optimizers returned {name}, which is not a torch LR scheduler, so the Trainer "
+                "cannot know how to step it: override lr_scheduler_step(self, scheduler, metric) in your module, e.g. "
+                "scheduler.step(epoch=self.current_epoch).")
 
 
 # ---------------------------------------------------------------------------------------------

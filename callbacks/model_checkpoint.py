@@ -311,14 +311,14 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
 
     def _save_last(self, trainer: Trainer, metrics: dict[str, Any], ranked: Path | None = None,
                    whole: bool = False) -> Path:
-        """Refresh ``last.ckpt``: a hard link to ``ranked`` (the ranked file of this moment), with
-        ``save_last="link"`` a symbolic link to the newest ranked file, or else written."""
+        """Refresh ``last.ckpt``: a hard link to ``ranked`` (the ranked file of this moment), with ``save_last="link"``
+        a symbolic link to the newest ranked file, or else written (also when save_checkpoint wrote no file)."""
         last = Path(self.format_checkpoint_name(metrics, self.CHECKPOINT_NAME_LAST))
         previous, self.last_model_path = self.last_model_path, str(last)
         if self.save_last == "link" and self.save_top_k != 0 and self._last_checkpoint_saved:
             ranked = Path(self._last_checkpoint_saved)
         try:
-            if ranked is None or whole:
+            if ranked is None or whole or (self._background is None and not self.file_exists(ranked, trainer)):
                 self._write(trainer, last, weights_only=False if whole else None)
             else:
                 self._link(trainer, ranked, last)

@@ -254,6 +254,19 @@ def test_a_nan_score_ranks_as_the_worst(make_trainer, regression_loader, tmp_pat
     assert checkpoint.best_model_path == str(tmp_path / "epoch=0.ckpt")
 
 
+def test_a_save_checkpoint_that_writes_no_file_gets_last_ckpt_through_it_too(make_trainer, regression_loader, tmp_path):
+    # A save_checkpoint replaced (by a mock, or one that writes elsewhere) leaves no ranked file to hard-link
+    # last.ckpt to: last.ckpt goes through it too. The calls are Lightning 2.6.5's with save_last=True (run in
+    # its venv: epoch=0, last, epoch=1, last), also when the first score is NaN.
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="val/score", filename="{epoch}")
+    trainer = make_trainer(max_epochs=2, callbacks=[checkpoint], num_sanity_val_steps=0)
+    written = []
+    trainer.save_checkpoint = lambda path, **kwargs: written.append(Path(path).name)
+    trainer.fit(Scored([math.nan, 3.0]), regression_loader, regression_loader)
+    assert written == ["epoch=0.ckpt", "last.ckpt", "epoch=1.ckpt", "last.ckpt"]
+    assert checkpoint.best_model_score == 3.0
+
+
 def test_a_filename_naming_an_unknown_metric_puts_zero_as_lightning_and_says_so(make_trainer, regression_loader, tmp_path):
     checkpoint = ModelCheckpoint(dirpath=tmp_path, filename="{epoch}-{val/los:.2f}")
     with pytest.warns(UserWarning, match=r"filename='\{epoch\}-\{val/los:.2f\}'\) names 'val/los', which is not among "

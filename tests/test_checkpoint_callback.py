@@ -4,6 +4,7 @@ bookkeeping survives a restart."""
 from __future__ import annotations
 
 import math
+import pickle
 import sys
 import time
 from datetime import timedelta
@@ -252,6 +253,12 @@ def test_a_nan_score_ranks_as_the_worst(make_trainer, regression_loader, tmp_pat
     make_trainer(max_epochs=2, callbacks=[checkpoint], num_sanity_val_steps=0).fit(
         Scored([2.0, math.nan]), regression_loader, regression_loader)
     assert checkpoint.best_model_path == str(tmp_path / "epoch=0.ckpt")
+
+
+def test_a_pickled_model_checkpoint_equals_the_original(tmp_path):
+    # Lightning 2.6.5's test_pickling: vars() of the unpickled callback equal the original's.
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, train_time_interval=timedelta(minutes=5))
+    assert vars(pickle.loads(pickle.dumps(checkpoint))) == vars(checkpoint)
 
 
 def test_a_save_checkpoint_that_writes_no_file_gets_last_ckpt_through_it_too(make_trainer, regression_loader, tmp_path):

@@ -3,12 +3,14 @@ bookkeeping survives a restart."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import pickle
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal, Optional, Union
 
 import pytest
 import torch
@@ -259,6 +261,14 @@ def test_a_pickled_model_checkpoint_equals_the_original(tmp_path):
     # Lightning 2.6.5's test_pickling: vars() of the unpickled callback equal the original's.
     checkpoint = ModelCheckpoint(dirpath=tmp_path, train_time_interval=timedelta(minutes=5))
     assert vars(pickle.loads(pickle.dumps(checkpoint))) == vars(checkpoint)
+
+
+def test_the_signature_gives_types_a_cli_parser_takes():
+    # Lightning 2.6.5's test_save_last_cli hands inspect.signature's save_last annotation, its
+    # Optional[Union[bool, Literal["link"]]], to jsonargparse's add_argument(type=...): a string there fails.
+    parameters = inspect.signature(ModelCheckpoint).parameters
+    assert parameters["save_last"].annotation == Optional[Union[bool, Literal["link"]]]
+    assert not [name for name, parameter in parameters.items() if isinstance(parameter.annotation, str)]
 
 
 def test_a_save_checkpoint_that_writes_no_file_gets_last_ckpt_through_it_too(make_trainer, regression_loader, tmp_path):

@@ -86,6 +86,10 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
                 f"Trainer(callbacks=[...]) item {index} is {type(callback).__name__}, not a "
                 "callbacks.Callback. Subclass Callback and pass an instance."
             )
+    if not enable_checkpointing and any(isinstance(c, Checkpoint) for c in callbacks):  # Lightning's words first
+        raise ValueError(f"Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in "
+                         f"callbacks list ({next(type(c).__name__ for c in callbacks if isinstance(c, Checkpoint))}). "
+                         "Drop enable_checkpointing=False (a ModelCheckpoint given replaces the default one), or it.")
     callbacks = [c for c in callbacks if not isinstance(c, Checkpoint)] + [  # checkpoints last, as in Lightning
         c for c in callbacks if isinstance(c, Checkpoint)]
     if logger is True:

@@ -88,9 +88,8 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
         self.filename = filename or None
         self.monitor, self.verbose, self.save_last, self.save_top_k = monitor, verbose, save_last, save_top_k
         self.mode, self.save_on_exception, self.save_weights_only = mode, save_on_exception, save_weights_only
-        self.auto_insert_metric_name = auto_insert_metric_name
+        self.auto_insert_metric_name, self._enable_version_counter = auto_insert_metric_name, enable_version_counter
         self._save_on_train_epoch_end = save_on_train_epoch_end
-        self._enable_version_counter = enable_version_counter
         self.best_k_models: dict[str, torch.Tensor] = {}  # path -> score, the ranked files kept on disk
         self.kth_best_model_path = ""
         self.kth_value = torch.tensor(math.inf if mode == "min" else -math.inf)
@@ -416,8 +415,9 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
             self._dir = Path(saved_in)
         elif self._dir is not None and saved_in is not None and os.path.realpath(saved_in) != os.path.realpath(self._dir):
             # As Lightning: ranking files in another directory could delete them.
-            warn(f"ModelCheckpoint's dirpath changed from {saved_in} to {self.dirpath}; only best_model_path "
-                 "is restored, not the top-k bookkeeping of the old directory.")
+            warn(f"The dirpath has changed from {saved_in!r} to {self.dirpath!r}, therefore ModelCheckpoint's top-k "
+                 "bookkeeping of the old directory (best_k_models, best_model_score, kth_best_model_path, kth_value, "
+                 "last_model_path) is not reloaded; only best_model_path is.")
             return
         self.best_k_models = {path: torch.as_tensor(score) for path, score in state_dict["best_k_models"].items()
                               if os.path.lexists(path)}

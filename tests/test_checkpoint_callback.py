@@ -20,7 +20,7 @@ from torch import nn
 
 from callbacks import ModelCheckpoint
 from linear_regression import LinearRegression
-from trainer import TrainingModule
+from trainer import Trainer, TrainingModule
 
 
 class Scored(TrainingModule):
@@ -271,6 +271,15 @@ def test_the_signature_gives_types_a_cli_parser_takes():
     assert not [name for name, parameter in parameters.items() if isinstance(parameter.annotation, str)]
 
 
+def test_a_model_checkpoint_with_enable_checkpointing_false_is_refused_as_lightning(tmp_path):
+    # Lightning 2.6.5 (its test_configure_model_checkpoint) raises "Trainer was configured with
+    # `enable_checkpointing=False` but found `ModelCheckpoint` in callbacks list."; enabled, the one given is the only one.
+    with pytest.raises(ValueError, match="configured with `enable_checkpointing=False` but found `ModelCheckpoint`"):
+        Trainer(enable_checkpointing=False, callbacks=[ModelCheckpoint()], default_root_dir=tmp_path)
+    given = ModelCheckpoint(monitor="foo")
+    assert Trainer(callbacks=[given], default_root_dir=tmp_path).checkpoint_callbacks == [given]
+
+
 def test_a_save_checkpoint_that_writes_no_file_gets_last_ckpt_through_it_too(make_trainer, regression_loader, tmp_path):
     # A save_checkpoint replaced (by a mock, or one that writes elsewhere) leaves no ranked file to hard-link
     # last.ckpt to: last.ckpt goes through it too. The calls are Lightning 2.6.5's with save_last=True (run in
@@ -379,7 +388,8 @@ def test_a_checkpoint_from_another_directory_restores_only_its_best_model_path(m
     make_trainer(max_epochs=1, callbacks=[ModelCheckpoint(dirpath=tmp_path / "a")], limit_val_batches=0).fit(
         Scored([1.0] * 2), regression_loader)
     moved = ModelCheckpoint(dirpath=tmp_path / "b")
-    with pytest.warns(UserWarning, match=r"dirpath changed from .*a to .*b; only best_model_path is restored"):
+    # Lightning 2.6.5's words first (its test_model_checkpoint_saveload_ckpt matches "The dirpath has changed from").
+    with pytest.warns(UserWarning, match=r"^The dirpath has changed from '.*a' to '.*b', .* only best_model_path is"):
         make_trainer(max_epochs=2, callbacks=[moved], limit_val_batches=0).fit(Scored([1.0] * 2), regression_loader,
                                                                                ckpt_path=tmp_path / "a" / "last.ckpt")
     assert checkpoint_names(tmp_path / "a") == ["epoch=0-step=8.ckpt", "last.ckpt"]  # nothing deleted there

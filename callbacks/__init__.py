@@ -11,6 +11,9 @@ import _cadence_shadowing
 
 _cadence_shadowing.check_packages()  # first: a user's trainer.py or strategies.py is named, not misread
 
+import contextlib
+import types
+import typing
 from collections.abc import Iterable
 from typing import Any
 
@@ -83,6 +86,10 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
                 f"Trainer(callbacks=[...]) item {index} is {type(callback).__name__}, not a "
                 "callbacks.Callback. Subclass Callback and pass an instance."
             )
+    if not enable_checkpointing and any(isinstance(c, Checkpoint) for c in callbacks):  # Lightning's words first
+        raise ValueError(f"Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in "
+                         f"callbacks list ({next(type(c).__name__ for c in callbacks if isinstance(c, Checkpoint))}). "
+                         "Drop enable_checkpointing=False (a ModelCheckpoint given replaces the default one), or it.")
     callbacks = [c for c in callbacks if not isinstance(c, Checkpoint)] + [  # checkpoints last, as in Lightning
         c for c in callbacks if isinstance(c, Checkpoint)]
     if logger is True:
@@ -201,3 +208,17 @@ def observability_callbacks(callbacks: list[Callback], *, profiler: Any, report:
 def profiler_of(callbacks: list[Callback]) -> LightningProfiler:
     """``trainer.profiler``: the profiler a :class:`ProfiledHooks` runs, else a PassThroughProfiler (as in Lightning)."""
     return next((c.profiler for c in callbacks if isinstance(c, ProfiledHooks)), _PASS_THROUGH)
+
+
+def _types_for_signatures() -> None:
+    """As Lightning's, ``inspect.signature(ModelCheckpoint)`` gives types, not the strings ``from __future__
+    import annotations`` leaves: a CLI's parser takes them (jsonargparse's ``add_argument(type=...)``). A class
+    whose arguments name a type only type checkers see keeps its strings."""
+    for name in __all__:
+        init = vars(value).get("__init__") if isinstance(value := globals()[name], type) else None
+        if isinstance(init, types.FunctionType):
+            with contextlib.suppress(Exception):
+                init.__annotations__.update(typing.get_type_hints(init))
+
+
+_types_for_signatures()

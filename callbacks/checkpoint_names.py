@@ -108,6 +108,9 @@ class TrainTimeClock:
         self._last_time_checked, self._step_of_time_check = time.monotonic(), 0
         self._next_time_check = 0  # several processes: the optimizer step at which they next compare clocks
 
+    def __eq__(self, other: object) -> bool:  # a pickled copy equals the original, as Lightning's plain attributes do
+        return type(other) is type(self) and vars(other) == vars(self)
+
     def start(self, step: int) -> None:
         self._next_time_check = step
         self.restart(step)

@@ -88,9 +88,8 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
         self.filename = filename or None
         self.monitor, self.verbose, self.save_last, self.save_top_k = monitor, verbose, save_last, save_top_k
         self.mode, self.save_on_exception, self.save_weights_only = mode, save_on_exception, save_weights_only
-        self.auto_insert_metric_name = auto_insert_metric_name
+        self.auto_insert_metric_name, self._enable_version_counter = auto_insert_metric_name, enable_version_counter
         self._save_on_train_epoch_end = save_on_train_epoch_end
-        self._enable_version_counter = enable_version_counter
         self.best_k_models: dict[str, torch.Tensor] = {}  # path -> score, the ranked files kept on disk
         self.kth_best_model_path = ""
         self.kth_value = torch.tensor(math.inf if mode == "min" else -math.inf)
@@ -311,14 +310,14 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
 
     def _save_last(self, trainer: Trainer, metrics: dict[str, Any], ranked: Path | None = None,
                    whole: bool = False) -> Path:
-        """Refresh ``last.ckpt``: a hard link to ``ranked`` (the ranked file of this moment), with
-        ``save_last="link"`` a symbolic link to the newest ranked file, or else written."""
+        """Refresh ``last.ckpt``: a hard link to ``ranked`` (the ranked file of this moment), with ``save_last="link"``
+        a symbolic link to the newest ranked file, or else written (also when save_checkpoint wrote no file)."""
         last = Path(self.format_checkpoint_name(metrics, self.CHECKPOINT_NAME_LAST))
         previous, self.last_model_path = self.last_model_path, str(last)
         if self.save_last == "link" and self.save_top_k != 0 and self._last_checkpoint_saved:
             ranked = Path(self._last_checkpoint_saved)
         try:
-            if ranked is None or whole:
+            if ranked is None or whole or (self._background is None and not self.file_exists(ranked, trainer)):
                 self._write(trainer, last, weights_only=False if whole else None)
             else:
                 self._link(trainer, ranked, last)
@@ -416,8 +415,9 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
             self._dir = Path(saved_in)
         elif self._dir is not None and saved_in is not None and os.path.realpath(saved_in) != os.path.realpath(self._dir):
             # As Lightning: ranking files in another directory could delete them.
-            warn(f"ModelCheckpoint's dirpath changed from {saved_in} to {self.dirpath}; only best_model_path "
-                 "is restored, not the top-k bookkeeping of the old directory.")
+            warn(f"The dirpath has changed from {saved_in!r} to {self.dirpath!r}, therefore ModelCheckpoint's top-k "
+                 "bookkeeping of the old directory (best_k_models, best_model_score, kth_best_model_path, kth_value, "
+                 "last_model_path) is not reloaded; only best_model_path is.")
             return
         self.best_k_models = {path: torch.as_tensor(score) for path, score in state_dict["best_k_models"].items()
                               if os.path.lexists(path)}

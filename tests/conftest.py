@@ -16,6 +16,7 @@ import torch.multiprocessing
 from torch.utils.data import DataLoader, TensorDataset
 
 import processes
+from callbacks import Checkpoint
 from linear_regression import regression_samples
 from trainer import Trainer
 
@@ -79,7 +80,9 @@ def make_trainer(tmp_path):
         kwargs.setdefault("strategy", "cpu")
         kwargs.setdefault("default_root_dir", tmp_path)
         kwargs.setdefault("enable_progress_bar", False)
-        kwargs.setdefault("enable_checkpointing", False)
+        given = kwargs.get("callbacks") or []  # a ModelCheckpoint given needs enable_checkpointing on, as in Lightning
+        kwargs.setdefault("enable_checkpointing", any(isinstance(c, Checkpoint) for c in
+                                                      (given if isinstance(given, (list, tuple)) else [given])))
         kwargs.setdefault("logger", False)
         kwargs.setdefault("report", False)
         return Trainer(**kwargs)

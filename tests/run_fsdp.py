@@ -176,7 +176,7 @@ def checkpoints(out: Path, async_save: bool = False) -> list[Callback]:
 def fit(out: Path, name: str, strategy: FSDP, callbacks=(), ckpt_path=None, model=None, **options) -> Trainer:
     model = model or Blocks()
     trainer = Trainer(strategy=strategy, max_epochs=EPOCHS, seed=7, default_root_dir=out, enable_progress_bar=False,
-                      logger=False, enable_checkpointing=False, log_every_n_steps=2,
+                      logger=False, enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks), log_every_n_steps=2,
                       callbacks=[Record(out, name, at_steps=(4, 6)), *callbacks], **options)
     trainer.fit(model, DataLoader(IndexedRegression(), batch_size=BATCH_SIZE, shuffle=True),
                 DataLoader(IndexedRegression(), batch_size=8), ckpt_path=ckpt_path)

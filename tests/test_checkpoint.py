@@ -290,6 +290,29 @@ def test_save_checkpoint_before_any_fit_says_how_to_save(make_trainer, regressio
         trainer.save_checkpoint(tmp_path / "after.ckpt")
 
 
+class FailsOnce(Regressor):
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 4 and not getattr(self, "failed", False):
+            self.failed = True
+            raise ValueError("batch 4 failed")
+        return super().training_step(batch, batch_idx)
+
+
+def test_save_checkpoint_after_a_fit_that_raised_saves_the_state_it_failed_in(make_trainer, regression_loader, tmp_path):
+    # Lightning 2.6.5 (its test_restarting_mid_epoch_raises_warning; run in its venv with a BoringModel failing at
+    # batch 4 of 8): save_checkpoint after the failed fit writes global_step 4 of epoch 0, and fit(ckpt_path=...)
+    # from it ends at global step 8. Cadence trains the failed batch again, so the resumed run gives the same steps.
+    trainer, model = make_trainer(max_epochs=1), FailsOnce()
+    with pytest.raises(ValueError, match="batch 4 failed"):
+        trainer.fit(model, regression_loader)
+    trainer.save_checkpoint(tmp_path / "failed.ckpt")
+    written = torch.load(tmp_path / "failed.ckpt", weights_only=True)
+    assert (written["global_step"], written["epoch"], len(written["optimizer_states"])) == (4, 0, 1)
+    resumed = make_trainer(max_epochs=1)
+    resumed.fit(model, regression_loader, ckpt_path=tmp_path / "failed.ckpt")
+    assert resumed.global_step == 8
+
+
 def test_save_checkpoint_with_no_model_attached_is_lightnings_attribute_error(make_trainer, tmp_path):
     # Lightning 2.6.5 (its test_trainer_save_checkpoint_no_model_attached): AttributeError("Saving a checkpoint is
     # only possible if a model is attached to the Trainer. ...") from a Trainer that never ran a stage.

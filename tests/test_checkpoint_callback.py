@@ -3,11 +3,14 @@ bookkeeping survives a restart."""
 
 from __future__ import annotations
 
+import inspect
 import math
+import pickle
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal, Optional, Union
 
 import pytest
 import torch
@@ -17,7 +20,7 @@ from torch import nn
 
 from callbacks import ModelCheckpoint
 from linear_regression import LinearRegression
-from trainer import TrainingModule
+from trainer import Trainer, TrainingModule
 
 
 class Scored(TrainingModule):
@@ -254,6 +257,42 @@ def test_a_nan_score_ranks_as_the_worst(make_trainer, regression_loader, tmp_pat
     assert checkpoint.best_model_path == str(tmp_path / "epoch=0.ckpt")
 
 
+def test_a_pickled_model_checkpoint_equals_the_original(tmp_path):
+    # Lightning 2.6.5's test_pickling: vars() of the unpickled callback equal the original's.
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, train_time_interval=timedelta(minutes=5))
+    assert vars(pickle.loads(pickle.dumps(checkpoint))) == vars(checkpoint)
+
+
+def test_the_signature_gives_types_a_cli_parser_takes():
+    # Lightning 2.6.5's test_save_last_cli hands inspect.signature's save_last annotation, its
+    # Optional[Union[bool, Literal["link"]]], to jsonargparse's add_argument(type=...): a string there fails.
+    parameters = inspect.signature(ModelCheckpoint).parameters
+    assert parameters["save_last"].annotation == Optional[Union[bool, Literal["link"]]]
+    assert not [name for name, parameter in parameters.items() if isinstance(parameter.annotation, str)]
+
+
+def test_a_model_checkpoint_with_enable_checkpointing_false_is_refused_as_lightning(tmp_path):
+    # Lightning 2.6.5 (its test_configure_model_checkpoint) raises "Trainer was configured with
+    # `enable_checkpointing=False` but found `ModelCheckpoint` in callbacks list."; enabled, the one given is the only one.
+    with pytest.raises(ValueError, match="configured with `enable_checkpointing=False` but found `ModelCheckpoint`"):
+        Trainer(enable_checkpointing=False, callbacks=[ModelCheckpoint()], default_root_dir=tmp_path)
+    given = ModelCheckpoint(monitor="foo")
+    assert Trainer(callbacks=[given], default_root_dir=tmp_path).checkpoint_callbacks == [given]
+
+
+def test_a_save_checkpoint_that_writes_no_file_gets_last_ckpt_through_it_too(make_trainer, regression_loader, tmp_path):
+    # A save_checkpoint replaced (by a mock, or one that writes elsewhere) leaves no ranked file to hard-link
+    # last.ckpt to: last.ckpt goes through it too. The calls are Lightning 2.6.5's with save_last=True (run in
+    # its venv: epoch=0, last, epoch=1, last), also when the first score is NaN.
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="val/score", filename="{epoch}")
+    trainer = make_trainer(max_epochs=2, callbacks=[checkpoint], num_sanity_val_steps=0)
+    written = []
+    trainer.save_checkpoint = lambda path, **kwargs: written.append(Path(path).name)
+    trainer.fit(Scored([math.nan, 3.0]), regression_loader, regression_loader)
+    assert written == ["epoch=0.ckpt", "last.ckpt", "epoch=1.ckpt", "last.ckpt"]
+    assert checkpoint.best_model_score == 3.0
+
+
 def test_a_filename_naming_an_unknown_metric_puts_zero_as_lightning_and_says_so(make_trainer, regression_loader, tmp_path):
     checkpoint = ModelCheckpoint(dirpath=tmp_path, filename="{epoch}-{val/los:.2f}")
     with pytest.warns(UserWarning, match=r"filename='\{epoch\}-\{val/los:.2f\}'\) names 'val/los', which is not among "
@@ -349,7 +388,8 @@ def test_a_checkpoint_from_another_directory_restores_only_its_best_model_path(m
     make_trainer(max_epochs=1, callbacks=[ModelCheckpoint(dirpath=tmp_path / "a")], limit_val_batches=0).fit(
         Scored([1.0] * 2), regression_loader)
     moved = ModelCheckpoint(dirpath=tmp_path / "b")
-    with pytest.warns(UserWarning, match=r"dirpath changed from .*a to .*b; only best_model_path is restored"):
+    # Lightning 2.6.5's words first (its test_model_checkpoint_saveload_ckpt matches "The dirpath has changed from").
+    with pytest.warns(UserWarning, match=r"^The dirpath has changed from '.*a' to '.*b', .* only best_model_path is"):
         make_trainer(max_epochs=2, callbacks=[moved], limit_val_batches=0).fit(Scored([1.0] * 2), regression_loader,
                                                                                ckpt_path=tmp_path / "a" / "last.ckpt")
     assert checkpoint_names(tmp_path / "a") == ["epoch=0-step=8.ckpt", "last.ckpt"]  # nothing deleted there

@@ -20,6 +20,7 @@ import math
 import os
 import platform
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -205,6 +206,22 @@ def end_of_fit_checkpoint(trainer: Trainer, end_of_fit: tuple[TrainingModule, di
         )
     module, training = end_of_fit
     return checkpoint_state(trainer, module, {} if weights_only else training, trainer.datamodule)
+
+
+def failed_fit_state(trainer: Trainer, stage: str, module: TrainingModule,
+                     progress: Progress) -> tuple[TrainingModule, dict[str, Any]] | None:
+    """What ``save_checkpoint`` writes after a fit that raised: the state it failed in (a failed batch is
+    trained again on resume), as Lightning saves the state it has. None when there is none (another stage,
+    a failure before the optimizers were made) or with several processes (gathering the RNG states is a
+    collective the processes that did not fail would not join)."""
+    if stage != "fit" or trainer.world_size > 1 or trainer.module is None or not trainer.optimizers:
+        return None
+    try:
+        with warnings.catch_warnings():  # the accumulation-window warning is for a save_checkpoint the user calls
+            warnings.simplefilter("ignore")
+            return module, training_state(trainer, progress)
+    except Exception:  # the fit's own error is what the user must see
+        return None
 
 
 def write_checkpoint(trainer: Trainer, path: str | os.PathLike, progress: Progress,

@@ -44,7 +44,7 @@ from trainer.stage_loaders import (
     load_fit_data, one_or_list, reload_due, resumed_fit_loaders, say_fit_stopped, say_min_not_met, say_trained_nothing, shown_counts, train_batches, val_reload_due, validation_schedule,
 )
 from trainer.state import (
-    Progress, fitted_module, handoff_state, is_accumulated_log_step, logger_step, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
+    Progress, failed_fit_state, fitted_module, handoff_state, is_accumulated_log_step, logger_step, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
 )
 from trainer.timing import PhaseTimes, measured
 
@@ -104,8 +104,7 @@ class Trainer(TrainerProperties, SearchSeams):
         self.val_check_interval, self.check_val_every_n_epoch = run.val_check_interval, run.check_val_every_n_epoch
         self.num_sanity_val_steps, self.log_every_n_steps = run.num_sanity_val_steps, run.log_every_n_steps
         self.reload_dataloaders_every_n_epochs = reload_dataloaders_every_n_epochs
-        self.use_distributed_sampler, self.inference_mode = use_distributed_sampler, inference_mode
-        self.accumulate_grad_batches = accumulate_grad_batches
+        self.use_distributed_sampler, self.inference_mode, self.accumulate_grad_batches = use_distributed_sampler, inference_mode, accumulate_grad_batches
         self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, run.gradient_clip_algorithm
         self.seed, self.deterministic, self.on_nonfinite_loss, self.barebones = seed, run.deterministic, on_nonfinite_loss, barebones
 
@@ -131,7 +130,7 @@ class Trainer(TrainerProperties, SearchSeams):
         self._progress = Progress()  # where fit is, for checkpoints and resuming (trainer/state.py)
         self._plan: StagePlan | None = None  # what setup decided for the running stage (trainer/setup.py)
         self._guard = LossGuard(on_nonfinite_loss)  # the losses since the last check (trainer/guards.py)
-        self._end_of_fit: tuple[TrainingModule, dict] | None = None  # (module, training_state) when fit ended
+        self._end_of_fit: tuple[TrainingModule, dict] | None = None  # (module, training_state) when fit ended or failed
         self._preemption = Preemption()  # Ctrl-C, SIGTERM, SIGUSR1 during fit (trainer/preemption.py)
         self._stage_loaders: list[Any] = []  # the loaders this stage made (trainer/stage_loaders.py)
         self._fit_loaders: FitLoaders | None = None  # fit's (made early if estimated_stepping_batches asks)
@@ -249,6 +248,7 @@ class Trainer(TrainerProperties, SearchSeams):
             return output, handoff
         except BaseException as error:
             call_exception_hooks(self, module, data.datamodule, error)  # the callbacks', then the DataModule's
+            self._end_of_fit = failed_fit_state(self, stage, module, self._progress) or self._end_of_fit  # save_checkpoint's
             raise
         finally:
             teardown_stage(self, stage, module, data, self._plan, self._stage_loaders)  # the teardown hooks, the workers

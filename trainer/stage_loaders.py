@@ -202,10 +202,11 @@ def limit_reached(max_epochs: int | None, max_steps: int, epoch: int, step: int,
 
 def say_min_not_met(min_epochs: int | None, min_steps: int | None, say: bool) -> bool:
     """should_stop was set before ``min_epochs``/``min_steps`` were met: say so (``say``: rank zero), in
-    Lightning's words; returns True (said)."""
+    Lightning's words, through logging at INFO as Lightning's when the program configured it (else on stderr);
+    returns True (said)."""
     if say:
-        print(f"Cadence: trainer.should_stop was set, but the required `min_epochs={min_epochs}` or "
-              f"`min_steps={min_steps}` has not been met. Training will continue until they are.", file=sys.stderr)
+        info(f"Trainer was signaled to stop but the required `min_epochs={min_epochs!r}` or `min_steps={min_steps!r}` "
+             "has not been met. Training will continue until they are.")
     return True
 
 

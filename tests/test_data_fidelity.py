@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
 from callbacks import Callback
@@ -107,6 +108,39 @@ def test_val_dataloader_is_first_called_where_lightning_calls_it(make_trainer, s
                  check_val_every_n_epoch=check_every, reload_dataloaders_every_n_epochs=reload_every).fit(module)
     assert [epoch for kind, epoch in module.loads if kind == "sanity"] == sanity_epochs
     assert [epoch for kind, epoch in module.loads if kind == "val"] == val_epochs
+
+
+class RandomData(RecordsBatches):
+    """Its hooks draw their data from the global RNG (as Lightning's BoringModel's RandomDataset)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls, self.train_batches, self.val_batches = [], [], []
+
+    def train_dataloader(self):
+        self.calls.append("train")
+        return DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=4)
+
+    def val_dataloader(self):
+        self.calls.append("val")
+        return DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=4)
+
+    def training_step(self, batch, batch_idx):
+        self.train_batches.append(batch[0])
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        self.val_batches.append(batch[0])
+
+
+def test_the_sanity_checks_val_dataloader_comes_first_and_costs_the_run_no_random_numbers(make_trainer):
+    """Lightning 2.6.5 calls val_dataloader() in its sanity check, whose RNG it isolates, then train_dataloader()
+    (test_dataloaders_load_only_once); so with overfit_batches=1 the first train and val batches are equal
+    (test_overfit_batches_same_batch_for_train_and_val; measured: True)."""
+    module = RandomData()
+    make_trainer(max_epochs=1, overfit_batches=1).fit(module)
+    assert module.calls == ["val", "train"]
+    assert torch.equal(module.train_batches[0], module.val_batches[0])
 
 
 def test_a_resumed_fit_counts_reloads_from_the_epoch_it_resumes_at(make_trainer, tmp_path):

@@ -99,6 +99,8 @@ def load_fit_data(trainer: Trainer, data: DataSource, previous: FitLoaders | Non
     offset = trainer.current_epoch - trainer.current_epoch % every if every else 0
     if "train" in kinds:
         train = _load_train(trainer, data, offset)
+    elif previous is None:  # the sanity check's val loaders come first, as Lightning's: the training loader next
+        train = dict(train=None, shown=None, sampler=None, max_epochs=trainer.max_epochs, num_training_batches=math.inf, made=[])
     else:  # the training loader in use, and no loader made
         train = {name: getattr(previous, name) for name in _TRAIN_FIELDS} | {"made": []}
     if "val" not in kinds and previous is None:  # as Lightning's: the val loaders are made when validation first runs

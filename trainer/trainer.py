@@ -258,8 +258,10 @@ class Trainer(TrainerProperties, SearchSeams):
     # --- fit: the loop ---------------------------------------------------------------------
     def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
         checkpoint = read_checkpoint(self.strategy, ckpt_path, module, self.optimizers, self.datamodule)
-        if self._fit_loaders is None:  # made already if configure_optimizers asked for estimated_stepping_batches
-            self._make_loaders("fit", data, ("train",))  # the val loaders when validation first runs, as Lightning's
+        if self._fit_loaders is None and ckpt_path is None and self.num_sanity_val_steps != 0:  # Lightning's order: the
+            self._run_sanity_check(make_only=True)  # sanity check's val loaders (its RNG isolated), then the training loader
+        if self._fit_loaders is None or self._fit_loaders.sampler is None:  # made already if configure_optimizers asked for
+            self._make_loaders("fit", data, ("train",))  # estimated_stepping_batches; the val loaders when validation first runs
         self.should_stop, self._said_min_not_met, self._end_of_fit, self._progress.resumed, self._guard.losses = False, False, None, None, []
         if ckpt_path is not None:  # the loop continues where the checkpoint was written
             resumed = restore(self, ckpt_path, state=checkpoint, sampler=self._progress.sampler)
@@ -510,17 +512,17 @@ class Trainer(TrainerProperties, SearchSeams):
 
     # --- validation, test, predict ---------------------------------------------------------
     @measured("validation")
-    def _run_sanity_check(self) -> None:
+    def _run_sanity_check(self, make_only: bool = False) -> None:
         self.sanity_checking = True
         try:
-            if self._fit_loaders.val_pending:  # made now, as Lightning's: val_dataloader() sees sanity_checking True
-                self._make_loaders("fit", self._data, ("val",))
-            if self._fit_loaders.val is None:  # they have no batch
-                return
-            for callback in self.callbacks:
-                callback.on_sanity_check_start(self, self.module)
-            steps = math.inf if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
-            with preserved_rng():  # checking costs the training run no random numbers
+            with preserved_rng():  # checking costs the training run no random numbers (val_dataloader() included, as Lightning's)
+                if self._fit_loaders is None or self._fit_loaders.val_pending:  # made now: val_dataloader() sees sanity_checking
+                    self._make_loaders("fit", self._data, ("val",))
+                if make_only or self._fit_loaders.val is None:  # they have no batch
+                    return
+                for callback in self.callbacks:
+                    callback.on_sanity_check_start(self, self.module)
+                steps = math.inf if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
                 self._evaluation_loop("validate", self._fit_loaders.val, [min(steps, count) for count in self._fit_loaders.val_limits])
             for callback in self.callbacks:
                 callback.on_sanity_check_end(self, self.module)

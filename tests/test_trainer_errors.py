@@ -184,7 +184,9 @@ def test_validation_step_without_a_val_loader_warns(make_trainer, regression_loa
         def validation_step(self, batch, batch_idx):
             self.log("val/loss", 0.0)
 
-    with pytest.warns(UserWarning, match="defines validation_step but fit got no val_dataloaders"):
+    # Lightning 2.6.5's words first (its test_fit_val_loop_config), then what to do.
+    with pytest.warns(UserWarning, match="You defined a `validation_step` but have no `val_dataloader`. Skipping val loop: "
+                                         "WithValidation's fit got no val_dataloaders"):
         make_trainer(max_epochs=1).fit(WithValidation(), regression_loader)
 
 

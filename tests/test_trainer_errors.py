@@ -150,7 +150,9 @@ def test_without_max_epochs_or_max_steps_a_sized_loader_stops_after_1000_epochs(
             trainer.should_stop = True
 
     trainer = make_trainer(callbacks=[StopAtOnce()])
-    with pytest.warns(UserWarning, match="Neither max_epochs nor max_steps is set; training stops after max_epochs=1000"):
+    # Lightning 2.6.5's words (its test_max_epochs_not_set_warning).
+    with pytest.warns(UserWarning, match="`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch "
+                                         "limit, set `max_epochs=-1`"):
         trainer.fit(Model(), regression_loader)
     assert trainer.max_epochs == 1000
 

@@ -100,7 +100,8 @@ def default_max_epochs(max_epochs: int | None, max_steps: int, loader: Any, warn
                 "max_steps is set, so training would never end. Pass Trainer(max_steps=N) or max_epochs=N."
             )
         if warn:
-            warn_at_users_line("Neither max_epochs nor max_steps is set; training stops after max_epochs=1000.")
+            warn_at_users_line("`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set "
+                               "`max_epochs=-1` (neither max_epochs nor max_steps is set).")
         return 1000
     return -1 if max_epochs is None else max_epochs  # max_steps ends the run (trainer.max_epochs reads -1, as in Lightning)
 

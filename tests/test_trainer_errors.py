@@ -229,7 +229,10 @@ def test_an_int_val_check_interval_longer_than_the_epoch_is_an_error(make_traine
         ({"val_check_interval": 1.5}, r"Trainer\(val_check_interval=1.5\): you passed invalid value 1.5; use a float in \(0.0, 1.0\]"),
         ({"val_check_interval": 0}, r"Trainer\(val_check_interval=0\)"),
         ({"val_check_interval": True}, r"Trainer\(val_check_interval=True\)"),
-        ({"check_val_every_n_epoch": None}, r"check_val_every_n_epoch=None, val_check_interval=1.0\).*needs an int"),
+        # Lightning 2.6.5's sentence (its test_val_check_interval_float_with_none_check_val_every_n_epoch), then Cadence's way.
+        ({"check_val_every_n_epoch": None}, r"check_val_every_n_epoch=None, val_check_interval=1.0\): `val_check_interval` "
+                                            r"should be an integer or a time-based duration .*Cadence has no time-based "
+                                            r"validation: use an int"),
         ({"limit_train_batches": 1.5}, r"Trainer\(limit_train_batches=1.5\): you passed invalid value 1.5, a "
                                        r"fraction outside \[0.0, 1.0\]"),
         ({"limit_val_batches": -1}, r"Trainer\(limit_val_batches=-1\): you passed invalid value -1, a negative one"),

@@ -43,12 +43,14 @@ def rebuild_dataloader(loader: DataLoader, **changes: Any) -> DataLoader:
     if loader.num_workers == 0:
         settings.pop("prefetch_factor")
         settings.pop("persistent_workers")
+    if isinstance(loader.dataset, IterableDataset):  # DataLoader refuses a sampler for one (it makes its own)
+        settings.pop("sampler")
     user_batch_sampler = loader.batch_size is None and loader.batch_sampler is not None
     if "batch_sampler" in changes or user_batch_sampler:
         # DataLoader refuses batch_size, shuffle, sampler and drop_last beside a batch_sampler.
         settings.pop("batch_size")
         settings.pop("drop_last")
-        settings.pop("sampler")
+        settings.pop("sampler", None)
         if "batch_sampler" not in changes:
             settings["batch_sampler"] = loader.batch_sampler
     # batch_size=None without a batch_sampler turns automatic batching off; it is kept as None.

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
 from callbacks import Callback
@@ -87,6 +88,61 @@ def test_reloading_calls_the_hooks_in_the_epochs_lightning_calls_them(make_train
     assert [epoch for kind, epoch in module.loads if kind == "val"] == val_epochs
 
 
+class CountsSanityLoads(CountsLoads):
+    def val_dataloader(self):
+        self.loads.append(("sanity" if self.trainer.sanity_checking else "val", self.trainer.current_epoch))
+        return DataLoader(_dataset(32), batch_size=16)
+
+
+@pytest.mark.parametrize("sanity_steps, check_every, reload_every, sanity_epochs, val_epochs", [
+    # Lightning 2.6.5's own expectations (test_dataloaders_load_every_n_epochs_infrequent_val, which it passes):
+    # val_dataloader() is called in the sanity check when there is one, else first when validation first runs.
+    (0, 2, 1, [], [1, 3, 5, 7, 9]),
+    (1, 1, 1, [0], [1, 2, 3, 4, 5, 6, 7, 8, 9]),
+    (1, 3, 4, [0], [2, 8]),  # the sanity check's loaders count for nothing: epoch 0 does not validate
+])
+def test_val_dataloader_is_first_called_where_lightning_calls_it(make_trainer, sanity_steps, check_every, reload_every,
+                                                                 sanity_epochs, val_epochs):
+    module = CountsSanityLoads()
+    make_trainer(max_epochs=10, limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=sanity_steps,
+                 check_val_every_n_epoch=check_every, reload_dataloaders_every_n_epochs=reload_every).fit(module)
+    assert [epoch for kind, epoch in module.loads if kind == "sanity"] == sanity_epochs
+    assert [epoch for kind, epoch in module.loads if kind == "val"] == val_epochs
+
+
+class RandomData(RecordsBatches):
+    """Its hooks draw their data from the global RNG (as Lightning's BoringModel's RandomDataset)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls, self.train_batches, self.val_batches = [], [], []
+
+    def train_dataloader(self):
+        self.calls.append("train")
+        return DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=4)
+
+    def val_dataloader(self):
+        self.calls.append("val")
+        return DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=4)
+
+    def training_step(self, batch, batch_idx):
+        self.train_batches.append(batch[0])
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        self.val_batches.append(batch[0])
+
+
+def test_the_sanity_checks_val_dataloader_comes_first_and_costs_the_run_no_random_numbers(make_trainer):
+    """Lightning 2.6.5 calls val_dataloader() in its sanity check, whose RNG it isolates, then train_dataloader()
+    (test_dataloaders_load_only_once); so with overfit_batches=1 the first train and val batches are equal
+    (test_overfit_batches_same_batch_for_train_and_val; measured: True)."""
+    module = RandomData()
+    make_trainer(max_epochs=1, overfit_batches=1).fit(module)
+    assert module.calls == ["val", "train"]
+    assert torch.equal(module.train_batches[0], module.val_batches[0])
+
+
 def test_a_resumed_fit_counts_reloads_from_the_epoch_it_resumes_at(make_trainer, tmp_path):
     """Lightning's rule on resume: its loaders are made when the resumed fit starts (epoch 3 here), so with
     every 2 epochs they are made again at epochs 5 and 7 (not at 4 and 6, as a run from epoch 0 would)."""
@@ -95,9 +151,11 @@ def test_a_resumed_fit_counts_reloads_from_the_epoch_it_resumes_at(make_trainer,
     first.save_checkpoint(tmp_path / "epoch3.ckpt")
     module = CountsLoads()
     make_trainer(max_epochs=8, reload_dataloaders_every_n_epochs=2).fit(module, ckpt_path=tmp_path / "epoch3.ckpt")
-    # The first loads come before the checkpoint's state is restored (docs/lightning.md), at its epoch 0.
+    # The first train load comes before the checkpoint's state is restored (docs/lightning.md), at its epoch 0;
+    # the val loaders, as Lightning's, are made before on_train_start of the resumed fit: Lightning 2.6.5 gives
+    # val loads at [3, 5, 7] for this run (its train loads are [3, 5, 7]).
     assert [epoch for kind, epoch in module.loads if kind == "train"] == [0, 5, 7]
-    assert [epoch for kind, epoch in module.loads if kind == "val"] == [0, 5, 7]
+    assert [epoch for kind, epoch in module.loads if kind == "val"] == [3, 5, 7]
 
 
 @pytest.mark.parametrize("stage, step", [("fit", "training_step"), ("fit", "validation_step"),

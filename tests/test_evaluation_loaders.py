@@ -128,7 +128,7 @@ def test_a_val_loader_for_a_module_without_validation_step_is_not_read_and_warns
         validation_step = TrainingModule.validation_step
 
     trainer = make_trainer(max_epochs=2)
-    with pytest.warns(UserWarning, match="TrainOnly defines no validation_step, so validation is skipped") as warned:
+    with pytest.warns(UserWarning, match="You passed in a `val_dataloader` but have no `validation_step`. Skipping val loop: TrainOnly") as warned:
         trainer.fit(TrainOnly(), loader(0.0), Untouchable(loader(0.0).dataset))
     assert len(warned) == 1 and trainer.global_step == 4
 

@@ -3,6 +3,7 @@
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
+from linear_regression import LinearRegression, regression_samples
 from strategies.loaders import ContiguousShard, rebuild_dataloader
 
 
@@ -35,3 +36,28 @@ def test_prediction_shards_are_contiguous_blocks_that_cover_the_dataset_once():
         assert [index for shard in shards for index in shard] == list(range(length))
         assert max(map(len, shards)) - min(map(len, shards)) <= 1
     assert [list(ContiguousShard(10, rank, 4)) for rank in range(4)] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(torch.arange(6.0).split(1))
+
+
+class _RegressionStream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(TensorDataset(*regression_samples(8)))
+
+
+def test_a_loader_of_an_iterable_dataset_is_rebuilt_without_its_implicit_sampler():
+    # DataLoader refuses an explicit sampler for an IterableDataset: the rebuilt one makes its own, as the user's did
+    # (Lightning 2.6.5 trains on such a loader with workers: test_double_iter_in_iterable_dataset.py).
+    for batch_size, expected in ((None, [[0.0], [1.0], [2.0], [3.0], [4.0], [5.0]]), (2, [[[0.0], [1.0]], [[2.0], [3.0]], [[4.0], [5.0]]])):
+        rebuilt = rebuild_dataloader(DataLoader(_Stream(), batch_size=batch_size), num_workers=0)
+        assert [batch.tolist() for batch in rebuilt] == expected
+
+
+def test_fit_with_a_seed_trains_on_an_iterable_dataset(make_trainer):
+    # Trainer(seed=...) gives the loader a seeded generator, which rebuilds it.
+    trainer = make_trainer(max_epochs=1, seed=1)
+    trainer.fit(LinearRegression(), DataLoader(_RegressionStream(), batch_size=4))
+    assert trainer.global_step == 2

@@ -252,6 +252,6 @@ def test_the_loops_warnings_point_at_the_users_line_not_at_cadence(make_trainer,
     with pytest.warns(UserWarning) as caught:
         make_trainer(max_steps=-1, limit_train_batches=1).fit(NoValidationStep(), regression_loader, regression_loader)
     where = {str(w.message): w.filename for w in caught}
-    assert any(text.startswith("Neither max_epochs nor max_steps is set") for text in where)
-    assert any(text.startswith("NoValidationStep defines no validation_step") for text in where)
+    assert any(text.startswith("`max_epochs` was not set") for text in where)
+    assert any(text.startswith("You passed in a `val_dataloader` but have no `validation_step`") for text in where)
     assert set(where.values()) == {__file__}

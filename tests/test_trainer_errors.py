@@ -150,7 +150,9 @@ def test_without_max_epochs_or_max_steps_a_sized_loader_stops_after_1000_epochs(
             trainer.should_stop = True
 
     trainer = make_trainer(callbacks=[StopAtOnce()])
-    with pytest.warns(UserWarning, match="Neither max_epochs nor max_steps is set; training stops after max_epochs=1000"):
+    # Lightning 2.6.5's words (its test_max_epochs_not_set_warning).
+    with pytest.warns(UserWarning, match="`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch "
+                                         "limit, set `max_epochs=-1`"):
         trainer.fit(Model(), regression_loader)
     assert trainer.max_epochs == 1000
 
@@ -184,7 +186,9 @@ def test_validation_step_without_a_val_loader_warns(make_trainer, regression_loa
         def validation_step(self, batch, batch_idx):
             self.log("val/loss", 0.0)
 
-    with pytest.warns(UserWarning, match="defines validation_step but fit got no val_dataloaders"):
+    # Lightning 2.6.5's words first (its test_fit_val_loop_config), then what to do.
+    with pytest.warns(UserWarning, match="You defined a `validation_step` but have no `val_dataloader`. Skipping val loop: "
+                                         "WithValidation's fit got no val_dataloaders"):
         make_trainer(max_epochs=1).fit(WithValidation(), regression_loader)
 
 
@@ -225,7 +229,10 @@ def test_an_int_val_check_interval_longer_than_the_epoch_is_an_error(make_traine
         ({"val_check_interval": 1.5}, r"Trainer\(val_check_interval=1.5\): you passed invalid value 1.5; use a float in \(0.0, 1.0\]"),
         ({"val_check_interval": 0}, r"Trainer\(val_check_interval=0\)"),
         ({"val_check_interval": True}, r"Trainer\(val_check_interval=True\)"),
-        ({"check_val_every_n_epoch": None}, r"check_val_every_n_epoch=None, val_check_interval=1.0\).*needs an int"),
+        # Lightning 2.6.5's sentence (its test_val_check_interval_float_with_none_check_val_every_n_epoch), then Cadence's way.
+        ({"check_val_every_n_epoch": None}, r"check_val_every_n_epoch=None, val_check_interval=1.0\): `val_check_interval` "
+                                            r"should be an integer or a time-based duration .*Cadence has no time-based "
+                                            r"validation: use an int"),
         ({"limit_train_batches": 1.5}, r"Trainer\(limit_train_batches=1.5\): you passed invalid value 1.5, a "
                                        r"fraction outside \[0.0, 1.0\]"),
         ({"limit_val_batches": -1}, r"Trainer\(limit_val_batches=-1\): you passed invalid value -1, a negative one"),
@@ -256,7 +263,9 @@ def test_a_share_of_the_epoch_below_one_batch_reports_the_share_given(make_train
 
 
 def test_a_fractional_limit_on_an_endless_loader_is_an_error(make_trainer):
-    with pytest.raises(ValueError, match="is a fraction, but the loader has no length"):
+    # Lightning 2.6.5's words first (its test_inf_dataloader_raise_error_with_partial_batch_limits), then the value given.
+    with pytest.raises(ValueError, match=r"When using an `IterableDataset`, `Trainer\(limit_train_batches\)` must be `1.0` "
+                                         r"or an int: limit_train_batches=0.5 is a fraction"):
         make_trainer(max_steps=2, limit_train_batches=0.5).fit(Model(), DataLoader(Stream(), batch_size=4))
 
 

@@ -9,6 +9,7 @@ Where a test needs GPUs this machine lacks, it mocks the ``torch.cuda`` queries 
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 
 import pytest
@@ -195,6 +196,14 @@ def test_should_stop_waits_for_min_epochs_and_min_steps(make_trainer, minimum, s
     trainer = make_trainer(max_epochs=5, callbacks=[StopAtOnce()], **minimum)
     trainer.fit(Regressor(), data())  # 8 batches per epoch
     assert (trainer.global_step, trainer.current_epoch) == (steps, epochs)
+
+
+def test_should_stop_before_min_epochs_says_so_once_through_logging(make_trainer, caplog):
+    # Lightning 2.6.5 logs this line once at INFO (test_trainer_min_steps_and_min_epochs_not_reached), and trains on.
+    with caplog.at_level(logging.INFO):
+        make_trainer(max_epochs=5, min_epochs=2, callbacks=[StopAtOnce()]).fit(Regressor(), data())
+    said = [record for record in caplog.records if "`min_epochs=2` or `min_steps=None` has not been met" in record.message]
+    assert len(said) == 1 and said[0].levelno == logging.INFO
 
 
 # --- what else happens around the loop ----------------------------------------------------------------

@@ -80,8 +80,10 @@ def check_trainer_arguments(
         )
     if check_val_every_n_epoch is None and isinstance(val_check_interval, float):
         raise ValueError(
-            f"Trainer(check_val_every_n_epoch=None, val_check_interval={val_check_interval}): without epochs "
-            "to count, validation needs an int val_check_interval (every N training batches)."
+            f"Trainer(check_val_every_n_epoch=None, val_check_interval={val_check_interval}): `val_check_interval` should "
+            "be an integer or a time-based duration (str 'DD:HH:MM:SS', datetime.timedelta, or dict kwargs for timedelta) "
+            "when `check_val_every_n_epoch=None`. Cadence has no time-based validation: use an int val_check_interval "
+            "(every N training batches)."
         )
     for stage, value in limits.items():
         check_limit(value, "limit_val_batches" if stage == "validate" else f"limit_{stage}_batches")

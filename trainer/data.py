@@ -66,17 +66,18 @@ def explain_ones(given: dict[str, Any]) -> None:
         rank_zero_info(f"`Trainer({name}={value})` was configured so {means}.")
 
 
-def limited_length(length: int | None, limit: Any) -> int | None:
-    """How many batches to run from a loader of ``length`` batches under ``limit_*_batches``."""
+def limited_length(length: int | None, limit: Any, kind: str = "*") -> int | None:
+    """How many batches to run from a loader of ``length`` batches under ``limit_{kind}_batches``."""
     if limit is None:
         return length
     if isinstance(limit, float):
         if length is None:
             if limit == 1.0:
                 return None
-            raise ValueError(
-                f"limit_*_batches={limit} is a fraction, but the loader has no length (an "
-                "IterableDataset); pass a whole number of batches instead."
+            raise ValueError(  # Lightning's words first
+                f"When using an `IterableDataset`, `Trainer(limit_{kind}_batches)` must be `1.0` or an int: "
+                f"limit_{kind}_batches={limit} is a fraction, but the loader has no length. An int specifies "
+                f"`num_{kind}_batches` to use."
             )
         return int(length * limit) if limit < 1.0 else length
     return limit if length is None else min(length, limit)
@@ -99,7 +100,8 @@ def default_max_epochs(max_epochs: int | None, max_steps: int, loader: Any, warn
                 "max_steps is set, so training would never end. Pass Trainer(max_steps=N) or max_epochs=N."
             )
         if warn:
-            warn_at_users_line("Neither max_epochs nor max_steps is set; training stops after max_epochs=1000.")
+            warn_at_users_line("`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set "
+                               "`max_epochs=-1` (neither max_epochs nor max_steps is set).")
         return 1000
     return -1 if max_epochs is None else max_epochs  # max_steps ends the run (trainer.max_epochs reads -1, as in Lightning)
 
@@ -156,7 +158,7 @@ def prepare_loader(loader: Any, stage: str, *, shuffle: bool, strategy: Any, see
     if shard:
         loader = strategy.setup_dataloader(loader, shuffle=shuffle, contiguous=stage == "predict")
     length = loader_length(loader)
-    count = limited_length(length, limit)
+    count = limited_length(length, limit, {"validate": "val"}.get(stage, stage))
     if count == 0 and stage == "train":
         if isinstance(limit, float) and limit > 0:  # as Lightning, name the share given and the least that works
             raise ValueError(

@@ -190,12 +190,12 @@ def _check_validation(module: Any, data: DataSource, validates: bool) -> frozens
     name = type(module).__name__
     if not overrides(module, "validation_step"):
         if data.defines("val") and validates:
-            warn(f"{name} defines no validation_step, so validation is skipped and its val loaders are not "
-                 "used. Define validation_step, or pass no val_dataloaders.")
+            warn(f"You passed in a `val_dataloader` but have no `validation_step`. Skipping val loop: {name} defines "
+                 "no validation_step, so its val loaders are not used. Define validation_step, or pass no val_dataloaders.")
         return frozenset({"val"})
     if not data.defines("val") and validates:
-        warn(f"{name} defines validation_step but fit got no val_dataloaders and no val_dataloader() hook; "
-             "validation will not run. Pass val_dataloaders=... to fit.")
+        warn(f"You defined a `validation_step` but have no `val_dataloader`. Skipping val loop: {name}'s fit got no "
+             "val_dataloaders and no val_dataloader() hook. Pass val_dataloaders=... to fit.")
     return frozenset() if validates else frozenset({"val"})  # limit_val_batches=0: no val_dataloader() call, as Lightning
 
 

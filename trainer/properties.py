@@ -21,6 +21,7 @@ import torch
 import callbacks as callbacks_package
 from callbacks.console import warn
 from trainer.log_dir import preview_log_dir
+from trainer.stage_loaders import estimated_stepping_batches
 from trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 
 if TYPE_CHECKING:
@@ -254,6 +255,16 @@ class TrainerProperties:
                 if (context := callback.module_init_context()) is not None:
                     contexts.enter_context(context)
             yield
+
+    @property
+    def estimated_stepping_batches(self: Trainer) -> int | float:
+        """The optimizer steps fit will take (trainer/stage_loaders.py). Asked during fit before the training loader
+        is made (in configure_optimizers), it makes it now (the one view that does): fit trains on that one."""
+        if self.stage == "fit" and self._data is not None and self._fit_loaders is None \
+                and math.isinf(self.num_training_batches):
+            self._make_loaders("fit", self._data, ("train",))
+        return estimated_stepping_batches(self.num_training_batches, self.accumulate_grad_batches, self.max_epochs,
+                                          self.max_steps)
 
     def print(self: Trainer, *args: Any, **kwargs: Any) -> None:
         """``print`` on the first process of each machine only (local rank 0), as Lightning's ``trainer.print``."""

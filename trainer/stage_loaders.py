@@ -83,6 +83,12 @@ class FitLoaders:
     val_limits: list[int | float]  # the batches the loop runs of each loader in ``val``
     made: list[Any]  # the loaders made this time: their persistent workers end with the stage (end_workers)
     val_loaded_at: float = 0  # the epoch the val loaders count as made at, as Lightning counts (val_reload_due)
+    val_pending: bool = False  # validation is defined but its loaders not made yet: as Lightning's, when it first runs
+
+    @property
+    def validates(self) -> bool:
+        """Whether fit validates: loaders with batches, or loaders still to be made."""
+        return self.val is not None or self.val_pending
 
 
 def load_fit_data(trainer: Trainer, data: DataSource, previous: FitLoaders | None = None,
@@ -93,11 +99,17 @@ def load_fit_data(trainer: Trainer, data: DataSource, previous: FitLoaders | Non
     offset = trainer.current_epoch - trainer.current_epoch % every if every else 0
     if "train" in kinds:
         train = _load_train(trainer, data, offset)
+    elif previous is None:  # the sanity check's val loaders come first, as Lightning's: the training loader next
+        train = dict(train=None, shown=None, sampler=None, max_epochs=trainer.max_epochs, num_training_batches=math.inf, made=[])
     else:  # the training loader in use, and no loader made
         train = {name: getattr(previous, name) for name in _TRAIN_FIELDS} | {"made": []}
+    if "val" not in kinds and previous is None:  # as Lightning's: the val loaders are made when validation first runs
+        return FitLoaders(**train, val=None, num_val_batches=[], val_limits=[], val_loaded_at=-math.inf,
+                          val_pending=data.defines("val"))
     if "val" not in kinds:
         return FitLoaders(**train, val=previous.val, num_val_batches=previous.num_val_batches,
-                          val_limits=previous.val_limits, val_loaded_at=previous.val_loaded_at)
+                          val_limits=previous.val_limits, val_loaded_at=previous.val_loaded_at,
+                          val_pending=previous.val_pending)
     val = [prepare_stage_loader(trainer, loader, "validate", False, offset) for loader in data.loaders("val")]
     trainer.metrics.restart_evaluation_steps("validate")  # new loaders: their step rows count from 0 (Lightning's)
     val_counts = [count for _, count in val]
@@ -148,10 +160,16 @@ def resumed_fit_loaders(loaders: FitLoaders, trainer: Trainer) -> FitLoaders:
     return dataclasses.replace(loaders, val_loaded_at=_val_loaded_at(trainer))
 
 
+def validates_in(epoch: int, check_val_every_n_epoch: int | None) -> bool:
+    """Whether fit validates in ``epoch`` (``check_val_every_n_epoch``; None: by batches, every epoch may)."""
+    return check_val_every_n_epoch is None or (epoch + 1) % check_val_every_n_epoch == 0
+
+
 def val_reload_due(every: int, epoch: int, loaders: FitLoaders, data: DataSource) -> bool:
-    """reload_dataloaders_every_n_epochs (``every``) for the val loaders, asked when validation is about to run:
-    as in Lightning, they are made again when ``every`` epochs have passed since they were made."""
-    return bool(every) and data.from_hook("val") and epoch - loaders.val_loaded_at >= every
+    """Whether to make the val loaders now, when validation (or the sanity check) is about to run: the first
+    time (as Lightning's, not before), and with reload_dataloaders_every_n_epochs (``every``) when ``every``
+    epochs have passed since they were made."""
+    return loaders.val_pending or (bool(every) and data.from_hook("val") and epoch - loaders.val_loaded_at >= every)
 
 
 def estimated_stepping_batches(num_batches: int | float, accumulate_grad_batches: int, max_epochs: int | None,
@@ -186,10 +204,11 @@ def limit_reached(max_epochs: int | None, max_steps: int, epoch: int, step: int,
 
 def say_min_not_met(min_epochs: int | None, min_steps: int | None, say: bool) -> bool:
     """should_stop was set before ``min_epochs``/``min_steps`` were met: say so (``say``: rank zero), in
-    Lightning's words; returns True (said)."""
+    Lightning's words, through logging at INFO as Lightning's when the program configured it (else on stderr);
+    returns True (said)."""
     if say:
-        print(f"Cadence: trainer.should_stop was set, but the required `min_epochs={min_epochs}` or "
-              f"`min_steps={min_steps}` has not been met. Training will continue until they are.", file=sys.stderr)
+        info(f"Trainer was signaled to stop but the required `min_epochs={min_epochs!r}` or `min_steps={min_steps!r}` "
+             "has not been met. Training will continue until they are.")
     return True
 
 
@@ -242,7 +261,7 @@ def validation_schedule(val_check_interval: int | float, check_val_every_n_epoch
     """When validation runs in ``epoch`` (of ``num_batches`` training batches); None: not in this epoch.
     A float interval validates every ``int(num_batches * val_check_interval)`` batches, and at the epoch's
     end only where that divides the epoch (as in Lightning: 1/3 of 64 batches is 21, 42 and 63)."""
-    if check_val_every_n_epoch is not None and (epoch + 1) % check_val_every_n_epoch != 0:
+    if not validates_in(epoch, check_val_every_n_epoch):
         return None
     if isinstance(val_check_interval, int):
         if check_val_every_n_epoch is not None and val_check_interval > num_batches:

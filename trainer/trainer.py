@@ -40,8 +40,8 @@ from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_m
 from trainer.shorthands import defaults_from_env_vars, reject_unknown_arguments, translate, with_lightning_defaults
 from trainer.stage import call_exception_hooks, enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
-    NUM_BATCHES, FitLoaders, estimated_stepping_batches, evaluation_batches, evaluation_loaders, gather_predictions, limit_reached,
-    load_fit_data, one_or_list, reload_due, resumed_fit_loaders, say_fit_stopped, say_min_not_met, say_trained_nothing, shown_counts, train_batches, val_reload_due, validation_schedule,
+    NUM_BATCHES, FitLoaders, evaluation_batches, evaluation_loaders, gather_predictions, limit_reached,
+    load_fit_data, one_or_list, reload_due, resumed_fit_loaders, say_fit_stopped, say_min_not_met, say_trained_nothing, shown_counts, train_batches, val_reload_due, validates_in, validation_schedule,
 )
 from trainer.state import (
     Progress, failed_fit_state, fitted_module, handoff_state, is_accumulated_log_step, logger_step, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
@@ -258,8 +258,10 @@ class Trainer(TrainerProperties, SearchSeams):
     # --- fit: the loop ---------------------------------------------------------------------
     def _run_fit(self, module: TrainingModule, data: DataSource, ckpt_path: Any) -> None:
         checkpoint = read_checkpoint(self.strategy, ckpt_path, module, self.optimizers, self.datamodule)
-        if self._fit_loaders is None:  # made already if configure_optimizers asked for estimated_stepping_batches
-            self._make_loaders("fit", data)
+        if self._fit_loaders is None and ckpt_path is None and self.num_sanity_val_steps != 0:  # Lightning's order: the
+            self._run_sanity_check(make_only=True)  # sanity check's val loaders (its RNG isolated), then the training loader
+        if self._fit_loaders is None or self._fit_loaders.sampler is None:  # made already if configure_optimizers asked for
+            self._make_loaders("fit", data, ("train",))  # estimated_stepping_batches; the val loaders when validation first runs
         self.should_stop, self._said_min_not_met, self._end_of_fit, self._progress.resumed, self._guard.losses = False, False, None, None, []
         if ckpt_path is not None:  # the loop continues where the checkpoint was written
             resumed = restore(self, ckpt_path, state=checkpoint, sampler=self._progress.sampler)
@@ -271,11 +273,13 @@ class Trainer(TrainerProperties, SearchSeams):
         for callback in self.callbacks:
             callback.on_fit_start(self, module)
         module.on_fit_start()
-        if self._fit_loaders.val is not None and self._progress.resumed is None and self.num_sanity_val_steps != 0:
+        if self._fit_loaders.validates and self._progress.resumed is None and self.num_sanity_val_steps != 0:
             self._run_sanity_check()  # on the val loaders as on_fit_start left them (a search there may make new ones)
         if self._finished():  # a second fit to the same limit, a resume from the end, limit_train_batches=0: as Lightning's, no training hooks
             say_trained_nothing(limit_reached(self.max_epochs, self.max_steps, self.current_epoch, self.global_step, self.limits["train"]), self.is_global_zero)
         else:
+            if self._fit_loaders.val_pending and validates_in(self.current_epoch, self.check_val_every_n_epoch):
+                self._make_loaders("fit", data, ("val",))  # as Lightning's, for on_train_start (the progress bar)
             if self.is_global_zero:  # Lightning's warning: fit keeps the user's train/eval modes
                 warn_eval_modules(module)
             for callback in self.callbacks:
@@ -331,9 +335,9 @@ class Trainer(TrainerProperties, SearchSeams):
         for callback in self.callbacks:
             callback.on_train_epoch_start(self, module)
         module.on_train_epoch_start()
-        train_loader, val_loaders, num_batches = self._fit_loaders.train, self._fit_loaders.val, self.num_training_batches  # after the hooks: a search there may have made new ones
-        schedule = None if val_loaders is None else validation_schedule(self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch, num_batches)
-        if progress.resumed is not None and progress.resumed.validation_pending and val_loaders is not None:
+        train_loader, validates, num_batches = self._fit_loaders.train, self._fit_loaders.validates, self.num_training_batches  # after the hooks: a search there may have made new ones
+        schedule = None if not validates else validation_schedule(self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch, num_batches)
+        if progress.resumed is not None and progress.resumed.validation_pending and validates:
             restore_rng_state(progress.resumed.rng["now"])  # the checkpoint's, whatever the hooks since drew
             self._run_validation()  # what the run that wrote it did next
             progress.resumed = progress.resumed.after_validation()
@@ -508,13 +512,17 @@ class Trainer(TrainerProperties, SearchSeams):
 
     # --- validation, test, predict ---------------------------------------------------------
     @measured("validation")
-    def _run_sanity_check(self) -> None:
+    def _run_sanity_check(self, make_only: bool = False) -> None:
         self.sanity_checking = True
         try:
-            for callback in self.callbacks:
-                callback.on_sanity_check_start(self, self.module)
-            steps = math.inf if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
-            with preserved_rng():  # checking costs the training run no random numbers
+            with preserved_rng():  # checking costs the training run no random numbers (val_dataloader() included, as Lightning's)
+                if self._fit_loaders is None or self._fit_loaders.val_pending:  # made now: val_dataloader() sees sanity_checking
+                    self._make_loaders("fit", self._data, ("val",))
+                if make_only or self._fit_loaders.val is None:  # they have no batch
+                    return
+                for callback in self.callbacks:
+                    callback.on_sanity_check_start(self, self.module)
+                steps = math.inf if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
                 self._evaluation_loop("validate", self._fit_loaders.val, [min(steps, count) for count in self._fit_loaders.val_limits])
             for callback in self.callbacks:
                 callback.on_sanity_check_end(self, self.module)
@@ -525,11 +533,13 @@ class Trainer(TrainerProperties, SearchSeams):
     @measured("validation")
     def _run_validation(self) -> None:
         self._progress.validation_pending = False  # a checkpoint from here on resumes after it
+        if val_reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, self._fit_loaders, self._data):
+            self._make_loaders("fit", self._data, ("val",))  # as in Lightning: first when validation runs, then every n epochs
+        if self._fit_loaders.val is None:  # their loaders have no batch
+            return
         self._log(self.metrics.before_validation(self._logger_step()))  # the loggers' pending values first, in step order
         if ends_accumulation_window(self.batch_idx, self.accumulate_grad_batches, self._progress.epoch_batches):
             self.module.on_validation_model_zero_grad()  # default: module.zero_grad(), every gradient freed (Lightning)
-        if val_reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, self._fit_loaders, self._data):
-            self._make_loaders("fit", self._data, ("val",))  # as in Lightning: when validation is next due
         # It draws from the global RNG (the val loader's iter(), the steps' draws) as Lightning's: the same data order after it.
         self._evaluation_loop("validate", self._fit_loaders.val, self._fit_loaders.val_limits)
         self.metrics.start_training()
@@ -587,14 +597,4 @@ class Trainer(TrainerProperties, SearchSeams):
                 self.metrics.keep_evaluation_step_values(batch_idx)  # the batch's on_step values, read at the end
         self.metrics.evaluation.set_loader(None)
         return predictions
-
-    @property
-    def estimated_stepping_batches(self) -> int | float:
-        """The optimizer steps fit will take (trainer/stage_loaders.py). Asked during fit before the loaders
-        are made (in configure_optimizers), it makes them now: fit trains on those."""
-        if self.stage == "fit" and self._data is not None and self._fit_loaders is None \
-                and math.isinf(self.num_training_batches):
-            self._make_loaders("fit", self._data)
-        return estimated_stepping_batches(self.num_training_batches, self.accumulate_grad_batches, self.max_epochs,
-                                          self.max_steps)
 

@@ -58,6 +58,7 @@ MAP: dict[str, str | Refused] = {
     "lightning.pytorch.loggers.Logger": "callbacks.Logger",
     "lightning.pytorch.loggers.TensorBoardLogger": "callbacks.TensorBoardLogger",
     "lightning.pytorch.loggers.CSVLogger": "callbacks.CSVLogger",
+    "lightning.pytorch.loggers.csv_logs.ExperimentWriter": "callbacks.csv_logger.ExperimentWriter",
     "lightning.pytorch.loggers.WandbLogger": Refused(NO_SERVICES),
     "lightning.pytorch.loggers.MLFlowLogger": Refused(NO_SERVICES),
     "lightning.pytorch.loggers.CometLogger": Refused(NO_SERVICES),

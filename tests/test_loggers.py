@@ -318,7 +318,10 @@ def test_a_logger_that_cannot_write_says_so(tmp_path):
     blocked = tmp_path / "a_file"
     blocked.write_text("")
     logger = CSVLogger(blocked, name="")  # its directory would be a_file/version_0
-    logger.log_metrics({"loss": 1.0}, step=1)
+    # By hand the writer opens its directory at the first call, which fails there (Lightning 2.6.5's
+    # raises FileExistsError from that call too).
+    with pytest.raises(RuntimeError, match=r"CSVLogger could not write to .*a_file/version_0: .*Not a directory"):
+        logger.log_metrics({"loss": 1.0}, step=1)
     with pytest.warns(UserWarning, match=r"CSVLogger could not write to .*a_file/version_0: .*Not a directory"):
         logger.finalize()
     with pytest.raises(RuntimeError, match=r"CSVLogger could not write to .*a_file/version_0: "):
@@ -440,3 +443,21 @@ def test_a_logger_used_by_hand_has_written_hparams_yaml_when_log_hyperparams_ret
     logger.log_hyperparams({"a": 1, "b": 2})
     written = tmp_path / "exp" / "2020-02-05-162402" / "hparams.yaml"
     assert written.is_file() and yaml.safe_load(written.read_text()) == {"a": 1, "b": 2}
+
+
+def test_csv_logger_by_hand_has_lightnings_experiment_and_flush(tmp_path):
+    # Every figure here is what Lightning 2.6.5's CSVLogger does with the same calls.
+    logger = CSVLogger(tmp_path, name="exp", flush_logs_every_n_steps=3)
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.log_metrics({"a": 2.0}, step=1)
+    assert [row["step"] for row in logger.experiment.metrics] == [0, 1]  # not saved yet
+    assert not Path(logger.experiment.metrics_file_path).exists()
+    logger.log_metrics({"a": 3.0, "b": 1.0}, step=2)  # (2 + 1) % 3 == 0: saved
+    assert logger.experiment.metrics == []
+    assert Path(logger.experiment.metrics_file_path).read_text().splitlines() == [
+        "a,b,step", "1.0,,0", "2.0,,1", "3.0,1.0,2"]
+    again = CSVLogger(tmp_path, name="exp", version=0)  # a new logger on that version starts the file over
+    with pytest.warns(UserWarning, match=r"Experiment logs directory .*version_0 exists and is not empty"):
+        again.log_metrics({"c": 1.0}, step=5)
+    again.save()
+    assert Path(again.experiment.metrics_file_path).read_text().splitlines() == ["c,step", "1.0,5"]

@@ -59,6 +59,8 @@ MAP: dict[str, str | Refused] = {
     "lightning.pytorch.loggers.TensorBoardLogger": "callbacks.TensorBoardLogger",
     "lightning.pytorch.loggers.CSVLogger": "callbacks.CSVLogger",
     "lightning.pytorch.loggers.csv_logs.ExperimentWriter": "callbacks.csv_logger.ExperimentWriter",
+    "lightning.pytorch.loggers.logger.DummyLogger": "callbacks.DummyLogger",
+    "lightning.pytorch.loggers.logger.DummyExperiment": "callbacks.DummyExperiment",
     "lightning.pytorch.loggers.WandbLogger": Refused(NO_SERVICES),
     "lightning.pytorch.loggers.MLFlowLogger": Refused(NO_SERVICES),
     "lightning.pytorch.loggers.CometLogger": Refused(NO_SERVICES),

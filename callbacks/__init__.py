@@ -24,7 +24,7 @@ from callbacks.device_stats_monitor import DeviceStatsMonitor
 from callbacks.early_stopping import EarlyStopping
 from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from callbacks.async_logger import AsyncLogger
-from callbacks.logging import Logger, LoggerAdapter, as_logger
+from callbacks.logging import DummyExperiment, DummyLogger, Logger, LoggerAdapter, as_logger
 from callbacks.lr_finder import LearningRateFinder, LRFinder
 from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.microbatch import AutoMicrobatch
@@ -58,7 +58,7 @@ from callbacks.torch_flags import TorchFlags
 
 __all__ = [
     "AMP", "AdvancedProfiler", "AsyncLogger", "AutoMicrobatch", "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter",
-    "BatchSizeFinder", "CSVLogger", "Callback", "Checkpoint", "Compile", "DeviceStatsMonitor", "EarlyStopping",
+    "BatchSizeFinder", "CSVLogger", "Callback", "Checkpoint", "Compile", "DeviceStatsMonitor", "DummyExperiment", "DummyLogger", "EarlyStopping",
     "GradientAccumulationScheduler",
     "GradientCheckpointing", "LRFinder", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "Logger", "LoggerAdapter",
     "ModelCheckpoint", "ModelPruning", "ModelSummary", "OnExceptionCheckpoint", "PassThroughProfiler", "PerformanceReport",

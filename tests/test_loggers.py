@@ -16,7 +16,8 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import Callback, CSVLogger, LearningRateMonitor, Logger, ModelCheckpoint, TensorBoardLogger
+from callbacks import (Callback, CSVLogger, DummyExperiment, DummyLogger, LearningRateMonitor, Logger, ModelCheckpoint,
+                       TensorBoardLogger)
 from trainer import Trainer, TrainingModule
 
 EPOCHS, BATCHES, VAL_BATCHES, LOG_EVERY = 2, 6, 3, 2
@@ -461,3 +462,23 @@ def test_csv_logger_by_hand_has_lightnings_experiment_and_flush(tmp_path):
         again.log_metrics({"c": 1.0}, step=5)
     again.save()
     assert Path(again.experiment.metrics_file_path).read_text().splitlines() == ["c,step", "1.0,5"]
+
+
+def test_dummy_logger_takes_every_call_and_keeps_nothing(make_trainer):
+    # As Lightning 2.6.5's DummyLogger and DummyExperiment: any method with any arguments, "" names.
+    logger = DummyLogger()
+    logger.log_hyperparams("1", 2, three="three")
+    logger.log_metrics("1", 2, three="three")
+    assert logger.log_text("a", step=1) is None  # a method it does not define (WandbLogger's)
+    assert (logger.name, logger.version) == ("", "")
+    experiment = logger[0].experiment
+    experiment["variable"] = "value"
+    assert isinstance(experiment["variable"], DummyExperiment) and experiment[0].add_image("x") is None
+
+    class UsesTheLogger(Logged):
+        def on_train_epoch_end(self):
+            self.logger.experiment.add_histogram("weights", self.layer.weight)
+
+    trainer = make_trainer(max_epochs=1, logger=logger)
+    trainer.fit(UsesTheLogger(), loader(2))
+    assert trainer.logger is logger

@@ -155,3 +155,22 @@ def test_lightnings_phrases_are_in_the_messages_about_hyperparameters_and_checkp
         ModelCheckpoint(every_n_train_steps=1, every_n_epochs=2)
     with pytest.raises(ValueError, match=r'use "min" or "max" \(`mode` can be min, max but got unknown\)'):
         ModelCheckpoint(mode="unknown")
+
+
+def test_hparams_a_subclass_defines_is_the_one_read_and_searched():
+    # As Lightning 2.6.5 (its hparams is a property a class attribute overrides): lightning_getattr
+    # reads 2 from the class's dict, and the DataModule's the same way.
+    from callbacks.search import get_attribute, has_attribute, set_attribute
+
+    class WithDict(TrainingModule):
+        hparams = {"learning_rate": 2}
+
+    class WithDictData(DataModule):
+        hparams = {"batch_size": 3}
+
+    module = WithDict()
+    assert module.hparams == {"learning_rate": 2}
+    assert has_attribute(module, "learning_rate") and get_attribute(module, "learning_rate") == 2
+    set_attribute(module, "learning_rate", 5)
+    assert module.hparams["learning_rate"] == 5
+    assert WithDictData().hparams == {"batch_size": 3}

@@ -88,7 +88,7 @@ class HyperparametersMixin:
         flag back off then, the loggers do not get them (``hparams.yaml`` is ``{}``; checkpoints keep them)."""
         if "hparams" in self.__dict__:
             self._log_hyperparams = False
-        else:
+        elif not _class_hparams(type(self)):
             self.hparams = HParams()
 
     @property
@@ -96,6 +96,17 @@ class HyperparametersMixin:
         """A copy of the hyperparameters as ``save_hyperparameters`` kept them (later changes to
         ``hparams`` are not in it): what the loggers record."""
         return copy.deepcopy(self.__dict__.get("_hparams_initial", HParams()))
+
+
+def _class_hparams(cls: type) -> bool:
+    """Whether a subclass defines ``hparams`` itself (a dict, a namespace, a property): that one is read, as
+    in Lightning, where it overrides the ``hparams`` property (until ``save_hyperparameters`` keeps some)."""
+    for klass in cls.__mro__:
+        if klass is HyperparametersMixin:
+            return False
+        if "hparams" in vars(klass):
+            return True
+    return False
 
 
 def _ignored(ignore: Sequence[str] | str | None) -> set[str]:

@@ -174,3 +174,24 @@ def test_hparams_a_subclass_defines_is_the_one_read_and_searched():
     set_attribute(module, "learning_rate", 5)
     assert module.hparams["learning_rate"] == 5
     assert WithDictData().hparams == {"batch_size": 3}
+
+
+def test_collect_init_args_and_parse_class_init_keys_as_lightnings():
+    # The values Lightning 2.6.5's lightning.pytorch.utilities.parsing functions give for these classes.
+    import inspect
+
+    from trainer.hparams import collect_init_args, parse_class_init_keys
+
+    class Parent:
+        def __init__(self, anyarg, anykw=42, **kwargs):
+            super().__init__()
+            self.result = collect_init_args(inspect.currentframe(), [])
+
+    class Child(Parent):
+        def __init__(self, anyarg, childarg, *extra, anykw=42, **options):
+            super().__init__(anyarg, anykw=anykw, **options)
+
+    child = Child("a", "b", 1, anykw=3, other=4)
+    assert child.result == [{"anyarg": "a", "anykw": 3, "other": 4}, {"anyarg": "a", "childarg": "b", "anykw": 3, "other": 4}]
+    assert parse_class_init_keys(Child) == ("self", "extra", "options")
+    assert parse_class_init_keys(Parent) == ("self", None, "kwargs")

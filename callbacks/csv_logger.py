@@ -61,7 +61,7 @@ class CSVLogger(AsyncLogger):
         ``metrics.csv`` there (Lightning's), unless this logger wrote that directory itself. A CSV file
         holds no images, so its ``add_*`` methods (``add_image``...) do nothing."""
         if self._experiment is None:
-            self._experiment = ExperimentWriter(self)
+            self._experiment = ExperimentWriter._of(self)
             if (not self._attached and self._save_dir is not None and self._rank_zero
                     and Path(self.log_dir) not in self._written):
                 self._experiment._check_log_dir_exists()
@@ -159,8 +159,20 @@ class ExperimentWriter:
     NAME_METRICS_FILE = "metrics.csv"
     NAME_HPARAMS_FILE = "hparams.yaml"
 
-    def __init__(self, logger: CSVLogger) -> None:
-        self.logger = logger
+    def __init__(self, log_dir: str | os.PathLike) -> None:
+        """Lightning's ``ExperimentWriter(log_dir)`` on its own: a ``CSVLogger`` that writes into ``log_dir``
+        (a directory that exists and is not empty warns, and its ``metrics.csv`` goes, as Lightning's)."""
+        directory = Path(log_dir)
+        self.logger = CSVLogger(directory.parent, name="", version=directory.name)
+        self.logger._experiment = self
+        self._check_log_dir_exists()
+        directory.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def _of(cls, logger: CSVLogger) -> ExperimentWriter:
+        writer = cls.__new__(cls)
+        writer.logger = logger
+        return writer
 
     @property
     def log_dir(self) -> str:

@@ -482,3 +482,15 @@ def test_dummy_logger_takes_every_call_and_keeps_nothing(make_trainer):
     trainer = make_trainer(max_epochs=1, logger=logger)
     trainer.fit(UsesTheLogger(), loader(2))
     assert trainer.logger is logger
+
+
+def test_csv_experiment_writer_made_on_its_own_writes_into_its_directory(tmp_path):
+    # Lightning 2.6.5's ExperimentWriter(log_dir) writes this file for these calls.
+    from callbacks.csv_logger import ExperimentWriter
+
+    writer = ExperimentWriter(tmp_path / "run")
+    writer.log_metrics({"loss": 0.5}, step=0)
+    writer.log_metrics({"loss": 0.25}, step=1)
+    writer.save()
+    assert writer.log_dir == str(tmp_path / "run")
+    assert Path(writer.metrics_file_path).read_text().splitlines() == ["loss,step", "0.5,0", "0.25,1"]

@@ -58,6 +58,9 @@ MAP: dict[str, str | Refused] = {
     "lightning.pytorch.loggers.Logger": "callbacks.Logger",
     "lightning.pytorch.loggers.TensorBoardLogger": "callbacks.TensorBoardLogger",
     "lightning.pytorch.loggers.CSVLogger": "callbacks.CSVLogger",
+    "lightning.pytorch.loggers.csv_logs.ExperimentWriter": "callbacks.csv_logger.ExperimentWriter",
+    "lightning.pytorch.loggers.logger.DummyLogger": "callbacks.DummyLogger",
+    "lightning.pytorch.loggers.logger.DummyExperiment": "callbacks.DummyExperiment",
     "lightning.pytorch.loggers.WandbLogger": Refused(NO_SERVICES),
     "lightning.pytorch.loggers.MLFlowLogger": Refused(NO_SERVICES),
     "lightning.pytorch.loggers.CometLogger": Refused(NO_SERVICES),
@@ -72,6 +75,8 @@ MAP: dict[str, str | Refused] = {
     # lightning.pytorch.tuner
     "lightning.pytorch.tuner.Tuner": "trainer.Tuner",
     # lightning.pytorch.utilities
+    "lightning.pytorch.utilities.parsing.collect_init_args": "trainer.hparams.collect_init_args",
+    "lightning.pytorch.utilities.parsing.parse_class_init_keys": "trainer.hparams.parse_class_init_keys",
     "lightning.pytorch.utilities.rank_zero_only": "trainer.utilities.rank_zero_only",
     "lightning.pytorch.utilities.rank_zero_info": "trainer.utilities.rank_zero_info",
     "lightning.pytorch.utilities.rank_zero_warn": "trainer.utilities.rank_zero_warn",

@@ -27,7 +27,7 @@ from callbacks.device_stats_monitor import DeviceStatsMonitor
 from callbacks.early_stopping import EarlyStopping
 from callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from callbacks.async_logger import AsyncLogger
-from callbacks.logging import Logger, LoggerAdapter, as_logger
+from callbacks.logging import DummyExperiment, DummyLogger, Logger, LoggerAdapter, as_logger
 from callbacks.lr_finder import LearningRateFinder, LRFinder
 from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.microbatch import AutoMicrobatch
@@ -61,7 +61,7 @@ from callbacks.torch_flags import TorchFlags
 
 __all__ = [
     "AMP", "AdvancedProfiler", "AsyncLogger", "AutoMicrobatch", "BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter",
-    "BatchSizeFinder", "CSVLogger", "Callback", "Checkpoint", "Compile", "DeviceStatsMonitor", "EarlyStopping",
+    "BatchSizeFinder", "CSVLogger", "Callback", "Checkpoint", "Compile", "DeviceStatsMonitor", "DummyExperiment", "DummyLogger", "EarlyStopping",
     "GradientAccumulationScheduler",
     "GradientCheckpointing", "LRFinder", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "Logger", "LoggerAdapter",
     "ModelCheckpoint", "ModelPruning", "ModelSummary", "OnExceptionCheckpoint", "PassThroughProfiler", "PerformanceReport",
@@ -111,8 +111,9 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
                          f"{len(bars)} progress bars "
                          f"({', '.join(type(bar).__name__ for bar in bars)}); only one is supported: pass one.")
     if bars and enable_progress_bar is False:
-        raise ValueError(f"Trainer(enable_progress_bar=False) but callbacks holds a {type(bars[0]).__name__}; remove "
-                         "one of them (ProgressBar(refresh_rate=0) keeps the bar object and draws nothing).")
+        name = "TQDMProgressBar" if type(bars[0]) is ProgressBar else type(bars[0]).__name__  # Lightning's wording
+        raise ValueError(f"Trainer was configured with `enable_progress_bar=False` but found `{name}` in the callbacks "
+                         "list: remove one of them (ProgressBar(refresh_rate=0) keeps the bar object and draws nothing).")
     if enable_progress_bar and not bars:
         callbacks.append(ProgressBar())
     if enable_checkpointing and not any(isinstance(c, Checkpoint) for c in callbacks):

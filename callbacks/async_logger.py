@@ -165,8 +165,9 @@ class AsyncLogger(Logger):
         if step is not None:
             self._last_step = int(step)
         self._add(self.write, values, self._last_step)
-        self._flush_if_due(self._last_step)
-        if not self._attached:
+        if self._attached:
+            self._flush_if_due(self._last_step)
+        else:
             self._write_alone()
 
     def log_hyperparams(self, params: Mapping[str, Any] | Any = None, *args: Any, **kwargs: Any) -> None:

@@ -19,9 +19,13 @@ from __future__ import annotations
 import csv
 import os
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from callbacks.async_logger import AsyncLogger
+from callbacks.console import warn
 from callbacks.logging import do_nothing
 
 FIXED_COLUMNS = ["step"]  # every row has one; the rest (epoch included) as the metrics come
@@ -50,15 +54,37 @@ class CSVLogger(AsyncLogger):
         self.flush_every_n_steps = flush_logs_every_n_steps
 
     @property
-    def experiment(self) -> _CSVExperiment:
-        """Lightning's CSV experiment writer (``log_metrics``, ``log_hparams``, ``save``). A CSV file
-        holds no images, so its ``add_*`` methods (``add_image``, ``add_histogram``...) do nothing:
-        Lightning code that calls them on every logger's experiment runs unchanged."""
+    def experiment(self) -> ExperimentWriter:
+        """Lightning's CSV experiment writer (``metrics``, ``metrics_file_path``, ``log_dir``,
+        ``log_metrics``, ``log_hparams``, ``save``). Made by hand (without a Trainer), as Lightning's
+        at the logger's first call, it warns when ``log_dir`` exists and is not empty and removes the
+        ``metrics.csv`` there (Lightning's), unless this logger wrote that directory itself. A CSV file
+        holds no images, so its ``add_*`` methods (``add_image``...) do nothing."""
         if self._experiment is None:
-            self._experiment = _CSVExperiment(self)
+            self._experiment = ExperimentWriter._of(self)
+            if (not self._attached and self._save_dir is not None and self._rank_zero
+                    and Path(self.log_dir) not in self._written):
+                self._experiment._check_log_dir_exists()
         return self._experiment
 
-    _experiment: _CSVExperiment | None = None
+    _experiment: ExperimentWriter | None = None
+
+    def log_metrics(self, metrics: Mapping[str, float | torch.Tensor], step: int | None = None) -> None:
+        """As :meth:`AsyncLogger.log_metrics`; by hand (without a Trainer), as Lightning's: ``save()``
+        when ``(step + 1) % flush_logs_every_n_steps == 0`` (``step`` None: the rows not yet saved)."""
+        if self._attached or not self._rank_zero or self._save_dir is None:
+            return super().log_metrics(metrics, step)
+        writer = self.experiment
+        self._write_alone()  # the writer first: the rows then wait for save() (Lightning's experiment.metrics)
+        due = (step if step is not None else len(writer.metrics)) + 1
+        super().log_metrics(metrics, step)
+        if due % self.flush_every_n_steps == 0:
+            self.save()
+
+    def log_hyperparams(self, params: Mapping[str, Any] | Any = None, *args: Any, **kwargs: Any) -> None:
+        if not self._attached and self._rank_zero and self._save_dir is not None:
+            self.experiment  # by hand, Lightning's experiment is made (the directory checked) first
+        super().log_hyperparams(params, *args, **kwargs)
 
     def open(self, directory: Path, resume_step: int | None) -> None:
         self.path = directory / "metrics.csv"
@@ -124,9 +150,47 @@ class CSVLogger(AsyncLogger):
         return state
 
 
-class _CSVExperiment:
-    def __init__(self, logger: CSVLogger) -> None:
-        self.logger = logger
+class ExperimentWriter:
+    """``CSVLogger.experiment``: Lightning's ``ExperimentWriter`` surface over the logger's writer thread.
+
+    ``metrics`` are the rows logged and not yet handed to the writer thread (``save()`` hands them
+    over and returns once they are in the file; the thread also takes them within a second)."""
+
+    NAME_METRICS_FILE = "metrics.csv"
+    NAME_HPARAMS_FILE = "hparams.yaml"
+
+    def __init__(self, log_dir: str | os.PathLike) -> None:
+        """Lightning's ``ExperimentWriter(log_dir)`` on its own: a ``CSVLogger`` that writes into ``log_dir``
+        (a directory that exists and is not empty warns, and its ``metrics.csv`` goes, as Lightning's)."""
+        directory = Path(log_dir)
+        self.logger = CSVLogger(directory.parent, name="", version=directory.name)
+        self.logger._experiment = self
+        self._check_log_dir_exists()
+        directory.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def _of(cls, logger: CSVLogger) -> ExperimentWriter:
+        writer = cls.__new__(cls)
+        writer.logger = logger
+        return writer
+
+    @property
+    def log_dir(self) -> str:
+        return self.logger.log_dir
+
+    @property
+    def metrics_file_path(self) -> str:
+        return os.path.join(self.log_dir, self.NAME_METRICS_FILE)
+
+    @property
+    def metrics(self) -> list[dict[str, float]]:
+        """The rows not yet handed over, each with its ``"step"`` (a copy: read-only)."""
+        write = self.logger.write
+        return [{**args[0], "step": args[1]} for function, args in self.logger._pending if function == write]
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        return self.logger.hparams
 
     def log_metrics(self, metrics_dict: dict[str, float], step: int | None = None) -> None:
         self.logger.log_metrics(metrics_dict, step)
@@ -136,6 +200,13 @@ class _CSVExperiment:
 
     def save(self) -> None:
         self.logger.save()
+
+    def _check_log_dir_exists(self) -> None:
+        directory = Path(self.log_dir)
+        if directory.is_dir() and any(directory.iterdir()):
+            warn(f"Experiment logs directory {self.log_dir} exists and is not empty. "
+                 "Previous log files in this directory will be deleted when the new ones are saved!")
+            Path(self.metrics_file_path).unlink(missing_ok=True)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("add_"):

@@ -100,6 +100,61 @@ class Logger(Callback):
         self._failed = True  # the teardown that follows does not finalize it again as "success"
 
 
+class DummyExperiment:
+    """An experiment whose every method does nothing (``experiment[0].add_image(...)`` included),
+    as Lightning's ``DummyExperiment``: it keeps nothing, so an item set is not there to read back."""
+
+    def nop(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and friends see a plain object
+            raise AttributeError(name)
+        return self.nop
+
+    def __getitem__(self, index: Any) -> DummyExperiment:
+        return self
+
+    def __setitem__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class DummyLogger(Logger):
+    """Lightning's ``DummyLogger``: a logger that records nothing, for code that needs one to call.
+
+    Every method, its own and any other (``log_text``, ``log_image``...), takes any arguments and
+    does nothing; ``experiment`` is a :class:`DummyExperiment`; ``name`` and ``version`` are ``""``."""
+
+    def __init__(self) -> None:
+        self._experiment = DummyExperiment()
+
+    @property
+    def experiment(self) -> DummyExperiment:
+        return self._experiment
+
+    @property
+    def name(self) -> str:
+        return ""
+
+    @property
+    def version(self) -> str:
+        return ""
+
+    def log_metrics(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_hyperparams(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __getitem__(self, index: int) -> DummyLogger:
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # private and special names: the Trainer and copy see a plain Logger
+            raise AttributeError(name)
+        return do_nothing
+
+
 class LoggerAdapter(Logger):
     """A logger that is not a ``callbacks.Logger``: any object with Lightning's logger methods (a
     ``unittest.mock.Mock``, a class written for Lightning's interface), called as Lightning calls its

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
 
 
+_clock = time.perf_counter  # bound at import, as the loop's clock (trainer/timing.py PhaseTimes.clock)
+
+
 class PerformanceReport(Callback):
     """Print and save where the time of ``fit`` went, with recommendations drawn from it.
 
@@ -60,7 +63,7 @@ class PerformanceReport(Callback):
 
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
         if stage == "fit":
-            self._start = (time.perf_counter(), trainer.phase_times.totals())
+            self._start = (_clock(), trainer.phase_times.totals())
             self._loop_thread = None
             device = trainer.strategy.device
             if device.type == "cuda":  # the report's peak is this fit's, not the process's
@@ -70,7 +73,7 @@ class PerformanceReport(Callback):
         self._first = (trainer.global_step, trainer.current_epoch)  # after a checkpoint was restored
 
     def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        self._loop_thread = (time.thread_time(), time.perf_counter())  # the loop runs in this thread
+        self._loop_thread = (time.thread_time(), _clock())  # the loop runs in this thread
 
     def on_fit_end(self, trainer: Trainer, module: TrainingModule) -> None:
         if self._start is None:
@@ -112,7 +115,7 @@ def measure_run(trainer: Trainer, module: TrainingModule, started: float, before
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", trainer.world_size))
     return RunFacts(
-        seconds=time.perf_counter() - started, data_wait=spent["data_wait"], training_steps=spent["training_steps"],
+        seconds=_clock() - started, data_wait=spent["data_wait"], training_steps=spent["training_steps"],
         validation=spent["validation"], checkpointing=spent["checkpointing"], logging=spent["logging"],
         batches=int(spent["batches"]), optimizer_steps=trainer.global_step - first_step,
         epochs=trainer.current_epoch - first_epoch, samples_per_batch=batch_size(loader),
@@ -126,7 +129,7 @@ def measure_run(trainer: Trainer, module: TrainingModule, started: float, before
         cpus_per_process=max(1, cores // max(1, local)), torch_threads=torch.get_num_threads(), local_processes=local,
         load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         loop_thread_cpu=time.thread_time() - loop_thread[0] if loop_thread else None,
-        loop_thread_wall=time.perf_counter() - loop_thread[1] if loop_thread else None,
+        loop_thread_wall=_clock() - loop_thread[1] if loop_thread else None,
         microbatches=facts.get("microbatches"),
     )
 

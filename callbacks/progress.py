@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +35,9 @@ class ProgressBar(Callback):
     """Progress bars on rank zero (Lightning's ``TQDMProgressBar``).
 
     Args:
-        refresh_rate: redraw every this many batches; 0 turns the bars (and the lines) off.
+        refresh_rate: redraw every this many batches; 0 turns the bars (and the lines) off. As in
+            Lightning, the environment variable ``TQDM_MINITERS`` raises it to at least its value,
+            and on Colab (``COLAB_GPU`` set) 1 becomes 20.
         process_position: where the bars go among other tqdm bars (several scripts at once).
         leave: keep each epoch's finished bar on screen (one bar per epoch) instead of one bar for
             the whole fit.
@@ -57,6 +60,7 @@ class ProgressBar(Callback):
                                  + (" (0 turns the bars off)." if name == "refresh_rate" else "."))
         if not isinstance(leave, bool):
             raise ValueError(f"ProgressBar(leave={leave!r}): use True or False.")
+        refresh_rate = _resolve_refresh_rate(refresh_rate)
         self._refresh_rate, self._process_position, self._leave = refresh_rate, process_position, leave
         self._enabled = True
         self.interactive = False  # stderr is a terminal: the bars are drawn
@@ -166,11 +170,11 @@ class ProgressBar(Callback):
 
     def print(self, *args: Any, sep: str = " ", **kwargs: Any) -> None:
         """``print`` that keeps a drawn bar whole (``self.print`` in a module comes here)."""
-        drawn = [bar for bar in (self._train_progress_bar, self._val_progress_bar, self._test_progress_bar,
-                                 self._predict_progress_bar) if bar is not None and not bar.disable]
-        if drawn:
-            self._tqdm.write(sep.join(map(str, args)), file=kwargs.get("file"), end=kwargs.get("end", "\n"))
-        else:
+        made = any(bar is not None for bar in (self._train_progress_bar, self._val_progress_bar,
+                                               self._test_progress_bar, self._predict_progress_bar))
+        if made and self.is_enabled:  # through tqdm.write, as Lightning's (the same text when no bar is drawn)
+            self._tqdm.write(sep.join(map(str, args)), **{k: v for k, v in kwargs.items() if k != "flush"})
+        else:  # no bar (Lightning's would print nothing)
             print(*args, sep=sep, **kwargs)
 
     # --- hooks ----------------------------------------------------------------------------------
@@ -199,11 +203,12 @@ class ProgressBar(Callback):
         self.val_progress_bar.close()
 
     def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        if not self._leave:  # one bar for the whole fit; with leave, each epoch makes its own
-            self.train_progress_bar = self.init_train_tqdm()
+        self.train_progress_bar = self.init_train_tqdm()  # one bar for the whole fit (with leave, as Lightning's too)
 
     def on_train_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None:
-        if self._leave:  # a bar per epoch
+        if self._leave:  # a bar per epoch; the one before goes (on_train_start's: cleared, never having shown an epoch)
+            previous, previous.leave = self.train_progress_bar, False
+            previous.close()
             self.train_progress_bar = self.init_train_tqdm()
         bar = self.train_progress_bar
         bar.reset(total=_total(self.total_train_batches))
@@ -318,6 +323,7 @@ class RichProgressBar(ProgressBar):
             raise ValueError(f"RichProgressBar(refresh_rate={refresh_rate!r}): redraws per second, a number >= 0 "
                              "(0 turns the bars off).")
         super().__init__(refresh_rate=1 if refresh_rate else 0, leave=leave)
+        self._refresh_rate = 1 if refresh_rate else 0  # TQDM_MINITERS and Colab are TQDMProgressBar's, not Rich's
 
 
 @functools.lru_cache(maxsize=None)
@@ -325,6 +331,19 @@ def _without_monitor(tqdm_class: type) -> type:
     """``tqdm_class`` without tqdm's monitor: the thread that any bar starts, drawn or not, and that wakes
     every 10 s for the whole run to redraw a stalled bar. A bar that is not drawn has nothing to redraw."""
     return type(tqdm_class.__name__, (tqdm_class,), {"monitor_interval": 0, "__module__": tqdm_class.__module__})
+
+
+def _resolve_refresh_rate(refresh_rate: int) -> int:
+    """Lightning's: Colab draws every 20 batches rather than every one; ``TQDM_MINITERS`` is a least rate."""
+    if os.environ.get("COLAB_GPU") and refresh_rate == 1:
+        return 20
+    if "TQDM_MINITERS" in os.environ:
+        value = os.environ["TQDM_MINITERS"]
+        if not value.strip().isdigit():
+            raise ValueError(f"TQDM_MINITERS={value!r} in the environment: use an int >= 0 (the least refresh rate of "
+                             "the progress bar), or unset it.")
+        return max(int(value), refresh_rate)
+    return refresh_rate
 
 
 def _total(value: int | float) -> int | None:

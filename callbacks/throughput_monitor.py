@@ -117,6 +117,7 @@ class _Count:
 
     def __init__(self, throughput: Throughput) -> None:
         self.throughput, self.t0, self.batches, self.samples, self.lengths = throughput, time.perf_counter(), 0, 0, 0
+        self.last = self.t0  # the clock at the last update
         throughput.reset()
 
 
@@ -171,6 +172,7 @@ class ThroughputMonitor(Callback):
         count.throughput.update(time=now - count.t0, batches=count.batches, samples=count.samples,
                                 lengths=count.lengths if self.length_fn is not None else None,
                                 flops=module.flops_per_batch if self._module_has_flops else None)
+        count.last = now
         if stage == "train":
             self._last_train_update = now
         if logs:
@@ -204,8 +206,10 @@ class ThroughputMonitor(Callback):
         train = self._counts.get("train")
         if trainer.sanity_checking or trainer.stage != "fit" or train is None or self._last_train_update is None:
             return
-        # Training's clock skips the validation: from its last update to now (as Lightning's).
-        train.t0 += time.perf_counter() - self._last_train_update
+        # Training's clock skips the validation: from its last update to validation's last (as Lightning's,
+        # which reads no clock here: what follows validation's last batch counts as training).
+        validation = self._counts.get("validate")
+        train.t0 += (validation.last if validation is not None else time.perf_counter()) - self._last_train_update
 
     def on_test_start(self, trainer: Trainer, module: TrainingModule) -> None:
         self._start(trainer, "test")

@@ -75,7 +75,7 @@ def test_progress_bar_arguments_are_checked_and_one_bar_is_allowed():
         ProgressBar(process_position=1.5)
     with pytest.raises(ValueError, match=r"^You added multiple progress bar callbacks to the Trainer: .*holds 2 progress bars \(ProgressBar, ProgressBar\); only one is supported"):
         Trainer(strategy="cpu", callbacks=[ProgressBar(), ProgressBar()])
-    with pytest.raises(ValueError, match=r"Trainer\(enable_progress_bar=False\) but callbacks holds a ProgressBar"):
+    with pytest.raises(ValueError, match=r"enable_progress_bar=False` but found `TQDMProgressBar`"):
         Trainer(strategy="cpu", callbacks=[ProgressBar()], enable_progress_bar=False)
 
 

@@ -155,3 +155,43 @@ def test_lightnings_phrases_are_in_the_messages_about_hyperparameters_and_checkp
         ModelCheckpoint(every_n_train_steps=1, every_n_epochs=2)
     with pytest.raises(ValueError, match=r'use "min" or "max" \(`mode` can be min, max but got unknown\)'):
         ModelCheckpoint(mode="unknown")
+
+
+def test_hparams_a_subclass_defines_is_the_one_read_and_searched():
+    # As Lightning 2.6.5 (its hparams is a property a class attribute overrides): lightning_getattr
+    # reads 2 from the class's dict, and the DataModule's the same way.
+    from callbacks.search import get_attribute, has_attribute, set_attribute
+
+    class WithDict(TrainingModule):
+        hparams = {"learning_rate": 2}
+
+    class WithDictData(DataModule):
+        hparams = {"batch_size": 3}
+
+    module = WithDict()
+    assert module.hparams == {"learning_rate": 2}
+    assert has_attribute(module, "learning_rate") and get_attribute(module, "learning_rate") == 2
+    set_attribute(module, "learning_rate", 5)
+    assert module.hparams["learning_rate"] == 5
+    assert WithDictData().hparams == {"batch_size": 3}
+
+
+def test_collect_init_args_and_parse_class_init_keys_as_lightnings():
+    # The values Lightning 2.6.5's lightning.pytorch.utilities.parsing functions give for these classes.
+    import inspect
+
+    from trainer.hparams import collect_init_args, parse_class_init_keys
+
+    class Parent:
+        def __init__(self, anyarg, anykw=42, **kwargs):
+            super().__init__()
+            self.result = collect_init_args(inspect.currentframe(), [])
+
+    class Child(Parent):
+        def __init__(self, anyarg, childarg, *extra, anykw=42, **options):
+            super().__init__(anyarg, anykw=anykw, **options)
+
+    child = Child("a", "b", 1, anykw=3, other=4)
+    assert child.result == [{"anyarg": "a", "anykw": 3, "other": 4}, {"anyarg": "a", "childarg": "b", "anykw": 3, "other": 4}]
+    assert parse_class_init_keys(Child) == ("self", "extra", "options")
+    assert parse_class_init_keys(Parent) == ("self", None, "kwargs")

@@ -16,7 +16,8 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import Callback, CSVLogger, LearningRateMonitor, Logger, ModelCheckpoint, TensorBoardLogger
+from callbacks import (Callback, CSVLogger, DummyExperiment, DummyLogger, LearningRateMonitor, Logger, ModelCheckpoint,
+                       TensorBoardLogger)
 from trainer import Trainer, TrainingModule
 
 EPOCHS, BATCHES, VAL_BATCHES, LOG_EVERY = 2, 6, 3, 2
@@ -318,7 +319,10 @@ def test_a_logger_that_cannot_write_says_so(tmp_path):
     blocked = tmp_path / "a_file"
     blocked.write_text("")
     logger = CSVLogger(blocked, name="")  # its directory would be a_file/version_0
-    logger.log_metrics({"loss": 1.0}, step=1)
+    # By hand the writer opens its directory at the first call, which fails there (Lightning 2.6.5's
+    # raises FileExistsError from that call too).
+    with pytest.raises(RuntimeError, match=r"CSVLogger could not write to .*a_file/version_0: .*Not a directory"):
+        logger.log_metrics({"loss": 1.0}, step=1)
     with pytest.warns(UserWarning, match=r"CSVLogger could not write to .*a_file/version_0: .*Not a directory"):
         logger.finalize()
     with pytest.raises(RuntimeError, match=r"CSVLogger could not write to .*a_file/version_0: "):
@@ -440,3 +444,53 @@ def test_a_logger_used_by_hand_has_written_hparams_yaml_when_log_hyperparams_ret
     logger.log_hyperparams({"a": 1, "b": 2})
     written = tmp_path / "exp" / "2020-02-05-162402" / "hparams.yaml"
     assert written.is_file() and yaml.safe_load(written.read_text()) == {"a": 1, "b": 2}
+
+
+def test_csv_logger_by_hand_has_lightnings_experiment_and_flush(tmp_path):
+    # Every figure here is what Lightning 2.6.5's CSVLogger does with the same calls.
+    logger = CSVLogger(tmp_path, name="exp", flush_logs_every_n_steps=3)
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.log_metrics({"a": 2.0}, step=1)
+    assert [row["step"] for row in logger.experiment.metrics] == [0, 1]  # not saved yet
+    assert not Path(logger.experiment.metrics_file_path).exists()
+    logger.log_metrics({"a": 3.0, "b": 1.0}, step=2)  # (2 + 1) % 3 == 0: saved
+    assert logger.experiment.metrics == []
+    assert Path(logger.experiment.metrics_file_path).read_text().splitlines() == [
+        "a,b,step", "1.0,,0", "2.0,,1", "3.0,1.0,2"]
+    again = CSVLogger(tmp_path, name="exp", version=0)  # a new logger on that version starts the file over
+    with pytest.warns(UserWarning, match=r"Experiment logs directory .*version_0 exists and is not empty"):
+        again.log_metrics({"c": 1.0}, step=5)
+    again.save()
+    assert Path(again.experiment.metrics_file_path).read_text().splitlines() == ["c,step", "1.0,5"]
+
+
+def test_dummy_logger_takes_every_call_and_keeps_nothing(make_trainer):
+    # As Lightning 2.6.5's DummyLogger and DummyExperiment: any method with any arguments, "" names.
+    logger = DummyLogger()
+    logger.log_hyperparams("1", 2, three="three")
+    logger.log_metrics("1", 2, three="three")
+    assert logger.log_text("a", step=1) is None  # a method it does not define (WandbLogger's)
+    assert (logger.name, logger.version) == ("", "")
+    experiment = logger[0].experiment
+    experiment["variable"] = "value"
+    assert isinstance(experiment["variable"], DummyExperiment) and experiment[0].add_image("x") is None
+
+    class UsesTheLogger(Logged):
+        def on_train_epoch_end(self):
+            self.logger.experiment.add_histogram("weights", self.layer.weight)
+
+    trainer = make_trainer(max_epochs=1, logger=logger)
+    trainer.fit(UsesTheLogger(), loader(2))
+    assert trainer.logger is logger
+
+
+def test_csv_experiment_writer_made_on_its_own_writes_into_its_directory(tmp_path):
+    # Lightning 2.6.5's ExperimentWriter(log_dir) writes this file for these calls.
+    from callbacks.csv_logger import ExperimentWriter
+
+    writer = ExperimentWriter(tmp_path / "run")
+    writer.log_metrics({"loss": 0.5}, step=0)
+    writer.log_metrics({"loss": 0.25}, step=1)
+    writer.save()
+    assert writer.log_dir == str(tmp_path / "run")
+    assert Path(writer.metrics_file_path).read_text().splitlines() == ["loss,step", "0.5,0", "0.25,1"]

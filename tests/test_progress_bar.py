@@ -87,7 +87,8 @@ def test_refresh_rate_zero_keeps_the_bar_object_and_shows_nothing(make_trainer, 
     assert "Epoch 1/1" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("leave, bars", [(False, 1), (True, 2)])
+# As Lightning 2.6.5: one bar at train start, and with leave one more per epoch (3 for 2 epochs).
+@pytest.mark.parametrize("leave, bars", [(False, 1), (True, 3)])
 def test_on_a_terminal_the_bar_is_drawn_one_per_fit_or_one_per_epoch(make_trainer, regression_loader, monkeypatch,
                                                                      leave, bars):
     terminal = Terminal()
@@ -166,3 +167,24 @@ def test_with_max_epochs_minus_one_the_bar_counts_the_steps_max_steps_leaves(mak
     trainer = make_trainer(max_epochs=-1, max_steps=5, enable_progress_bar=True, callbacks=[bar])
     trainer.fit(LinearRegression(), loader)
     assert (trainer.global_step, bar.train_progress_bar.total, bar.train_progress_bar.n) == (5, 5, 5)
+
+
+def test_print_goes_through_tqdm_write_and_tqdm_miniters_raises_the_refresh_rate(make_trainer, regression_loader,
+                                                                                  monkeypatch):
+    # As Lightning 2.6.5: self.print writes through tqdm.write with the print's keywords once a bar is
+    # made (also when it is not drawn); TQDM_MINITERS=2 makes refresh_rate=1 a 2 (and 0 a 2).
+    written = []
+    monkeypatch.setattr("tqdm.tqdm.write", lambda text, **kwargs: written.append((text, kwargs)))
+
+    class Printing(Validated):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 0:
+                self.print("training", 1, end="")
+            return super().training_step(batch, batch_idx)
+
+    trainer = make_trainer(max_epochs=1, enable_progress_bar=True)
+    trainer.fit(Printing(), regression_loader)
+    assert written == [("training 1", {"end": ""})]
+    monkeypatch.setenv("TQDM_MINITERS", "2")
+    assert (ProgressBar(refresh_rate=1).refresh_rate, ProgressBar(refresh_rate=0).refresh_rate,
+            ProgressBar(refresh_rate=5).refresh_rate) == (2, 2, 5)

@@ -56,6 +56,11 @@ def test_the_monitor_writes_each_stage_at_log_steps_and_warns_once_without_flops
         ThroughputMonitor(batch_size_fn=len, windows=3)
 
 
+class Validated(LinearRegression):
+    def validation_step(self, batch, batch_idx):
+        pass
+
+
 class Stream(torch.utils.data.IterableDataset):
     """48 samples from a loader without a length: its last batch is known only when it comes."""
 
@@ -74,3 +79,22 @@ def test_under_accumulation_the_monitor_writes_at_window_ends_and_lightnings_ste
     with pytest.warns(UserWarning, match="flops_per_batch"):
         trainer.fit(LinearRegression(), torch.utils.data.DataLoader(Stream(), batch_size=8))
     assert [(step, row["train/batches"]) for step, row in recorder.rows if "train/batches" in row] == expected
+
+
+def test_training_time_skips_validation_up_to_its_last_batch_and_the_loop_keeps_its_own_clock(make_trainer,
+                                                                                                regression_loader):
+    # Lightning 2.6.5's test_throughput_monitor_fit_with_validation: the monitor's clock reads are these
+    # times (the loop's own clock is bound at import, so patching time.perf_counter feeds the monitor
+    # alone); training's time at the second step is 7 + (19 - 13), validation's 13 - 11.
+    from unittest import mock
+
+    recorder = Recorder()
+    monitor = ThroughputMonitor(batch_size_fn=lambda batch: 1, window_size=2)
+    trainer = make_trainer(max_steps=2, val_check_interval=1, limit_val_batches=1, log_every_n_steps=1,
+                           num_sanity_val_steps=0, logger=recorder, callbacks=[monitor])
+    timings = [0, 7, 11, 13, 19, 21, 22]  # train t0, train t1, val t0, val t1, train t1, the last validation
+    with mock.patch("time.perf_counter", side_effect=timings):
+        trainer.fit(Validated(), regression_loader, regression_loader)
+    times = [(step, row.get("train/time", row.get("validate/time"))) for step, row in recorder.rows
+             if "train/time" in row or "validate/time" in row]
+    assert times[:3] == [(0, 7), (1, 2), (1, 13)]

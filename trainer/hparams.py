@@ -88,7 +88,7 @@ class HyperparametersMixin:
         flag back off then, the loggers do not get them (``hparams.yaml`` is ``{}``; checkpoints keep them)."""
         if "hparams" in self.__dict__:
             self._log_hyperparams = False
-        else:
+        elif not _class_hparams(type(self)):
             self.hparams = HParams()
 
     @property
@@ -96,6 +96,17 @@ class HyperparametersMixin:
         """A copy of the hyperparameters as ``save_hyperparameters`` kept them (later changes to
         ``hparams`` are not in it): what the loggers record."""
         return copy.deepcopy(self.__dict__.get("_hparams_initial", HParams()))
+
+
+def _class_hparams(cls: type) -> bool:
+    """Whether a subclass defines ``hparams`` itself (a dict, a namespace, a property): that one is read, as
+    in Lightning, where it overrides the ``hparams`` property (until ``save_hyperparameters`` keeps some)."""
+    for klass in cls.__mro__:
+        if klass is HyperparametersMixin:
+            return False
+        if "hparams" in vars(klass):
+            return True
+    return False
 
 
 def _ignored(ignore: Sequence[str] | str | None) -> set[str]:
@@ -172,3 +183,46 @@ def as_dict(hparams: Any, owner: str) -> dict[str, Any]:
     raise ValueError(f"{owner}.save_hyperparameters({hparams!r}): one object is kept as the hyperparameters when it "
                      f"is a dict or an argparse.Namespace, not a {type(hparams).__name__}. Pass argument names as "
                      "strings, or a dict.")
+
+
+def parse_class_init_keys(cls: type) -> tuple[str, str | None, str | None]:
+    """Lightning's ``parse_class_init_keys``: the names ``cls.__init__`` gives ``self``, ``*args`` and
+    ``**kwargs`` (None for those it does not take)."""
+    parameters = list(inspect.signature(cls.__init__).parameters.values())
+    var = {kind: next((p.name for p in parameters if p.kind == kind), None)
+           for kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+    return parameters[0].name, var[inspect.Parameter.VAR_POSITIONAL], var[inspect.Parameter.VAR_KEYWORD]
+
+
+def collect_init_args(frame: types.FrameType, path_args: list[dict[str, Any]], inside: bool = False,
+                      classes: tuple[type, ...] = ()) -> list[dict[str, Any]]:
+    """Lightning's ``collect_init_args``: appends to ``path_args`` the arguments of each ``__init__`` running
+    at and above ``frame`` in one chain of ``super().__init__`` calls (of an instance of ``classes`` when
+    given), the innermost first, ``**kwargs`` merged in; returns ``path_args``. Cadence's own
+    ``save_hyperparameters`` reads the frames with :func:`init_arguments`."""
+    while isinstance(frame.f_back, types.FrameType):
+        local = frame.f_locals
+        owner, arguments = _super_init_arguments(frame)
+        if "__class__" in local and (not classes or isinstance(owner, classes)):
+            path_args.append(arguments)
+            inside = True
+        elif inside:
+            break
+        frame = frame.f_back
+    return path_args
+
+
+def _super_init_arguments(frame: types.FrameType) -> tuple[Any, dict[str, Any]]:
+    """The object and the arguments of an ``__init__`` frame that calls ``super()``; (None, {}) for another frame."""
+    local = frame.f_locals
+    if "__class__" not in local or frame.f_code.co_name != "__init__":
+        return None, {}
+    cls = local["__class__"]
+    self_name, args_name, kwargs_name = parse_class_init_keys(cls)
+    arguments: dict[str, Any] = {}
+    for name in inspect.signature(cls.__init__).parameters:
+        if name == kwargs_name:
+            arguments.update(local.get(name, {}))
+        elif name not in (self_name, args_name, "frame", "frame_args"):
+            arguments[name] = local[name]
+    return local.get(self_name), arguments

@@ -14,7 +14,6 @@ import datetime
 import functools
 import math
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -342,7 +341,7 @@ class Trainer(TrainerProperties, SearchSeams):
             self._run_validation()  # what the run that wrote it did next
             progress.resumed = progress.resumed.after_validation()
         batch_idx = -1
-        times, clock = self.phase_times, time.perf_counter  # two host clock reads a batch, no device sync
+        times, clock = self.phase_times, self.phase_times.clock  # two host clock reads a batch, no device sync
         times.start_loop(progress.batches_seen)
         # The strategy moves the batches (on CUDA it copies the next one while this one computes).
         batches = train_batches(train_loader, self.current_epoch, num_batches, progress, hooks.transfer)

@@ -3,6 +3,7 @@ module object, a too-short epoch for the logging interval."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 
@@ -90,6 +91,28 @@ def test_batch_transfer_hooks_change_every_batch_in_order_the_datamodules_first(
         Augments(), datamodule=Data())
     assert calls == [("before", True, 0), ("after", True, 0), ("before", False, 0), ("after", False, 0),
                      ("before", False, 1), ("after", False, 1)]
+
+
+def test_a_datamodule_hook_wrapping_its_default_on_the_instance_leaves_the_modules_hook(make_trainer, regression_loader):
+    """Lightning's test_hooks wraps every DataModule hook on the instance (functools.partial with
+    update_wrapper) to record it: a wrapper of the default is no override, so the module's runs."""
+    calls = []
+
+    class Augments(LinearRegression):
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            calls.append("module")
+            return batch
+
+    class Data(DataModule):
+        def train_dataloader(self):
+            return regression_loader
+
+    data = Data()
+    for hook in ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer"):
+        default = getattr(data, hook)
+        setattr(data, hook, functools.update_wrapper(functools.partial(default), default))
+    make_trainer(max_epochs=1, limit_train_batches=2).fit(Augments(), datamodule=data)
+    assert calls == ["module", "module"]
 
 
 def test_a_batch_hook_requiring_dataloader_idx_over_one_loader_fails_before_the_first_batch(make_trainer,

@@ -148,9 +148,25 @@ def overrides(obj: Any, hook: str) -> bool:
     does and as ``model.train_dataloader = lambda: loader`` does) instead of inheriting the base's
     default; as in Lightning, a hook set to None (``model.validation_step = None``) is not there."""
     base = DataModule if isinstance(obj, DataModule) else TrainingModule
-    if getattr(obj, hook, None) is None:
+    value = getattr(obj, hook, None)
+    if value is None:
         return False
-    return hook in getattr(obj, "__dict__", {}) or getattr(type(obj), hook) is not getattr(base, hook)
+    if hook in getattr(obj, "__dict__", {}):  # set on the instance: a wrapper of the default is none (Lightning's rule)
+        function = _unwrapped(value)
+        return function is not None and function is not getattr(base, hook)
+    return getattr(type(obj), hook) is not getattr(base, hook)
+
+
+def _unwrapped(value: Any) -> Any:
+    """The function behind ``value``, as Lightning's ``is_overridden`` looks through ``functools.wraps``
+    (``__wrapped__``), ``Mock(wraps=...)`` and ``functools.partial`` to a bound method's function
+    (None for a ``Mock`` that wraps nothing: no override, as in Lightning)."""
+    value = getattr(value, "__wrapped__", value)
+    if type(value).__module__ == "unittest.mock":
+        value = value._mock_wraps
+    elif isinstance(value, functools.partial):
+        value = value.func
+    return getattr(value, "__func__", value)
 
 
 def _loaders(kind: str, datasets: Any, batch_size: int, num_workers: int) -> Any:

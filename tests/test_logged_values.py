@@ -162,6 +162,33 @@ def test_the_keys_and_defaults_are_lightnings(make_trainer):
     assert float(trainer.callback_metrics["loss"]) == float(trainer.callback_metrics["loss_epoch"])
 
 
+def test_a_name_logged_per_step_and_again_in_on_train_epoch_end_is_two_metrics_the_epoch_ends_last(make_trainer,
+                                                                                                     tmp_path):
+    """Lightning keeps a value per hook and name: the epoch-end hook's (per epoch, its defaults there)
+    does not join the batches' per-step metric; it is published after them, so it is what the bar and
+    callback_metrics show at the end. Expected rows: Lightning 2.6.5's metrics.csv for this script."""
+    from callbacks import CSVLogger
+
+    class LogsTwice(LinearRegression):
+        def training_step(self, batch, batch_idx):
+            self.log("shared", torch.tensor(100.0 + batch_idx), prog_bar=True)
+            self.log("both", float(batch_idx), on_epoch=True)
+            return super().training_step(batch, batch_idx)
+
+        def on_train_epoch_end(self):
+            self.log("shared", torch.tensor(111.0 + self.current_epoch), prog_bar=True)  # a tensor: the quick path
+            self.log("both", 7.0)
+
+    trainer = make_trainer(max_epochs=2, logger=CSVLogger(tmp_path), log_every_n_steps=2)
+    trainer.fit(LogsTwice(), loader(16, 4))
+    assert trainer.progress_bar_metrics == {"shared": 112.0}
+    assert {key: float(value) for key, value in trainer.callback_metrics.items()} == {
+        "shared": 112.0, "both": 7.0, "both_step": 3.0, "both_epoch": 1.5}
+    rows = (Path(trainer.log_dir) / "metrics.csv").read_text().splitlines()
+    assert rows == ["both,both_epoch,both_step,epoch,shared,step", ",,1.0,0,101.0,1", ",,3.0,0,103.0,3",
+                    "7.0,1.5,,0,111.0,3", ",,1.0,1,101.0,5", ",,3.0,1,103.0,7", "7.0,1.5,,1,112.0,7"]
+
+
 def test_on_train_batch_end_gets_the_loss_without_its_graph(make_trainer):
     received = []
 

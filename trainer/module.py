@@ -296,8 +296,8 @@ class TrainingModule(HyperparametersMixin, DataHooks, ModelHooks, nn.Module):
     ) -> None:
         """Record a scalar metric. It stays on the device; the Trainer reads it at log steps.
 
-        The arguments are Lightning's, in Lightning's order. How a metric is logged is fixed by its
-        first call in a stage; later calls only add values.
+        The arguments are Lightning's, in Lightning's order. How a metric is logged is fixed by its first call
+        in a stage; a call with other on_step/on_epoch (an epoch-end hook's) is kept apart, as Lightning's per hook.
 
         Args:
             name: the metric's key, e.g. ``"train/loss"``.
@@ -325,7 +325,8 @@ class TrainingModule(HyperparametersMixin, DataHooks, ModelHooks, nn.Module):
             return  # outside a run (a unit test calling training_step): nothing to record
         stage = trainer.metrics.current
         if isinstance(value, torch.Tensor):
-            if name in stage.step_only and metric_attribute is None:  # hot loop: logged before, per step only
+            if name in stage.step_only and metric_attribute is None and not on_epoch and (  # hot loop: per step
+                    on_step or (on_step is None and stage.batch is not None)):  # as before (not an epoch-end hook)
                 stage.step_values[name] = value  # the latest value replaces the last (trainer/metrics.py)
                 return
         elif isinstance(value, numbers.Real):

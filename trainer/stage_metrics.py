@@ -81,24 +81,36 @@ class StageMetrics:
         logged_as = name
         if self.dataloader_suffix and add_dataloader_idx:
             name = name + self.dataloader_suffix
+        key = name  # where it is kept: the name, or apart when logged from another hook with other defaults
         spec = self.specs.get(name)
+        if spec is not None and self._flavour(on_step, on_epoch) != (spec.on_step, spec.on_epoch):
+            # Lightning keys a value by hook and name: "shared" logged per step in training_step and per epoch in
+            # on_train_epoch_end are two metrics, each published when read (the epoch's value last, so it wins).
+            key = f"{name}\x00{self._flavour(on_step, on_epoch)}"
+            spec = self.specs.get(key)
         if spec is None:
             if add_dataloader_idx and "/dataloader_idx_" in logged_as:
                 raise ValueError(f'self.log("{logged_as}", ...): with add_dataloader_idx=True the Trainer adds '
                                  '"/dataloader_idx_N" itself (you called `self.log` with the key '
                                  f'`{logged_as}`); log the name without it, or pass add_dataloader_idx=False.')
             spec = self._register(name, logged_as, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist,
-                                  sync_dist_group, add_dataloader_idx, rank_zero_only)
+                                  sync_dist_group, add_dataloader_idx, rank_zero_only, key)
         elif spec.metric or not isinstance(value, (torch.Tensor, float)):
-            self._check_same_kind(name, value, spec)
+            self._check_same_kind(key, value, spec)
         if spec.on_step:
-            self.step_values[name] = value
+            self.step_values[key] = value
         if spec.metric:
-            self.objects_logged.add(name)
+            self.objects_logged.add(key)
         if spec.accumulates:
             if batch_size is None:  # Lightning's rule: a mean weighs each value by its batch's size
                 batch_size = self._inferred_batch_size() if spec.reduce_fx == "mean" else 1
-            self._accumulate(name, value, spec.reduce_fx, batch_size)
+            self._accumulate(key, value, spec.reduce_fx, batch_size)
+
+    def _flavour(self, on_step: bool | None, on_epoch: bool | None) -> tuple[bool, bool]:
+        """``(on_step, on_epoch)`` of a call, Lightning's defaults filled in: per step in training batches;
+        per epoch elsewhere (on_train_epoch_start/_end too)."""
+        in_steps = self.default_on_step and self.batch is not None
+        return (in_steps if on_step is None else bool(on_step)), ((not in_steps) if on_epoch is None else bool(on_epoch))
 
     def _check_same_kind(self, name: str, value: Any, spec: MetricSpec) -> None:
         if spec.metric != is_metric_object(value):
@@ -118,7 +130,7 @@ class StageMetrics:
 
     def _register(self, name: str, logged_as: str, value: Any, prog_bar: bool, logger: bool | None, on_step: bool | None,
                   on_epoch: bool | None, reduce_fx: Any, sync_dist: bool, sync_dist_group: Any,
-                  add_dataloader_idx: bool, rank_zero_only: bool) -> MetricSpec:
+                  add_dataloader_idx: bool, rank_zero_only: bool, key: str) -> MetricSpec:
         if not isinstance(logged_as, str) or not logged_as:
             raise ValueError(f"self.log(name={logged_as!r}): the name must be a non-empty string.")
         reduce_fx = REDUCE_CALLABLES.get(reduce_fx, reduce_fx) if callable(reduce_fx) else reduce_fx
@@ -143,12 +155,11 @@ class StageMetrics:
                 f"`self.log({name}, {shown})` was called, but {type(value).__name__} values cannot be logged: log a "
                 "number, a one-element tensor or a metric object (update/compute/reset)."
             )
-        # Lightning's defaults: per step in training batches; per epoch elsewhere (on_train_epoch_start/_end too).
-        in_steps = self.default_on_step and self.batch is not None
+        on_step, on_epoch = self._flavour(on_step, on_epoch)
         spec = MetricSpec(
             prog_bar=bool(prog_bar),
-            on_step=in_steps if on_step is None else bool(on_step),
-            on_epoch=(not in_steps) if on_epoch is None else bool(on_epoch),
+            on_step=on_step,
+            on_epoch=on_epoch,
             # A metric object syncs itself in compute(); a value logged on rank zero only has no
             # partner on the other ranks for a collective.
             sync_dist=bool(sync_dist) and not metric and not rank_zero_only,
@@ -164,7 +175,7 @@ class StageMetrics:
             == torch.float64,
         )
         spec.accumulates = spec.on_epoch and not metric
-        if spec.on_step and not spec.on_epoch and not metric and not self.dataloader_suffix:
+        if spec.on_step and not spec.on_epoch and not metric and not self.dataloader_suffix and key == name:
             self.step_only.add(name)
         if logger and not self.has_loggers:  # once per name and stage: the first call registers it
             warn(f"You called `self.log({logged_as!r}, ..., logger=True)` but have no logger configured. Enable one "
@@ -180,8 +191,8 @@ class StageMetrics:
                     "does not keep. Log it with on_step=False, on_epoch=True (compute() at the epoch end), or "
                     "log the batch's value as a tensor."
                 )
-            self.metric_objects[name] = value
-        self.specs[name] = spec
+            self.metric_objects[key] = value
+        self.specs[key] = spec
         return spec
 
     def _accumulate(self, name: str, value: Any, reduce_fx: str, weight: int) -> None:
@@ -217,7 +228,7 @@ class StageMetrics:
             if value is None:  # logged before its first metric(...) call
                 del taken[name]
             else:
-                taken[name] = (_scalar(name, value), taken[name][1])
+                taken[name] = (_scalar(name.split("\x00")[0], value), taken[name][1])
         return taken
 
     def take_epoch_values(self, final: bool = True) -> dict[str, tuple[Any, MetricSpec]]:
@@ -231,7 +242,7 @@ class StageMetrics:
         self.epoch_totals = {}
         for name in self.objects_logged:  # not one only read again (the epoch end reads more than once)
             if self.specs[name].on_epoch:
-                taken[name] = (_scalar(name, self.metric_objects[name].compute()), self.specs[name])
+                taken[name] = (_scalar(name.split("\x00")[0], self.metric_objects[name].compute()), self.specs[name])
         self.computed_objects |= self.objects_logged
         self.objects_logged = set()
         if final:

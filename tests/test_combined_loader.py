@@ -66,6 +66,22 @@ def test_fit_trains_on_a_dict_of_loaders_cycling_the_shorter(make_trainer, regre
     assert limited.num_training_batches == 1 and limited.global_step == 1
 
 
+def test_a_sequential_loader_from_train_dataloader_is_refused_once_its_batches_are_counted(make_trainer):
+    """Lightning's fit loop counts a sequential CombinedLoader's batches (each loader's, under the limit,
+    summed) and then refuses to train on it; the count stays on the Trainer (its test_fit_multiple_train_loaders).
+    Expected: Lightning 2.6.5's count for the same loaders."""
+
+    class Sequential(LinearRegression):
+        def train_dataloader(self):
+            return CombinedLoader([DataLoader(range(8), batch_size=2), DataLoader(range(4), batch_size=2)], "sequential")
+
+    trainer = make_trainer(max_epochs=1, limit_train_batches=3)
+    with pytest.raises(ValueError, match=r'^`_FitLoop` does not support the `CombinedLoader\(mode="sequential"\)` mode. '
+                                         r"The available modes are: \['min_size', 'max_size_cycle', 'max_size'\]"):
+        trainer.fit(Sequential())
+    assert trainer.num_training_batches == 5 and trainer.global_step == 0
+
+
 def test_evaluation_runs_a_collection_in_turn_and_other_modes_combined(make_trainer):
     class Records(LinearRegression):
         def __init__(self):

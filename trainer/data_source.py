@@ -92,6 +92,14 @@ class DataSource:
             raise ValueError(f"{where} returned None; return a DataLoader (or another iterable of batches).")
         return loader_list(loaders, where, several=kind != "train")
 
+    def refuse_sequential_training(self) -> None:
+        """fit's loader is a ``CombinedLoader(mode="sequential")``: Lightning's refusal (after it counted its batches)."""
+        owner = self.hook_owner("train")
+        where = f"{type(owner).__name__}.{HOOKS['train']}()" if owner is not None else self.argument_text("train")
+        raise ValueError(f"`_FitLoop` does not support the `CombinedLoader(mode=\"sequential\")` mode. The available "
+                         f"modes are: {[mode for mode in COMBINED_MODES if mode != 'sequential']}. Training takes a "
+                         f"batch of each loader of {where} at each step: use one of those modes.")
+
     def argument_text(self, kind: str) -> str:
         """How errors name where ``kind`` loaders were passed: "Trainer.fit(val_dataloaders=...)"."""
         return f"Trainer.{self.stage}({self.argument(kind)}=...)"
@@ -147,6 +155,8 @@ def collect_data(stage: str, module: Any, loaders: Any, val_loaders: Any, datamo
     for name in ("train", "val") if stage == "fit" else (kind,):  # what was passed is checked now
         if data.given(name) is not None:
             loader_list(data.given(name), data.argument_text(name), several=name != "train")
+    if stage == "fit" and isinstance(data.given("train"), CombinedLoader) and data.given("train").mode == "sequential":
+        data.refuse_sequential_training()  # passed: before the run starts (from a hook: once counted, as Lightning)
     _check_steps(stage, module)
     if not data.defines(kind):
         owner = f"the datamodule {type(datamodule).__name__}" if datamodule is not None else type(module).__name__
@@ -204,22 +214,16 @@ def loader_list(value: Any, where: str, several: bool) -> list[Any]:
     as you like: Lightning's ``CombinedLoader`` structure). For evaluation (``several``) the loaders run
     one after the other (a ``CombinedLoader`` in ``"sequential"`` mode gives its loaders, in another mode
     it is one loader of combined batches); for training a collection is one ``CombinedLoader`` in
-    ``"max_size_cycle"`` mode, as in Lightning (``fit`` refuses ``"sequential"``).
+    ``"max_size_cycle"`` mode, as in Lightning (``fit`` refuses ``"sequential"`` once it counted its batches).
 
     Raises:
         TypeError: something that is not an iterable of batches (a Dataset, a DataModule, a number).
-        ValueError: an empty collection for training, or a sequential CombinedLoader.
+        ValueError: an empty collection for training.
     """
     if isinstance(value, CombinedLoader):
-        if value.mode == "sequential":
-            if not several:
-                raise ValueError(
-                    f"{where}: `FitLoop` does not support the `CombinedLoader(mode=\"sequential\")` mode: training "
-                    f"combines a batch of each loader. The available modes are: "
-                    f"{[mode for mode in COMBINED_MODES if mode != 'sequential']}.")
         for index, loader in enumerate(value.flattened):
             _check_loader(loader, f"{where} item {index}")
-        return list(value.flattened) if value.mode == "sequential" else [value]
+        return list(value.flattened) if value.mode == "sequential" and several else [value]
     if isinstance(value, (list, tuple, collections.abc.Mapping)) and not value:
         if several:
             return []  # no validation (or nothing to test: the stage says so)

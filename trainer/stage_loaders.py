@@ -134,6 +134,9 @@ def _load_train(trainer: Trainer, data: DataSource, offset: int) -> dict[str, An
     [train_loader] = data.loaders("train")
     max_epochs = default_max_epochs(trainer.max_epochs, trainer.max_steps, train_loader, warn=trainer.is_global_zero)
     prepared, num_batches = prepare_stage_loader(trainer, train_loader, "train", True, offset)
+    if isinstance(prepared, CombinedLoader) and prepared.mode == "sequential":
+        trainer.num_training_batches = num_batches  # as Lightning's fit loop, which counts them before it refuses
+        data.refuse_sequential_training()
     train_loader, sampler = resumable(prepared)  # records each epoch's RNG for resuming
     if trainer.is_global_zero and trainer.loggers and num_batches < trainer.log_every_n_steps and not trainer.fast_dev_run:
         warn(f"The number of training batches ({num_batches}) is smaller than the logging interval "

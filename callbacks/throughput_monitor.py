@@ -31,6 +31,7 @@ import torch
 
 from callbacks.base import Callback
 from callbacks.console import warn
+from callbacks.logging import Logger
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -118,6 +119,7 @@ class _Count:
     def __init__(self, throughput: Throughput) -> None:
         self.throughput, self.t0, self.batches, self.samples, self.lengths = throughput, time.perf_counter(), 0, 0, 0
         self.last = self.t0  # the clock at the last update
+        self.before = 0  # fit's validation: the batches of its earlier validations (Lightning counts them on)
         throughput.reset()
 
 
@@ -176,13 +178,18 @@ class ThroughputMonitor(Callback):
         if stage == "train":
             self._last_train_update = now
         if logs:
-            metrics = count.throughput.compute()
             separator = count.throughput.separator
-            for logger in trainer.loggers:
-                logger.log_metrics({f"{stage}{separator}{key}": value for key, value in metrics.items()}, step=step)
+            metrics = {f"{stage}{separator}{key}": value for key, value in count.throughput.compute().items()}
+            if stage == "train":  # as Lightning's logger connector, which adds it to the rows it steps itself
+                metrics["epoch"] = trainer.current_epoch
+            for logger in trainer.loggers:  # called as Lightning's logger connector calls them
+                logger.log_metrics(metrics=metrics, step=step)
+                if not isinstance(logger, Logger):  # Cadence's write in their own time; another's is saved, as there
+                    logger.save()
 
     def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
         self._start(trainer, "train")
+        self._counts.pop("validate", None)  # this fit's validation steps count from its first
 
     def on_train_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Written when an accumulation window ends (the optimizer step is in the time) at a log step, at
@@ -195,7 +202,10 @@ class ThroughputMonitor(Callback):
 
     def on_validation_start(self, trainer: Trainer, module: TrainingModule) -> None:
         if not trainer.sanity_checking:
+            earlier = self._counts.get("validate") if trainer.stage == "fit" else None  # on_train_start forgets fit's
             self._start(trainer, "validate")
+            if earlier is not None and "validate" in self._counts:
+                self._counts["validate"].before = earlier.before + earlier.batches
 
     def on_validation_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:
@@ -228,4 +238,5 @@ class ThroughputMonitor(Callback):
     def _evaluation_update(self, trainer: Trainer, module: TrainingModule, stage: str, batch: Any) -> None:
         count = self._counts.get(stage)
         seen = count.batches + 1 if count is not None else 0
-        self._update(trainer, module, stage, batch, seen % trainer.log_every_n_steps == 0, seen)
+        before = count.before if count is not None else 0  # fit's validation: step counted on over the fit, as Lightning
+        self._update(trainer, module, stage, batch, seen % trainer.log_every_n_steps == 0, before + seen)

@@ -98,3 +98,27 @@ def test_training_time_skips_validation_up_to_its_last_batch_and_the_loop_keeps_
     times = [(step, row.get("train/time", row.get("validate/time"))) for step, row in recorder.rows
              if "train/time" in row or "validate/time" in row]
     assert times[:3] == [(0, 7), (1, 2), (1, 13)]
+
+
+def test_the_monitor_calls_loggers_as_lightnings_logger_connector_and_counts_fits_validation_steps_on(
+        make_trainer, regression_loader, tmp_path):
+    # Lightning 2.6.5 with a Mock logger (its test_throughput_monitor_fit_with_validation, with clock reads for the
+    # second validation too): log_metrics(metrics=..., step=...) then save(); "epoch" in training's rows; fit's
+    # validation rows at the validation batches counted over the fit (the second validation's at step 2).
+    from unittest import mock
+
+    logger = mock.Mock()
+    logger.save_dir = tmp_path
+    monitor = ThroughputMonitor(batch_size_fn=lambda batch: 1, window_size=2)
+    trainer = make_trainer(max_steps=2, val_check_interval=1, limit_val_batches=1, log_every_n_steps=1,
+                           num_sanity_val_steps=2, logger=logger, callbacks=[monitor])
+    with mock.patch("time.perf_counter", side_effect=[0, 7, 11, 13, 19, 23, 29]):
+        trainer.fit(Validated(), regression_loader, regression_loader)
+    assert logger.log_metrics.mock_calls == [
+        mock.call(metrics={"train/time": 7, "train/batches": 1, "train/samples": 1, "epoch": 0}, step=0),
+        mock.call(metrics={"validate/time": 2, "validate/batches": 1, "validate/samples": 1}, step=1),
+        mock.call(metrics={"train/time": 13, "train/batches": 2, "train/samples": 2, "train/device/batches_per_sec": 1 / 6,
+                           "train/device/samples_per_sec": 1 / 6, "epoch": 0}, step=1),
+        mock.call(metrics={"validate/time": 6, "validate/batches": 1, "validate/samples": 1}, step=2),
+    ]
+    assert logger.save.call_count >= 4  # after each, as Lightning's connector saves

@@ -143,6 +143,32 @@ def test_a_step_interval_reduce_lr_on_plateau_reads_this_batchs_value(make_train
     assert lr_of(trainer) == pytest.approx(0.125)
 
 
+def test_a_step_interval_reduce_lr_on_plateau_steps_after_the_validation_of_its_batch(make_trainer, regression_loader):
+    # Lightning's documented pattern: a "step" ReduceLROnPlateau watching a validation metric, with validation every
+    # 2 batches and frequency 2. Lightning steps it after on_train_batch_end and that batch's validation, so it
+    # reads the validation just run (Lightning 2.6.5: 20.5, 40.5, 60.5, 80.5 for this module), and a checkpoint
+    # written at that validation holds the scheduler before its step.
+    seen = []
+
+    class WatchesValidation(Model):
+        def validation_step(self, batch, batch_idx):
+            self.log("val_metric", float(10 * self.global_step + batch_idx))
+
+        def lr_scheduler_step(self, scheduler, metric):
+            seen.append((self.global_step, float(metric)))
+            super().lr_scheduler_step(scheduler, metric)
+
+    def make(module):
+        optimizer = sgd(module)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+        return [optimizer], [{"scheduler": plateau, "interval": "step", "frequency": 2, "monitor": "val_metric"}]
+
+    trainer = make_trainer(max_epochs=2, limit_train_batches=4, limit_val_batches=2, val_check_interval=2,
+                           num_sanity_val_steps=0)
+    trainer.fit(WatchesValidation(make), regression_loader, regression_loader)
+    assert seen == [(2, 20.5), (4, 40.5), (6, 60.5), (8, 80.5)]
+
+
 # --- what is refused ------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "make, match",

@@ -162,17 +162,21 @@ def _parse_optimizers(returned: Any, manual: bool) -> tuple[list[torch.optim.Opt
 
 
 def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, metrics: Any,
-                    plateau: bool | None = None) -> None:
+                    plateau: bool | None = None) -> bool:
     """Step the schedulers of ``interval`` ("step" or "epoch") whose frequency divides ``count``
     (for "step", the batches done in this epoch, as Lightning counts: its ``frequency`` restarts each
     epoch and counts batches, not optimizer steps; for "epoch", the epochs done); ReduceLROnPlateau
     reads its metric.
     ``plateau``: only the ReduceLROnPlateau ones (True) or only the others (False). ``metrics``: a dict, or a
-    callable returning one, called only when a ReduceLROnPlateau steps (this batch's values, as Lightning)."""
+    callable returning one, called only when a ReduceLROnPlateau steps (this batch's values, as Lightning).
+    Returns whether a ReduceLROnPlateau of ``interval`` is due and was left (``plateau=False``): Lightning steps
+    the "step" ones after ``on_train_batch_end`` and the validation that batch runs, whose metric they may watch."""
+    plateau_left = False
     for config in configs:
         if config.interval != interval or count % config.frequency != 0:
             continue
         if plateau is not None and plateau != config.needs_metric:
+            plateau_left = plateau_left or config.needs_metric
             continue
         if config.needs_metric:
             metrics = metrics() if callable(metrics) else metrics
@@ -195,6 +199,7 @@ def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, m
             config.step_with(config.scheduler, None)
         else:
             config.scheduler.step()
+    return plateau_left
 
 
 def check_scheduler_api(configs: list[SchedulerConfig], module_steps_them: bool) -> None:

@@ -54,6 +54,7 @@ class Progress:
     batches_seen: int = 0  # training batches run since the first fit: the log-step clock
     in_epoch_end: bool = False  # the epoch-end hooks run: the epoch is done
     validation_pending: bool = False  # the running batch's validation is due and has not started
+    plateau_due: bool = False  # a "step" ReduceLROnPlateau steps after this batch's hooks and validation (Lightning's)
     sampler: ResumableBatchSampler | None = None  # the training loader's; it records each epoch's RNG
     resumed: Resumed | None = None  # where a restored run continues, until its first epoch ends
     # The running epoch's number of batches: its limit, or over a loader without a length, its count once

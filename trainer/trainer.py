@@ -367,9 +367,10 @@ class Trainer(TrainerProperties, SearchSeams):
                 hook(outputs, batch, batch_idx)
             if is_accumulated_log_step(self, progress) if self.accumulate_grad_batches > 1 else progress.batches_seen % self.log_every_n_steps == 0:
                 self._log_step()
-            # As in Lightning, stopping mid-epoch (should_stop, once min_epochs/min_steps allow) validates first.
             if progress.validation_pending or (schedule is not None and self.should_stop and self._may_stop()):
-                self._run_validation()
+                self._run_validation()  # as in Lightning, stopping mid-epoch (should_stop, once min_epochs/min_steps allow) validates first
+            if progress.plateau_due:  # a "step" ReduceLROnPlateau, after the hooks and the validation (its metric may be one), as Lightning
+                progress.plateau_due = step_schedulers(self.lr_scheduler_configs, "step", batch_idx + 1, self.metrics.fresh_metrics, plateau=True)
             times.ready = clock()  # the next batch is asked for now
             if self._preemption.stop_now and ends_accumulation_window(batch_idx, self.accumulate_grad_batches, progress.epoch_batches):
                 times.end_loop(progress.batches_seen)  # the performance report counts this loop's batches
@@ -418,8 +419,8 @@ class Trainer(TrainerProperties, SearchSeams):
             hooks.call_around_zero_grad(self, module, optimizer, self.current_epoch, batch_idx)
         else:
             optimizer.zero_grad(set_to_none=True)
-        if stepped and self.lr_scheduler_configs:
-            step_schedulers(self.lr_scheduler_configs, "step", batch_idx + 1, self.metrics.fresh_metrics)  # batches, per epoch
+        if stepped and self.lr_scheduler_configs:  # counts the epoch's batches; a ReduceLROnPlateau steps later (Lightning's order)
+            self._progress.plateau_due = step_schedulers(self.lr_scheduler_configs, "step", batch_idx + 1, None, plateau=False)
         if batch_idx + 1 == num_batches and self.lr_scheduler_configs:  # Lightning's: before the last batch's hooks
             step_schedulers(self.lr_scheduler_configs, "epoch", self.current_epoch + 1, self.callback_metrics, plateau=False)
         return outputs

@@ -261,6 +261,49 @@ def test_a_checkpoint_written_before_its_batchs_validation_replays_that_validati
     assert (reference.validations, resumed.validations) == (4, 4)  # at batches 3 and 7 of each epoch; step 4's again
 
 
+class PlateauOnValidation(ValidatedDropout):
+    """A "step" ReduceLROnPlateau watching the validation's loss, due where validation runs (every 4 batches)."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self.parameters(), lr=0.01)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
+        return [optimizer], [{"scheduler": plateau, "interval": "step", "frequency": 4, "monitor": "val/loss"}]
+
+
+class SaveAtValidationEnd(Callback):
+    def __init__(self, path: Path, step: int) -> None:
+        self.path, self.step = path, step
+
+    def on_validation_end(self, trainer, module):
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+
+
+@pytest.mark.parametrize("written_in", ["on_train_batch_end", "on_validation_end"])
+def test_a_checkpoint_written_before_its_batchs_step_plateau_stepped_steps_it_on_resume(make_trainer, tmp_path,
+                                                                                        written_in):
+    # As Lightning, the "step" ReduceLROnPlateau steps after the batch's validation (it watches val/loss), so a
+    # checkpoint written in that batch's end holds it before its step: the resumed run steps it first, as the run
+    # that wrote it did next (Lightning's own resume skips that step).
+    def fit(callbacks=(), ckpt_path=None) -> tuple[PlateauOnValidation, Trainer]:
+        seed_everything(0)
+        model = PlateauOnValidation()
+        trainer = make_trainer(max_epochs=2, val_check_interval=4, num_sanity_val_steps=0, callbacks=list(callbacks))
+        trainer.fit(model, DataLoader(Counted(), batch_size=8, shuffle=True), DataLoader(Counted(), batch_size=16),
+                    ckpt_path=ckpt_path)
+        return model, trainer
+
+    path = tmp_path / "step12.ckpt"  # epoch 1, after batch 3: the plateau has stepped twice, the third is due
+    save = SaveAtStep(path, 12) if written_in == "on_train_batch_end" else SaveAtValidationEnd(path, 12)
+    reference, reference_trainer = fit([save])
+    checkpoint = torch.load(path, weights_only=False)
+    assert checkpoint["loops"]["plateau_pending"] is True and checkpoint["lr_schedulers"][0]["last_epoch"] == 2
+    resumed, resumed_trainer = fit(ckpt_path=path)
+    assert_same_weights(resumed, reference.state_dict())
+    schedulers = [trainer.lr_scheduler_configs[0].scheduler.state_dict() for trainer in (reference_trainer, resumed_trainer)]
+    assert schedulers[0] == schedulers[1] and schedulers[0]["last_epoch"] == 4
+
+
 @pytest.mark.parametrize("samples, batch_size, drop_last", [(64, 4, False), (10, 4, False), (10, 3, True)])
 def test_the_rest_of_an_epoch_one_process_began_is_dealt_out_to_two_each_sample_once(samples, batch_size, drop_last):
     # What torchrun --nnodes=1:2 resuming a one-process checkpoint on two gets: DistributedSampler's

@@ -30,7 +30,7 @@ from torch.utils.data.distributed import DistributedSampler
 from strategies import checkpoint as checkpoint_io
 from trainer.datamodule import overrides
 from trainer.loading import restore_datamodule_state
-from trainer.optim import ends_accumulation_window
+from trainer.optim import ends_accumulation_window, step_schedulers
 from trainer.resume import failed_before_batch_end
 from trainer.seed import capture_rng_state, restore_rng_state
 from callbacks.console import info, warn
@@ -112,7 +112,7 @@ def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
         # Cadence's counters, and Lightning's loop progress for Lightning's own fit(ckpt_path=...)
         "loops": {"epoch": epoch, "batches_done": batches_done, "global_step": trainer.global_step,
                   "train_batches_seen": progress.batches_seen, "world_size": trainer.world_size,
-                  "validation_pending": progress.validation_pending,
+                  "validation_pending": progress.validation_pending, "plateau_pending": progress.plateau_due,
                   **checkpoint_io.lightning_loops(epoch, batches_done, trainer.global_step, progress.batches_seen)},
         "rng": rng,
         # As Lightning's: the callbacks that have a state (a checkpoint read by Lightning names no others).
@@ -271,11 +271,27 @@ class Resumed:
     # Lightning): the resumed run validates first, as the run that wrote it did next.
     validation_pending: bool = False
     processes: int = 1  # that wrote it: another number than this run's re-deals the epoch's rest (trainer/resume.py)
+    plateau_pending: bool = False  # written before the "step" ReduceLROnPlateau due at its batch stepped
 
     def after_validation(self) -> Resumed:
         """Where the loop continues once the pending validation has run: the RNG as it left it."""
         now = {**capture_rng_state(), "generators": self.rng["now"].get("generators", [])}
         return dataclasses.replace(self, validation_pending=False, rng={**self.rng, "now": now})
+
+
+def finish_resumed_batch(progress: Progress, validates: bool, run_validation: Any, schedulers: list[Any],
+                         metrics: Any) -> None:
+    """Resumed from a checkpoint written within a batch's end (``on_train_batch_end``, its validation): what
+    the run that wrote it did next. The batch's validation when it was written before it (from the
+    checkpoint's RNG, whatever the hooks since drew), then a "step" ReduceLROnPlateau due at that batch
+    (Lightning steps it after the validation, and its own resume skips it; Cadence's resume is exact)."""
+    resumed = progress.resumed
+    if resumed.validation_pending and validates:
+        restore_rng_state(resumed.rng["now"])
+        run_validation()
+        progress.resumed = resumed.after_validation()
+    if progress.plateau_due:
+        progress.plateau_due = step_schedulers(schedulers, "step", resumed.batches_done, metrics, plateau=True)
 
 
 def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: bool = False,
@@ -329,7 +345,8 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
         print(f"Cadence: resuming from {path} at epoch {loops['epoch']}, global step {loops['global_step']}{within}.",
               file=sys.stderr, flush=True)
     return Resumed(loops["epoch"], loops["global_step"], loops["batches_done"], loops["train_batches_seen"], rank_rng,
-                   state.get("callback_metrics", {}), loops.get("validation_pending", False), processes)
+                   state.get("callback_metrics", {}), loops.get("validation_pending", False), processes,
+                   loops.get("plateau_pending", False))
 
 
 def _rng_from_here(sampler: ResumableBatchSampler | None) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from trainer.optim import SchedulerConfig, ends_accumulation_window, step_schedu
 from trainer.preemption import Preemption, save_for_preemption
 from trainer.properties import TrainerProperties
 from trainer.searches import SearchSeams
-from trainer.seed import preserved_rng, restore_rng_state
+from trainer.seed import preserved_rng
 from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_model
 from trainer.shorthands import defaults_from_env_vars, reject_unknown_arguments, translate, with_lightning_defaults
 from trainer.stage import call_exception_hooks, enter_stage, prepare_launch, setup_stage, teardown_stage
@@ -43,7 +43,7 @@ from trainer.stage_loaders import (
     load_fit_data, one_or_list, reload_due, resumed_fit_loaders, say_fit_stopped, say_min_not_met, say_trained_nothing, shown_counts, train_batches, val_reload_due, validates_in, validation_schedule,
 )
 from trainer.state import (
-    Progress, failed_fit_state, fitted_module, handoff_state, is_accumulated_log_step, logger_step, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
+    Progress, failed_fit_state, finish_resumed_batch, fitted_module, handoff_state, is_accumulated_log_step, logger_step, read_checkpoint, receive_handoff, restore, training_state, write_checkpoint,
 )
 from trainer.timing import PhaseTimes, measured
 
@@ -261,11 +261,11 @@ class Trainer(TrainerProperties, SearchSeams):
             self._run_sanity_check(make_only=True)  # sanity check's val loaders (its RNG isolated), then the training loader
         if self._fit_loaders is None or self._fit_loaders.sampler is None:  # made already if configure_optimizers asked for
             self._make_loaders("fit", data, ("train",))  # estimated_stepping_batches; the val loaders when validation first runs
-        self.should_stop, self._said_min_not_met, self._end_of_fit, self._progress.resumed, self._guard.losses = False, False, None, None, []
+        self.should_stop, self._said_min_not_met, self._end_of_fit, self._progress.resumed, self._guard.losses, self._progress.plateau_due = False, False, None, None, [], False
         if ckpt_path is not None:  # the loop continues where the checkpoint was written
             resumed = restore(self, ckpt_path, state=checkpoint, sampler=self._progress.sampler)
             self.current_epoch, self.global_step, self.batch_idx = resumed.epoch, resumed.global_step, resumed.batches_done - 1
-            self._progress.resumed, self._progress.batches_seen = resumed, resumed.batches_seen
+            self._progress.resumed, self._progress.batches_seen, self._progress.plateau_due = resumed, resumed.batches_seen, resumed.plateau_pending
             self._fit_loaders = resumed_fit_loaders(self._fit_loaders, self)  # reloads count from here, as Lightning's
             self.callback_metrics.update(resumed.callback_metrics)
             self._guard.last_checkpoint = (str(ckpt_path), self.global_step)
@@ -336,10 +336,8 @@ class Trainer(TrainerProperties, SearchSeams):
         module.on_train_epoch_start()
         train_loader, validates, num_batches = self._fit_loaders.train, self._fit_loaders.validates, self.num_training_batches  # after the hooks: a search there may have made new ones
         schedule = None if not validates else validation_schedule(self.val_check_interval, self.check_val_every_n_epoch, self.current_epoch, num_batches)
-        if progress.resumed is not None and progress.resumed.validation_pending and validates:
-            restore_rng_state(progress.resumed.rng["now"])  # the checkpoint's, whatever the hooks since drew
-            self._run_validation()  # what the run that wrote it did next
-            progress.resumed = progress.resumed.after_validation()
+        if progress.resumed is not None:  # checkpointed within a batch's end: what the run that wrote it did next
+            finish_resumed_batch(progress, validates, self._run_validation, self.lr_scheduler_configs, self.metrics.fresh_metrics)
         batch_idx = -1
         times, clock = self.phase_times, self.phase_times.clock  # two host clock reads a batch, no device sync
         times.start_loop(progress.batches_seen)

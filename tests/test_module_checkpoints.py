@@ -102,6 +102,20 @@ def test_load_from_checkpoint_takes_overrides_and_map_location(fitted):
     assert loaded.hparams.lr == 0.5 and loaded.device == torch.device("cpu")
 
 
+@pytest.mark.parametrize("past_key", ["hparams", "module_arguments"])
+def test_load_from_checkpoint_reads_the_hyperparameters_lightning_kept_under_its_keys_before_1_0(fitted, past_key):
+    # Lightning's CHECKPOINT_PAST_HPARAMS_KEYS (its test_load_past_checkpoint): a module's hyperparameters under
+    # "hparams" or "module_arguments" build it, and the current key's win over them.
+    _, path = fitted
+    state = torch.load(path, weights_only=True)
+    state[past_key] = {**state.pop("hyper_parameters"), "lr": 0.3}
+    torch.save(state, path)
+    assert Classifier.load_from_checkpoint(path).hparams.lr == 0.3
+    state["hyper_parameters"] = {"width": 6, "depth": 2, "lr": 0.2}
+    torch.save(state, path)
+    assert Classifier.load_from_checkpoint(path).hparams.lr == 0.2
+
+
 def test_load_from_checkpoint_names_the_arguments_a_checkpoint_without_hyperparameters_lacks(make_trainer, regression_loader, tmp_path):
     class Bare(TrainingModule):  # no save_hyperparameters()
         def __init__(self, width: int, lr: float = 0.1):

@@ -86,7 +86,11 @@ def init_arguments(cls: type, state: dict[str, Any], overrides: dict[str, Any], 
     """The keyword arguments for ``cls(...)``: the saved hyperparameters (or those of ``hparams_file``),
     then the overrides. Hyperparameters saved from one dict or Namespace argument are passed as it."""
     key = cls.CHECKPOINT_HYPER_PARAMS_KEY
-    saved = _read_hparams_file(hparams_file) if hparams_file is not None else dict(state.get(key) or {})
+    if hparams_file is not None:
+        saved = _read_hparams_file(hparams_file)
+    else:  # a module's from Lightning before 1.0 under its keys of then, as Lightning still reads them
+        past = _PAST_HPARAMS_KEYS if hasattr(cls, "training_step") else ()
+        saved = {name: value for each in (*past, key) for name, value in (state.get(each) or {}).items()}
     parameters = {name: parameter for name, parameter in inspect.signature(cls.__init__).parameters.items()
                   if name != "self" and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)}
     takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
@@ -132,6 +136,9 @@ def init_arguments(cls: type, state: dict[str, Any], overrides: dict[str, Any], 
             fix = ""
         raise ValueError(f"{where}, and {cls.__name__}.__init__ needs {missing}. Pass them: {usage(missing)}{fix}.")
     return arguments
+
+
+_PAST_HPARAMS_KEYS = ("hparams", "module_arguments")  # Lightning's CHECKPOINT_PAST_HPARAMS_KEYS (0.7.6), oldest first
 
 
 def _read_hparams_file(path: str | os.PathLike) -> dict[str, Any]:

@@ -144,10 +144,10 @@ def with_module_callbacks(callbacks: list[Callback], module_callbacks: Any, modu
 
 def _check_state_keys(callbacks: list[Callback]) -> None:
     """As Lightning's callback connector: two callbacks with state (their class defines state_dict) may not
-    share a checkpoint key, or one's state would be lost; nor may two file loggers (they would write the
-    same files). Callbacks without state (two of a user's Logger, say) may."""
-    stateful = [callback for callback in callbacks
-                if type(callback).state_dict is not Callback.state_dict or isinstance(callback, AsyncLogger)]
+    share a checkpoint key, or one's state would be lost. Callbacks without state (two loggers of one class,
+    say) may: two file loggers of one class left to the run's version each get one of their own, as in
+    Lightning, and two given the same directory are refused when the run starts (trainer/log_dir.py)."""
+    stateful = [callback for callback in callbacks if type(callback).state_dict is not Callback.state_dict]
     keys = [callback.state_key for callback in stateful]
     duplicates = sorted({key for key in keys if keys.count(key) > 1})
     if duplicates:

@@ -146,15 +146,26 @@ class AsyncLogger(Logger):
         numbers = [int(path.name[8:]) for path in root.glob("version_*") if path.name[8:].isdigit()]
         return max(numbers, default=-1) + 1
 
-    def resolve(self, default_root_dir: Path, version: int | str | None = None) -> Path:
+    def resolve(self, default_root_dir: Path, version: int | str | None = None, taken: frozenset[Path] = frozenset()) -> Path:
         """Fix ``save_dir`` (default ``default_root_dir``) and, unless given, the version
         (default ``version``, else the next free one); return the log directory. The Trainer
-        calls this once per run, before any process starts."""
+        calls this once per run, before any process starts. ``taken``: the log directories of the
+        run's other loggers of this class: a version left to the run is not one of them (two
+        identical loggers write to two versions, as Lightning's, not to the same files)."""
         if self._save_dir is None:
             self._save_dir = Path(default_root_dir)
-        if self._version is None and version is not None:
+        left = self._version is None
+        if left and version is not None:
             self._version = version
+        if left and taken and Path(self.log_dir) in taken:  # the next free version none of them took
+            number = self.next_version(Path(self.root_dir))
+            while self._set_version(number) in taken:
+                number += 1
         return Path(self.version_dir)
+
+    def _set_version(self, version: int | str) -> Path:
+        self._version = version
+        return Path(self.log_dir)
 
     def log_metrics(self, metrics: Mapping[str, float | torch.Tensor], step: int | None = None) -> None:
         """Write ``metrics`` at ``step`` (default: the last step written). Rank zero only; a

@@ -199,6 +199,26 @@ def test_loggers_left_to_their_defaults_share_the_next_version(make_trainer, tmp
     assert (tmp_path / "other" / "version_0" / "metrics.csv").is_file()
 
 
+def test_two_identical_loggers_are_accepted_and_each_writes_its_own_version(make_trainer, tmp_path):
+    # Lightning accepts two loggers of one class with the same arguments (its test_property_loggers), and each
+    # takes its own version; beside them the other class shares the first's, as Cadence's defaults do.
+    first, second, tensorboard = CSVLogger(tmp_path), CSVLogger(tmp_path), TensorBoardLogger(tmp_path)
+    trainer = make_trainer(max_epochs=1, logger=[first, second, tensorboard], log_every_n_steps=1)
+    assert trainer.loggers == [first, second, tensorboard]
+    trainer.fit(Logged(), loader(2))
+    assert (first.version, second.version, tensorboard.version) == (0, 1, 0)
+    rows = [(Path(logger.log_dir) / "metrics.csv").read_text() for logger in (first, second)]
+    assert rows[0] == rows[1] and rows[0].count("\n") > 2  # the same rows, each in its own file
+    both_three = make_trainer(max_epochs=1, logger=[CSVLogger(tmp_path, version=3), CSVLogger(tmp_path, version=3)])
+    with pytest.raises(RuntimeError, match=r"Two CSVLoggers write to .*version_3: they would write the same files"):
+        both_three.fit(Logged(), loader(2))  # refused before anything is written
+    assert not (tmp_path / "lightning_logs" / "version_3").exists()
+    (tmp_path / "b" / "lightning_logs" / "version_6").mkdir(parents=True)  # the next free version is 7
+    both_seven = make_trainer(max_epochs=1, logger=[CSVLogger(tmp_path / "b"), CSVLogger(tmp_path / "b", version=7)])
+    with pytest.raises(RuntimeError, match=r"Two CSVLoggers write to .*version_7: they would write the same files"):
+        both_seven.fit(Logged(), loader(2))
+
+
 def test_a_run_resumed_from_its_checkpoint_replaces_what_was_logged_after_it(tmp_path):
     def run(max_epochs: int, ckpt_path=None) -> Trainer:
         trainer = Trainer(strategy="cpu", max_epochs=max_epochs, log_every_n_steps=LOG_EVERY, default_root_dir=tmp_path,

@@ -24,9 +24,15 @@ def choose_log_dir(loggers: list[Callback], default_root_dir: str | Path, resume
         return without_file_logger(loggers, default_root_dir)
     first, *others = file_loggers
     log_dir = first.resolve(default_root_dir, int(resumed[8:]) if resumed else None)
-    for logger in others:  # the same version when they share the root (the defaults do)
+    placed = [(type(first), Path(first.log_dir))]
+    for logger in others:  # the same version when they share the root (the defaults do), unless one of its class is there
         shared = Path(logger.save_dir or default_root_dir) / logger.name == root
-        logger.resolve(default_root_dir, first.version if shared else None)
+        taken = frozenset(where for kind, where in placed if kind is type(logger))
+        logger.resolve(default_root_dir, first.version if shared else None, taken)
+        if Path(logger.log_dir) in taken:  # both given the same version
+            raise RuntimeError(f"Two {type(logger).__name__}s write to {logger.log_dir}: they would write the same files. "
+                               "Give one another version, name or save_dir (or leave its version to the run).")
+        placed.append((type(logger), Path(logger.log_dir)))
     return log_dir
 
 

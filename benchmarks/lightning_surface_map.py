@@ -84,6 +84,7 @@ MAP: dict[str, str | Refused] = {
     "lightning.pytorch.utilities.rank_zero_deprecation": "trainer.utilities.rank_zero_deprecation",
     "lightning.pytorch.utilities.grad_norm": "trainer.utilities.grad_norm",
     "lightning.pytorch.utilities.AttributeDict": "trainer.utilities.AttributeDict",
+    "lightning.pytorch.utilities.types.LRSchedulerConfig": "trainer.utilities.LRSchedulerConfig",
     "lightning.pytorch.utilities.move_data_to_device": "trainer.utilities.move_data_to_device",
     "lightning.pytorch.utilities.measure_flops": "trainer.utilities.measure_flops",
     "lightning.pytorch.utilities.is_picklable": "trainer.utilities.is_picklable",

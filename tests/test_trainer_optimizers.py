@@ -688,3 +688,26 @@ def test_validation_inside_an_accumulation_window_keeps_the_window_gradients(mak
     # each batch adds 8 / 2 (the loss divided by the window); validation after batch 3 (inside the window of
     # batches 3-4) frees nothing, after batch 6 (a window's end) it does
     assert model.seen == [4.0, 8.0, 12.0, 16.0, 20.0, 24.0, 4.0, 8.0]
+
+
+def test_lr_scheduler_configs_compare_equal_to_lightnings_lr_scheduler_config(make_trainer, regression_loader):
+    # Lightning's test_reducelronplateau_scheduling compares trainer.lr_scheduler_configs[0] with an
+    # LRSchedulerConfig (lightning.pytorch.utilities.types) made field by field.
+    from trainer.utilities import LRSchedulerConfig
+
+    class Logs(Model):
+        def training_step(self, batch, batch_idx):
+            self.log("foo", float(batch_idx))
+            return super().training_step(batch, batch_idx)
+
+    def make(module):
+        optimizer = sgd(module)
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer),
+                "monitor": "foo"}
+
+    trainer = make_trainer(max_epochs=1, limit_train_batches=2)
+    trainer.fit(Logs(make), regression_loader)
+    config = trainer.lr_scheduler_configs[0]
+    assert config == LRSchedulerConfig(scheduler=config.scheduler, monitor="foo", interval="epoch", frequency=1,
+                                       reduce_on_plateau=True, strict=True, name=None)
+    assert config != LRSchedulerConfig(scheduler=config.scheduler, monitor="foo", reduce_on_plateau=False)

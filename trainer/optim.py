@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,7 +26,8 @@ UNKNOWN = "Unknown configuration for model optimizers: "  # Lightning's words, w
 
 @dataclass
 class SchedulerConfig:
-    """One LR scheduler and when the loop steps it."""
+    """One LR scheduler and when the loop steps it (Lightning's ``LRSchedulerConfig``, which
+    ``trainer.lr_scheduler_configs`` holds; instances compare equal field by field, as Lightning's)."""
 
     scheduler: Any
     interval: str = "epoch"
@@ -34,11 +35,19 @@ class SchedulerConfig:
     monitor: str | None = None
     strict: bool = True  # False: a missing monitored metric skips the step with a warning (Lightning's)
     name: str | None = None  # the name LearningRateMonitor logs its rates under (Lightning's)
-    step_with: Any = None  # the module's lr_scheduler_step override, called instead of scheduler.step()
+    step_with: Any = field(default=None, compare=False)  # the module's lr_scheduler_step override, called instead of scheduler.step()
+    reduce_on_plateau: bool | None = None  # Lightning's field: a ReduceLROnPlateau (None: from the scheduler)
+
+    def __post_init__(self) -> None:
+        if self.reduce_on_plateau is None:
+            self.reduce_on_plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
     @property
     def needs_metric(self) -> bool:
         return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+LRSchedulerConfig = SchedulerConfig  # Lightning's name (lightning.pytorch.utilities.types)
 
 
 def _scheduler_config(item: Any, where: str, monitor: str | None = None, manual: bool = False) -> SchedulerConfig:

@@ -12,6 +12,7 @@
   ``find_shared_parameters``, ``set_shared_parameters``, ``is_shared_filesystem``: Lightning's meaning.
 - ``extract_batch_size``: how ``self.log`` weighs epoch means (Lightning's rule).
 - ``CombinedLoader``: several loaders iterated together (``trainer/combined_loader.py``).
+- ``LRSchedulerConfig`` (Lightning's ``utilities.types``): what ``trainer.lr_scheduler_configs`` holds.
 - ``model_summary`` (``trainer.utilities.model_summary``): ``ModelSummary``, ``summarize``, ``LayerSummary``,
   ``get_human_readable_count``..., the table the ``callbacks.ModelSummary`` callback prints.
 - ``disable_possible_user_warnings`` is refused with the Cadence way.
@@ -38,6 +39,7 @@ from torch import nn
 from callbacks.console import cadence_logger, warn
 from strategies.transfer import move_to_device
 from trainer.combined_loader import CombinedLoader  # noqa: F401 (Lightning's lightning.pytorch.utilities name)
+from trainer.optim import LRSchedulerConfig  # noqa: F401 (Lightning's lightning.pytorch.utilities.types name)
 from trainer.utilities import model_summary  # noqa: F401 (pl.utilities.model_summary, as Lightning's)
 
 Result = TypeVar("Result")

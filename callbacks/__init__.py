@@ -147,7 +147,7 @@ def _check_state_keys(callbacks: list[Callback]) -> None:
     share a checkpoint key, or one's state would be lost. Callbacks without state (two loggers of one class,
     say) may: two file loggers of one class left to the run's version each get one of their own, as in
     Lightning, and two given the same directory are refused when the run starts (trainer/log_dir.py)."""
-    stateful = [callback for callback in callbacks if type(callback).state_dict is not Callback.state_dict]
+    stateful = [callback for callback in callbacks if getattr(type(callback), "state_dict", Callback.state_dict) is not Callback.state_dict]
     keys = [callback.state_key for callback in stateful]
     duplicates = sorted({key for key in keys if keys.count(key) > 1})
     if duplicates:

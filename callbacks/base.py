@@ -260,6 +260,14 @@ class Callback:
         return {}
 
 
+def defines(callback: Any, name: str) -> bool:
+    """Whether ``callback``'s class defines ``name`` other than :class:`Callback`'s default. A
+    ``Mock(spec=Callback)`` (Lightning's tests make them) defines none: Cadence's seams, the checkpoint
+    state and the report's facts keep their defaults for it, as Lightning's ``is_overridden`` sees a Mock;
+    its ``on_*`` hooks are called, as Lightning calls them."""
+    return getattr(type(callback), name, None) not in (None, getattr(Callback, name))
+
+
 class Checkpoint(Callback):
     """The base class of checkpointing callbacks (Lightning's ``callbacks.Checkpoint``): ``ModelCheckpoint``
     is one. Subclass it for a checkpointing callback of your own, and the Trainer treats it as one, as

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.advice import RunFacts, format_report
-from callbacks.base import Callback
+from callbacks.base import Callback, defines
 from strategies.transfer import pins_batches
 
 if TYPE_CHECKING:
@@ -109,7 +109,8 @@ def measure_run(trainer: Trainer, module: TrainingModule, started: float, before
     device = module.device
     facts: dict[str, Any] = {}  # what the callbacks and the strategy say they changed
     for callback in trainer.callbacks:
-        facts.update(callback.performance_facts())
+        if defines(callback, "performance_facts"):
+            facts.update(callback.performance_facts())
     compile_seconds = facts.get("compile_seconds", {})
     half_weights = any(p.dtype in (torch.float16, torch.bfloat16) for p in module.parameters())
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

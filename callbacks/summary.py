@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from callbacks.base import defines
 from callbacks.console import warn
 
 UNKNOWN_SIZE = "?"
@@ -158,7 +159,7 @@ class ModelSummary:
         try:
             with torch.no_grad(), contextlib.ExitStack() as stack:
                 for callback in getattr(trainer, "callbacks", None) or ():  # autocast, as a step runs under
-                    context = callback.forward_context()
+                    context = callback.forward_context() if defines(callback, "forward_context") else None
                     if context is not None:
                         stack.enter_context(context)
                 stack.enter_context(self._flop_counter)

@@ -130,3 +130,26 @@ def test_model_checkpoint_keeps_the_best_by_the_monitored_metric(make_trainer, r
     make_trainer(max_epochs=3, callbacks=[checkpoint], num_sanity_val_steps=0).fit(Scored(), regression_loader, regression_loader)
     assert checkpoint.best_model_path == str(tmp_path / "ckpt" / "1-0.9.ckpt")
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["1-0.9.ckpt", "last.ckpt"]
+
+
+def test_a_mock_callback_gets_the_hooks_and_keeps_the_seams_defaults(make_trainer, regression_loader):
+    # Lightning's tests pass Mock(spec=Callback) (test_callbacks_configured_in_model): Lightning calls its on_*
+    # hooks; Cadence's seams, checkpoint state and report facts, which Lightning's Callback lacks, keep their defaults
+    # for it (a Mock's attributes are Mocks: no context manager, no ownership of backward or the optimizer step).
+    from unittest import mock
+
+    given, configured = mock.Mock(spec=Callback), mock.Mock(spec=Callback)
+
+    class Configures(LinearRegression):
+        def configure_callbacks(self):
+            return configured
+
+    trainer = make_trainer(max_epochs=1, limit_train_batches=2, callbacks=[given], enable_checkpointing=True)
+    trainer.fit(Configures(), regression_loader)
+    assert trainer.callbacks[-2:] == [configured, trainer.checkpoint_callback]
+    called = [call[0] for call in given.method_calls]
+    assert called[:3] == ["setup", "on_fit_start", "on_train_start"] and "on_train_batch_end" in called
+    assert [call[0] for call in configured.method_calls] == called
+    assert not {"forward_context", "module_init_context", "configure_model", "state_dict"} & set(called)
+    assert torch.load(trainer.checkpoint_callback.last_model_path, weights_only=True)["callbacks"].keys() == {
+        trainer.checkpoint_callback.state_key}

@@ -22,6 +22,7 @@ from callbacks import Callback
 from trainer.batch_transfer import batch_transfer
 from trainer.module import TrainingModule
 from trainer.optim import StepOptimizer
+from callbacks.base import defines
 from callbacks.console import warn
 
 
@@ -133,10 +134,9 @@ def _override(method: Any, base: Any) -> Any:
 
 def step_hooks(callbacks: list[Callback], module: TrainingModule, datamodule: Any = None) -> StepHooks:
     return StepHooks(
-        transfer=batch_transfer(module, datamodule, _implemented([c.convert_input for c in callbacks],
-                                                                 Callback.convert_input)),
+        transfer=batch_transfer(module, datamodule, [c.convert_input for c in callbacks if defines(c, "convert_input")]),
         batch_start=_implemented([c.on_train_batch_start for c in callbacks], Callback.on_train_batch_start),
-        forward_context=_implemented([c.forward_context for c in callbacks], Callback.forward_context),
+        forward_context=[c.forward_context for c in callbacks if defines(c, "forward_context")],
         before_optimizer_step=_implemented([c.on_before_optimizer_step for c in callbacks], Callback.on_before_optimizer_step),
         batch_end=_implemented([c.on_train_batch_end for c in callbacks], Callback.on_train_batch_end),
         before_backward=_implemented([c.on_before_backward for c in callbacks], Callback.on_before_backward),

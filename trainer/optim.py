@@ -248,7 +248,7 @@ def single_owner(owners: list[Any], seam: str) -> Any:
 
 def step_owner(callbacks: list[Any]) -> Any:
     """The callback that owns the optimizer step (AMP's GradScaler), or None."""
-    return single_owner([c for c in callbacks if c.owns_optimizer_step], "owns_optimizer_step")
+    return single_owner([c for c in callbacks if c.owns_optimizer_step is True], "owns_optimizer_step")
 
 
 def trainer_clipping(optimizer: torch.optim.Optimizer, value: float, algorithm: str) -> Any:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import callbacks as callbacks_package
+from callbacks.base import defines
 from callbacks.console import warn
 from trainer.log_dir import preview_log_dir
 from trainer.stage_loaders import estimated_stepping_batches
@@ -252,7 +253,7 @@ class TrainerProperties:
             if not self.strategy.launches_subprocesses:
                 contexts.enter_context(self.strategy.device)
             for callback in self.callbacks:
-                if (context := callback.module_init_context()) is not None:
+                if defines(callback, "module_init_context") and (context := callback.module_init_context()) is not None:
                     contexts.enter_context(context)
             yield
 

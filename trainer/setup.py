@@ -33,6 +33,7 @@ from trainer.optim import (
 
 import torch
 
+from callbacks.base import defines
 from strategies import Strategy
 from strategies.transfer import optimizer_states_to
 
@@ -84,13 +85,15 @@ def setup_model(module: TrainingModule, strategy: Strategy, callbacks: list[Call
     callbacks' ``module_init_context`` (TruePrecision's default dtype: its layers are made in it)."""
     with contextlib.ExitStack() as contexts:
         for callback in callbacks:
-            if (context := callback.module_init_context()) is not None:
+            if defines(callback, "module_init_context") and (context := callback.module_init_context()) is not None:
                 contexts.enter_context(context)
         if overrides(module, "configure_sharded_model"):  # Lightning's deprecated name (a warning said)
             module.configure_sharded_model()
         module.configure_model()
     module = strategy.setup_module(module)
     for callback in callbacks:
+        if not defines(callback, "configure_model"):
+            continue
         configured = callback.configure_model(module)
         if configured is not module:
             raise RuntimeError(
@@ -156,7 +159,7 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
         handles = [optimizer.register_step_post_hook(count_step) for optimizer in optimizers]
         if hooks.before_step:  # on_before_optimizer_step when training_step calls opt.step()
             handles += [optimizer.register_step_pre_hook(before_step) for optimizer in optimizers]
-    owner = single_owner([c for c in callbacks if c.owns_backward], "owns_backward")
+    owner = single_owner([c for c in callbacks if c.owns_backward is True], "owns_backward")
     # Bound once: the step calls them without asking who owns them. Where the strategy's seam is the
     # base class's (one device), the step calls the module and the loss itself: one call fewer each.
     if type(strategy).training_step is Strategy.training_step:
@@ -171,7 +174,7 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
         backward = functools.partial(strategy.backward, backward=module.backward)
     else:
         backward = torch.Tensor.backward if type(strategy).backward is Strategy.backward else strategy.backward
-    splitter = single_owner([c for c in callbacks if c.owns_forward_backward], "owns_forward_backward")
+    splitter = single_owner([c for c in callbacks if c.owns_forward_backward is True], "owns_forward_backward")
     if splitter is not None:  # it runs training_step through `forward` as often as it splits the batch
         forward = functools.partial(training_forward, hooks, training_step)
         forward_backward = functools.partial(splitter.forward_backward, trainer, module, forward=forward)

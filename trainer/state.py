@@ -33,6 +33,7 @@ from trainer.loading import restore_datamodule_state
 from trainer.optim import ends_accumulation_window, step_schedulers
 from trainer.resume import failed_before_batch_end
 from trainer.seed import capture_rng_state, restore_rng_state
+from callbacks.base import defines
 from callbacks.console import info, warn
 
 if TYPE_CHECKING:
@@ -116,7 +117,8 @@ def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
                   **checkpoint_io.lightning_loops(epoch, batches_done, trainer.global_step, progress.batches_seen)},
         "rng": rng,
         # As Lightning's: the callbacks that have a state (a checkpoint read by Lightning names no others).
-        "callbacks": {callback.state_key: state for callback in trainer.callbacks if (state := callback.state_dict())},
+        "callbacks": {callback.state_key: state for callback in trainer.callbacks
+                      if defines(callback, "state_dict") and (state := callback.state_dict())},
         "callback_metrics": dict(trainer.callback_metrics),
     }
 
@@ -381,7 +383,7 @@ def handoff_state(trainer: Trainer, module: TrainingModule, stage: str, datamodu
         # 0-d CPU tensors, keeping their dtype (float64 in "64-true", as in one process)
         "callback_metrics": {k: v.detach().cpu() if isinstance(v, torch.Tensor) else float(v)
                              for k, v in trainer.callback_metrics.items()},
-        "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
+        "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks if defines(callback, "state_dict")},
         "preempted_by": preempted_by,
         "end_of_fit": (end_of_fit[1] if stage == "fit" and end_of_fit is not None
                        and trainer.strategy.whole_state_on_rank_zero else None),

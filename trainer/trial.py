@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from callbacks import Callback
+from callbacks.base import defines
 from trainer.guards import LossGuard
 from trainer.metrics import MetricStore
 from trainer.preemption import Preemption
@@ -51,8 +51,8 @@ def fresh_loop_state(strategy: Any, sampler: Any) -> tuple[MetricStore, Progress
 def seam_owners(callbacks: list[Any]) -> list[Any]:
     """The callbacks that change the math of a step (AMP: autocast, loss scaling), which a trial
     keeps: the others (loggers, checkpoints, early stopping, the progress bar) sit it out."""
-    return [callback for callback in callbacks if callback.owns_backward or callback.owns_optimizer_step
-            or type(callback).forward_context is not Callback.forward_context]
+    return [callback for callback in callbacks if callback.owns_backward is True or callback.owns_optimizer_step is True
+            or defines(callback, "forward_context")]
 
 
 @dataclasses.dataclass

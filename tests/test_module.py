@@ -338,3 +338,16 @@ def test_freeze_unfreeze_dtype_and_a_settable_trainer_as_in_lightning(make_train
     trainer = make_trainer(max_epochs=1)
     module.trainer = trainer  # users' inference code and Lightning's tests attach a Trainer by hand
     assert module.trainer is trainer and module.global_step == 0
+
+
+def test_the_modules_counters_and_ranks_are_the_trainers_as_in_lightning():
+    # A unit test of a module attaches a stand-in trainer (Lightning's test_property_local_rank): each property
+    # reads the trainer's own attribute of that name, as Lightning's does.
+    from unittest import mock
+
+    from linear_regression import LinearRegression
+
+    module = LinearRegression()
+    assert (module.local_rank, module.global_rank, module.current_epoch, module.global_step) == (0, 0, 0, 0)
+    module.trainer = mock.Mock(local_rank=123, global_rank=7, current_epoch=2, global_step=5)
+    assert (module.local_rank, module.global_rank, module.current_epoch, module.global_step) == (123, 7, 2, 5)

@@ -146,7 +146,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, ModelHooks, nn.Module):
     current_epoch = property(lambda self: self._trainer.current_epoch if self._trainer is not None else 0)
     global_step = property(lambda self: self._trainer.global_step if self._trainer is not None else 0)
     global_rank = property(lambda self: self._trainer.global_rank if self._trainer is not None else 0)
-    local_rank = property(lambda self: self._trainer.strategy.local_rank if self._trainer is not None else 0)
+    local_rank = property(lambda self: self._trainer.local_rank if self._trainer is not None else 0)
 
     @property
     def dtype(self) -> torch.dtype:

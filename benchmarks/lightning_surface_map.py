@@ -93,6 +93,7 @@ MAP: dict[str, str | Refused] = {
     "lightning.pytorch.utilities.set_shared_parameters": "trainer.utilities.set_shared_parameters",
     "lightning.pytorch.utilities.is_shared_filesystem": "trainer.utilities.is_shared_filesystem",
     "lightning.pytorch.utilities.disable_possible_user_warnings": "trainer.utilities.disable_possible_user_warnings",
+    "lightning.pytorch.utilities.warnings.PossibleUserWarning": "trainer.utilities.PossibleUserWarning",
     "lightning.pytorch.utilities.GradClipAlgorithmType": "trainer.utilities.GradClipAlgorithmType",
     "lightning.pytorch.utilities.LightningEnum": "trainer.utilities.LightningEnum",
     "lightning.pytorch.utilities.CombinedLoader": "trainer.utilities.CombinedLoader",

@@ -70,6 +70,23 @@ _NOT_USERS = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) 
                    | {os.path.abspath(sysconfig.get_paths()[name]) + os.sep for name in ("stdlib", "purelib", "platlib")})
 
 
+class PossibleUserWarning(UserWarning):
+    """Lightning's category for warnings that could be false positives (too few batches for the
+    logging interval, no val loader for a ``validation_step``...): ``disable_possible_user_warnings()``
+    or ``POSSIBLE_USER_WARNINGS=0`` (or ``off``) in the environment silences them all."""
+
+
+def disable_possible_user_warnings(module: str = "") -> None:
+    """Ignore warnings of the category ``PossibleUserWarning``, as Lightning's function does.
+
+    Args:
+        module: a regular expression for the module the warning is reported at. Cadence reports a
+            warning at the user's own line, so this names the user's module (Lightning's own module
+            names match nothing). Default: every module.
+    """
+    warnings.filterwarnings("ignore", module=module, category=PossibleUserWarning)
+
+
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
     """``warnings.warn`` at the innermost frame of the user's code that led here (the caller's
     caller if there is none: a spawned worker's stack holds no user frame)."""

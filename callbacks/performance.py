@@ -90,7 +90,8 @@ class PerformanceReport(Callback):
             return
         print(self.text, file=sys.stderr, flush=True)
         log_dir = Path(trainer.log_dir) if trainer.log_dir is not None else None
-        if log_dir is not None and trainer.loggers:  # without a logger, log_dir is default_root_dir: nothing there
+        # Without a logger, log_dir is default_root_dir: nothing there; fast_dev_run writes nothing (its DummyLogger).
+        if log_dir is not None and trainer.loggers and not trainer.fast_dev_run:
             log_dir.mkdir(parents=True, exist_ok=True)
             (log_dir / "performance_report.txt").write_text(self.text + "\n")
 

@@ -153,7 +153,10 @@ def weights_of(path) -> dict[str, torch.Tensor]:
 
 def test_test_without_a_model_loads_the_best_checkpoint_into_the_fitted_module(fitted):
     trainer, module, checkpoints = fitted
-    with pytest.warns(UserWarning, match=r"got no model and no ckpt_path, so it loads the best checkpoint"):
+    # Lightning 2.6.5's words first (its test_checkpoint_path_input_last), then which file.
+    with pytest.warns(UserWarning, match=r"^`.test\(ckpt_path=None\)` was called without a model. The best model of the "
+                                         r"previous `fit` call will be used. .* got no model and no ckpt_path, so it "
+                                         r"loads the best checkpoint of the last fit: .*epoch=\d+-step=\d+.ckpt.\)$"):
         [result] = trainer.test(dataloaders=loader(0.0), verbose=False)
     assert torch.equal(module.layer.weight, weights_of(checkpoints.best_model_path)["layer.weight"])
     assert result["test/loss"] == pytest.approx(expected_loss(module, loader(0.0)))

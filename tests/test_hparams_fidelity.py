@@ -195,3 +195,51 @@ def test_collect_init_args_and_parse_class_init_keys_as_lightnings():
     assert child.result == [{"anyarg": "a", "anykw": 3, "other": 4}, {"anyarg": "a", "childarg": "b", "anykw": 3, "other": 4}]
     assert parse_class_init_keys(Child) == ("self", "extra", "options")
     assert parse_class_init_keys(Parent) == ("self", None, "kwargs")
+
+
+class KeepsALambda(LinearRegression):
+    def __init__(self, scale=2.0, transform=(lambda x: x + 1), ignore=False):
+        super().__init__()
+        self.save_hyperparameters(ignore=["transform"] if ignore else None)
+
+
+def test_an_unpicklable_hyperparameter_is_removed_when_a_stage_starts_with_lightnings_warning(make_trainer,
+                                                                                                regression_loader):
+    # Lightning 2.6.5's clean_namespace at each run's start (its test_hparams_pickle_warning).
+    module = KeepsALambda()
+    assert "transform" in module.hparams
+    with pytest.warns(UserWarning, match=r"Attribute 'transform' removed from hparams because it cannot be pickled\. "
+                                         r"You can suppress this warning by setting "
+                                         r"`self.save_hyperparameters\(ignore=\['transform'\]\)`"):
+        make_trainer(max_epochs=1).fit(module, regression_loader)
+    assert dict(module.hparams) == {"scale": 2.0, "ignore": False}
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warnings.filterwarnings("ignore", message="(?!Attribute)")  # only the hparams warning is an error here
+        make_trainer(max_epochs=1).fit(KeepsALambda(ignore=True), regression_loader)
+
+
+class TakesAConfig(LinearRegression):
+    def __init__(self, config):
+        super().__init__()
+        self._hparams = config  # Lightning's store behind hparams, set directly (its test_args)
+
+
+class PassesEverythingUp(TakesAConfig):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+
+
+def test_setting_lightnings_private_hparams_store_sets_hparams_and_the_checkpoint_keeps_them(make_trainer,
+                                                                                              regression_loader,
+                                                                                              tmp_path):
+    module = PassesEverythingUp({"test": 1})
+    assert module.hparams == {"test": 1} and module.hparams.test == 1
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(module, regression_loader)
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    # As in Lightning: the saved names are passed as keywords, which the base's __init__ does not take.
+    with pytest.raises(TypeError, match=r"__init__\(\) got an unexpected keyword argument 'test'"):
+        PassesEverythingUp.load_from_checkpoint(tmp_path / "model.ckpt")

@@ -295,6 +295,68 @@ def test_a_metric_object_per_step_needs_the_value_of_its_last_call(make_trainer,
     assert trainer.logged_metrics["train/acc_epoch"] == pytest.approx(sum(module.batch_values) / 8)
 
 
+class MeanMetric(nn.Module):
+    """A torchmetrics-like metric that is an nn.Module (torchmetrics' Metric is one), without torchmetrics."""
+
+    def __init__(self):
+        super().__init__()
+        self.reset()
+
+    def update(self, value):
+        self.values.append(float(value))
+
+    def compute(self):
+        return torch.tensor(sum(self.values) / len(self.values))
+
+    def reset(self):
+        self.values = []
+
+
+@pytest.mark.parametrize("owns_one", [False, True])
+def test_logging_a_metric_module_that_is_not_the_modules_is_an_error_as_in_lightning(make_trainer, regression_loader,
+                                                                                       owns_one):
+    # Lightning 2.6.5 raises these (its test_logging_raises): the metric must be a submodule to be found.
+    class LogsAStranger(Model):
+        def __init__(self):
+            super().__init__()
+            if owns_one:
+                self.mean = MeanMetric()
+
+        def training_step(self, batch, batch_idx):
+            stranger = MeanMetric()
+            stranger.update(1.0)
+            self.log("stranger", stranger, on_step=False, on_epoch=True)
+            return super().training_step(batch, batch_idx)
+
+    lightnings = (r"You can fix this by calling `self.log\(stranger, ..., metric_attribute=name\)` where `name` is one of \['mean'\]"
+                  if owns_one else "You can fix this by setting an attribute for the metric in your `LightningModule`")
+    with pytest.raises(ValueError, match="Could not find the `LightningModule` attribute for the `torchmetrics.Metric` "
+                                         f"logged. {lightnings}"):
+        make_trainer(max_epochs=1).fit(LogsAStranger(), regression_loader)
+
+
+def test_a_metric_module_that_is_a_submodule_is_logged_without_metric_attribute(make_trainer, regression_loader):
+    class LogsItsOwn(Model):
+        def __init__(self):
+            super().__init__()
+            self.mean = MeanMetric()
+
+        def training_step(self, batch, batch_idx):
+            self.mean.update(batch_idx)
+            self.log("mean_idx", self.mean, on_step=False, on_epoch=True)
+            return super().training_step(batch, batch_idx)
+
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(LogsItsOwn(), regression_loader)
+    assert trainer.callback_metrics["mean_idx"].item() == pytest.approx(3.5)  # batches 0..7
+
+
+def test_self_log_before_the_module_is_given_to_a_trainer_warns_as_in_lightning():
+    with pytest.warns(UserWarning, match="You are trying to `self.log\(\)` but the `self.trainer` reference is not "
+                                         "registered on the model yet"):
+        Model().log("loss", 1.0)
+
+
 # --- what else a Lightning module reads ----------------------------------------------------------
 def test_print_on_gpu_example_input_array_and_rank_zero_only(make_trainer, regression_loader, capsys):
     from trainer import rank_zero_only

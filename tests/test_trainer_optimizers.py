@@ -169,6 +169,32 @@ def test_a_step_interval_reduce_lr_on_plateau_steps_after_the_validation_of_its_
     assert seen == [(2, 20.5), (4, 40.5), (6, 60.5), (8, 80.5)]
 
 
+def test_unknown_keys_in_the_optimizer_dicts_warn_as_in_lightning_and_are_left_out(make_trainer, regression_loader):
+    # Lightning 2.6.5's RuntimeWarnings (its test_lr_scheduler_with_extra_keys_warns); the scheduler still steps.
+    def make(module):
+        optimizer = sgd(module)
+        return {"optimizer": optimizer, "foo": 1, "lr_scheduler": {"scheduler": halve_each(optimizer), "bar": 2}}
+
+    trainer = make_trainer(max_epochs=2)
+    with pytest.warns(RuntimeWarning, match=r"Found unsupported keys in the lr scheduler dict: \{'bar'\}. HINT: "
+                                            "remove them from the output of `configure_optimizers`"), \
+            pytest.warns(RuntimeWarning, match=r"Found unsupported keys in the optimizer configuration: \{'foo'\}"):
+        trainer.fit(Model(make), regression_loader)
+    assert lr_of(trainer) == pytest.approx(0.25)
+
+
+def test_reduce_on_plateau_key_is_accepted_when_it_says_what_the_scheduler_is(make_trainer, regression_loader):
+    def make(flag):
+        return lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {"scheduler": halve_each(o),
+                                                                        "reduce_on_plateau": flag}})(sgd(m))
+
+    trainer = make_trainer(max_epochs=2)
+    trainer.fit(Model(make(False)), regression_loader)
+    assert lr_of(trainer) == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="reduce_on_plateau=True in dict 0: Cadence steps a torch ReduceLROnPlateau"):
+        make_trainer(max_epochs=1).fit(Model(make(True)), regression_loader)
+
+
 # --- what is refused ------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "make, match",
@@ -176,7 +202,8 @@ def test_a_step_interval_reduce_lr_on_plateau_steps_after_the_validation_of_its_
         (lambda m: "adam", "configure_optimizers returned 'adam'"),
         (lambda m: [sgd(m), "sgd"], "returned str where an optimizer was expected"),
         (lambda m: {"lr_scheduler": None}, "dict 0 has no 'optimizer' key"),
-        (lambda m: {"optimizer": sgd(m), "lr_scheduler": {"sched": 1}}, "needs a 'scheduler' key"),
+        (lambda m: {"optimizer": sgd(m), "lr_scheduler": {"interval": "step"}},
+         'The lr scheduler dict must have the key "scheduler" with its item being an lr scheduler'),
         (lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {"scheduler": halve_each(o), "interval": "batch"}})(sgd(m)),
          'interval=\'batch\' in dict 0; use "step" or "epoch"'),
         (lambda m: (lambda o: {"optimizer": o, "lr_scheduler": {"scheduler": halve_each(o), "frequency": 0}})(sgd(m)),

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
-from callbacks import Callback, ModelCheckpoint, ModelSummary, SyncBatchNorm
+from callbacks import Callback, DummyLogger, ModelCheckpoint, ModelSummary, SyncBatchNorm
 from linear_regression import LinearRegression
 from strategies import DDP, SingleDevice, resolve_strategy
 from trainer import Trainer
@@ -142,9 +142,12 @@ def test_fast_dev_run_runs_a_few_batches_of_each_stage_and_writes_nothing(tmp_pa
     trainer.test(module, data(), verbose=False)
     assert trainer.num_test_batches == [2]
     assert list(tmp_path.iterdir()) == [] and trainer.checkpoint_callback is None
+    # As Lightning: the logger asked for (the default's) is a DummyLogger, which records nothing.
+    assert isinstance(trainer.logger, DummyLogger) and trainer.loggers == [trainer.logger]
     assert "Trainer(fast_dev_run=2): 2 batch(es) of each stage; no loggers, no checkpoints." in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"Trainer\(fast_dev_run=-1\): use True"):
         Trainer(fast_dev_run=-1)
+    assert Trainer(fast_dev_run=True, logger=False).loggers == []  # none asked for: none, as Lightning
 
 
 # --- max_time ----------------------------------------------------------------------------------------

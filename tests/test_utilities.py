@@ -97,9 +97,48 @@ def test_the_small_helpers():
     assert is_shared_filesystem(one_process)
 
 
-def test_what_cadence_does_not_have_is_refused_with_the_way():
-    with pytest.raises(NotImplementedError, match=r"filterwarnings\('ignore', category=UserWarning\)"):
+class _ValidatesWithoutLoader(LinearRegression):
+    def validation_step(self, batch, batch_idx):
+        pass
+
+
+def _fit_without_val_loader():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainer import Trainer
+
+    data = TensorDataset(torch.randn(8, 4), torch.randn(8, 2))
+    Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False).fit(_ValidatesWithoutLoader(), DataLoader(data, batch_size=4))
+
+
+def test_disable_possible_user_warnings_silences_the_warnings_that_may_be_false_positives():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _fit_without_val_loader()
+    possible = [w for w in caught if issubclass(w.category, utilities.PossibleUserWarning)]
+    assert len(possible) == 1 and str(possible[0].message).startswith(
+        "You defined a `validation_step` but have no `val_dataloader`")
+    assert issubclass(utilities.PossibleUserWarning, UserWarning)  # pytest.warns(UserWarning) still sees them
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         disable_possible_user_warnings()
+        _fit_without_val_loader()
+        warnings.warn("not a possible one", UserWarning)
+    assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == ["not a possible one"]
+
+
+@pytest.mark.parametrize("setting", ["0", "off", "OFF"])
+def test_possible_user_warnings_environment_variable_silences_them_when_trainer_is_imported(setting):
+    """Lightning's POSSIBLE_USER_WARNINGS switch (its test_disable_possible_user_warnings_from_environment)."""
+    code = ("import warnings, trainer\nfrom trainer.utilities import PossibleUserWarning\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.warn('test', PossibleUserWarning)\n    warnings.warn('kept', UserWarning)\n"
+            "print([str(w.message) for w in caught])")
+    for value, shown in ((setting, "['kept']"), ("1", "['test', 'kept']")):
+        run = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True,
+                             check=True, env={**utilities.os.environ, "POSSIBLE_USER_WARNINGS": value})
+        assert run.stdout.strip() == shown
 
 
 def test_lightning_utilities_rank_is_set_when_that_package_is_installed(tmp_path):

@@ -1,5 +1,7 @@
 """Cadence: the Trainer and the user's contract (TrainingModule, DataModule)."""
 
+import os
+
 import _cadence_shadowing
 
 _cadence_shadowing.check_packages()  # first: a user's callbacks.py would break the imports below
@@ -21,6 +23,10 @@ LightningDataModule = DataModule
 __all__ = ["Callback", "DataModule", "LightningCLI", "LightningDataModule", "LightningModule", "Trainer",
            "TrainingModule", "Tuner", "disable_possible_user_warnings", "environment_report", "rank_zero_only",
            "seed_everything"]
+
+# Lightning's switch, read when the package is imported (as ``import lightning.pytorch`` reads it).
+if os.environ.get("POSSIBLE_USER_WARNINGS", "").lower() in ("0", "off"):
+    disable_possible_user_warnings()
 
 
 def __getattr__(name: str):

@@ -16,6 +16,7 @@ from strategies.loaders import rebuild_dataloader  # noqa: F401
 from trainer.combined_loader import CombinedLoader
 from trainer.preemption import workers_ignore_preemption
 from trainer.seed import seed_worker_of_rank, seeded_generator, workers_seeded
+from callbacks.console import PossibleUserWarning
 from callbacks.console import warn as warn_at_users_line
 
 
@@ -101,7 +102,7 @@ def default_max_epochs(max_epochs: int | None, max_steps: int, loader: Any, warn
             )
         if warn:
             warn_at_users_line("`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set "
-                               "`max_epochs=-1` (neither max_epochs nor max_steps is set).")
+                               "`max_epochs=-1` (neither max_epochs nor max_steps is set).", PossibleUserWarning)
         return 1000
     return -1 if max_epochs is None else max_epochs  # max_steps ends the run (trainer.max_epochs reads -1, as in Lightning)
 
@@ -131,7 +132,7 @@ def prepare_loader(loader: Any, stage: str, *, shuffle: bool, strategy: Any, see
         kind = {"validate": "val"}.get(stage, stage)
         if stage != "train" and shuffles(loader) and strategy.is_global_zero:  # Lightning's warning, word for word
             warn_at_users_line(f"Your `{kind}_dataloader`'s sampler has shuffling enabled, it is strongly "
-                               "recommended that you turn shuffling off for val/test dataloaders.")
+                               "recommended that you turn shuffling off for val/test dataloaders.", PossibleUserWarning)
         if seed is not None and loader.generator is None:
             # Its shuffle order and worker seeds then follow the seed alone, not whatever else
             # draws from torch's global RNG (model code, augmentation in the main process).

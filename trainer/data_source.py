@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from trainer.arguments import require_training_module
 from trainer.combined_loader import LOADER, MODES as COMBINED_MODES, CombinedLoader, flatten
 from trainer.datamodule import DataModule, overrides
-from callbacks.console import warn
+from callbacks.console import PossibleUserWarning, warn
 
 #: The loader kinds, the hook that makes each, and the stages' kinds.
 HOOKS = {"train": "train_dataloader", "val": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
@@ -205,7 +205,7 @@ def _check_validation(module: Any, data: DataSource, validates: bool) -> frozens
         return frozenset({"val"})
     if not data.defines("val") and validates:
         warn(f"You defined a `validation_step` but have no `val_dataloader`. Skipping val loop: {name}'s fit got no "
-             "val_dataloaders and no val_dataloader() hook. Pass val_dataloaders=... to fit.")
+             "val_dataloaders and no val_dataloader() hook. Pass val_dataloaders=... to fit.", PossibleUserWarning)
     return frozenset() if validates else frozenset({"val"})  # limit_val_batches=0: no val_dataloader() call, as Lightning
 
 

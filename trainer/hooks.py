@@ -23,7 +23,7 @@ from trainer.batch_transfer import batch_transfer
 from trainer.module import TrainingModule
 from trainer.optim import StepOptimizer
 from callbacks.base import defines
-from callbacks.console import warn
+from callbacks.console import PossibleUserWarning, warn
 
 
 #: One context serves every forward without a forward context: nullcontext keeps no state.
@@ -331,7 +331,7 @@ def warn_eval_modules(module: TrainingModule) -> None:
         warn(f"Found {len(names)} module(s) in eval mode at the start of training ({', '.join(names[:5])}"
              f"{', ...' if len(names) > 5 else ''}). This may lead to unexpected behavior during training: "
              "dropout and batch norm act as in evaluation. If this is intentional, you can ignore this warning; "
-             "otherwise call model.train() before fit.")
+             "otherwise call model.train() before fit.", PossibleUserWarning)
 
 
 # =============================================================================================

@@ -20,6 +20,9 @@ from typing import Any
 
 from torch import nn
 
+from callbacks.console import warn
+from trainer.utilities import is_picklable
+
 
 class HParams(dict):
     """The hyperparameters saved by ``save_hyperparameters``; keys read as attributes too."""
@@ -90,6 +93,16 @@ class HyperparametersMixin:
             self._log_hyperparams = False
         elif not _class_hparams(type(self)):
             self.hparams = HParams()
+
+    @property
+    def _hparams(self) -> HParams:
+        """Lightning's store behind ``hparams``: code that sets it directly (``self._hparams = config``,
+        as Lightning's own tests do) sets ``hparams``, so checkpoints keep it as Lightning's do."""
+        return self.hparams
+
+    @_hparams.setter
+    def _hparams(self, value: Mapping[str, Any] | Namespace) -> None:
+        self.hparams = HParams(vars(value) if isinstance(value, Namespace) else value)
 
     @property
     def hparams_initial(self) -> HParams:
@@ -226,3 +239,16 @@ def _super_init_arguments(frame: types.FrameType) -> tuple[Any, dict[str, Any]]:
         elif name not in (self_name, args_name, "frame", "frame_args"):
             arguments[name] = local[name]
     return local.get(self_name), arguments
+
+
+def drop_unpicklable_hyperparameters(module: Any, warns: bool = True) -> None:
+    """Lightning's ``clean_namespace`` when a stage starts: each entry of ``module.hparams`` that
+    ``pickle`` cannot serialize (a lambda) is removed, with Lightning's warning (``warns``: rank zero)."""
+    hparams = module.__dict__.get("hparams")
+    if not isinstance(hparams, dict):
+        return
+    for name in [key for key, value in hparams.items() if not is_picklable(value)]:
+        if warns:
+            warn(f"Attribute '{name}' removed from hparams because it cannot be pickled. You can suppress this warning "
+                 f"by setting `self.save_hyperparameters(ignore=['{name}'])`.")
+        del hparams[name]

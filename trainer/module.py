@@ -22,6 +22,7 @@ from trainer.data_hooks import DataHooks
 from trainer.hparams import HyperparametersMixin
 from trainer.loading import class_only_method, load_module
 from trainer.model_hooks import ModelHooks
+from trainer.stage_metrics import NOT_ATTACHED, check_metric_attribute
 from trainer.optim import (
     clip_optimizer_gradients, freeze_other_optimizers, optimizers_for_module, unfreeze_other_optimizers,
 )
@@ -321,8 +322,8 @@ class TrainingModule(HyperparametersMixin, DataHooks, ModelHooks, nn.Module):
                 over processes (a collective would wait for the others forever).
         """
         trainer = self._trainer
-        if trainer is None:
-            return  # outside a run (a unit test calling training_step): nothing to record
+        if trainer is None:  # outside a run (a unit test calling training_step): Lightning's warning, nothing recorded
+            return NOT_ATTACHED.log()
         stage = trainer.metrics.current
         if isinstance(value, torch.Tensor):
             if name in stage.step_only and metric_attribute is None and not on_epoch and (on_step or (on_step is None and stage.batch is not None)):  # hot loop: logged before per step only, and so again (not from an epoch-end hook)
@@ -331,8 +332,8 @@ class TrainingModule(HyperparametersMixin, DataHooks, ModelHooks, nn.Module):
         elif isinstance(value, numbers.Real):
             # As Lightning: a number (bool, int, NumPy's) is logged as a tensor of the default dtype, at least float32.
             value = float(value) if torch.get_default_dtype() == torch.float64 else float(np.float32(value))
-        if metric_attribute is not None:
-            self._check_metric_attribute(name, value, metric_attribute)
+        if metric_attribute is not None or isinstance(value, nn.Module):  # a torchmetrics Metric: as Lightning
+            check_metric_attribute(self, name, value, metric_attribute)
         stage.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, sync_dist_group,
                   add_dataloader_idx, batch_size, rank_zero_only)
 
@@ -340,13 +341,6 @@ class TrainingModule(HyperparametersMixin, DataHooks, ModelHooks, nn.Module):
         """``self.log`` for each item; the keyword arguments (``self.log``'s) apply to all."""
         for name, value in dictionary.items():
             self.log(name, value, **kwargs)
-
-    def _check_metric_attribute(self, name: str, value: Any, attribute: str) -> None:
-        if getattr(self, attribute, None) is not value:
-            raise ValueError(
-                f'self.log("{name}", ..., metric_attribute="{attribute}"): {type(self).__name__}.{attribute} '
-                "is not the logged object. Name the attribute that holds the metric, or leave metric_attribute out."
-            )
 
     # --- the steps a user writes -----------------------------------------------------------
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | Mapping[str, Any] | None:

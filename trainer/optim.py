@@ -54,13 +54,16 @@ def _scheduler_config(item: Any, where: str, monitor: str | None = None, manual:
     if manual:  # the module steps its schedulers itself: what says when the loop steps one is ignored, as Lightning
         return _manual_scheduler_config(item, where)
     if isinstance(item, Mapping):
-        unknown = set(item) - {"scheduler", "interval", "frequency", "monitor", "name", "strict"}
-        if "scheduler" not in item or unknown:
-            lightnings = "" if "scheduler" in item else 'The lr scheduler dict must have the key "scheduler". '
-            raise ValueError(
-                f"{lightnings}configure_optimizers: the lr_scheduler dict {where} needs a 'scheduler' key and "
-                f"takes only scheduler, interval, frequency, monitor, name, strict (got {sorted(item)})."
-            )
+        plateau = isinstance(item.get("scheduler"), torch.optim.lr_scheduler.ReduceLROnPlateau)
+        item = _known_keys(item, "lr scheduler dict", _SCHEDULER_KEYS, "HINT: remove them from the output of "
+                           f"`configure_optimizers`. They are ignored (the lr_scheduler dict {where}).")
+        if "scheduler" not in item:
+            raise ValueError('The lr scheduler dict must have the key "scheduler" with its item being an lr scheduler: '
+                             f"configure_optimizers: the lr_scheduler dict {where} has {sorted(item)}.")
+        if item.get("reduce_on_plateau", plateau) != plateau:  # Lightning's flag: step(metric) on any scheduler
+            raise ValueError(f"configure_optimizers: reduce_on_plateau={item['reduce_on_plateau']!r} {where}: Cadence "
+                             "steps a torch ReduceLROnPlateau with its monitored metric and any other scheduler "
+                             "without; leave the key out.")
         config = SchedulerConfig(item["scheduler"], item.get("interval", "epoch"), item.get("frequency", 1),
                                  item.get("monitor"), bool(item.get("strict", True)), item.get("name"))
     else:  # a bare scheduler watches the dict's top-level "monitor", as in Lightning
@@ -84,6 +87,17 @@ def _scheduler_config(item: Any, where: str, monitor: str | None = None, manual:
             '{"optimizer": opt, "lr_scheduler": {"scheduler": sched, "monitor": "val/loss"}}.'
         )
     return config
+
+
+_SCHEDULER_KEYS = ("scheduler", "name", "interval", "frequency", "reduce_on_plateau", "monitor", "strict")
+
+
+def _known_keys(item: Mapping, what: str, known: tuple[str, ...], advice: str) -> Mapping:
+    """``item`` without the keys Lightning does not know, with Lightning's RuntimeWarning when there are some."""
+    extra = [key for key in item if key not in known]
+    if extra:
+        warn(f"Found unsupported keys in the {what}: {{{', '.join(map(repr, extra))}}}. {advice}", RuntimeWarning)
+    return {key: value for key, value in item.items() if key in known}
 
 
 def _manual_scheduler_config(item: Any, where: str) -> SchedulerConfig:
@@ -159,6 +173,8 @@ def _parse_optimizers(returned: Any, manual: bool) -> tuple[list[torch.optim.Opt
         for index, item in enumerate(returned):
             if "optimizer" not in item:
                 raise ValueError(f"configure_optimizers: dict {index} has no 'optimizer' key. {ACCEPTED}")
+            item = _known_keys(item, "optimizer configuration", ("optimizer", "lr_scheduler", "monitor"),
+                               f"They are ignored (dict {index} returned by `configure_optimizers`).")
             optimizers.append(_optimizer(item["optimizer"]))
             if item.get("lr_scheduler") is not None:
                 schedulers.append(_scheduler_config(item["lr_scheduler"], f"in dict {index}", item.get("monitor"), manual))

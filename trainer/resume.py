@@ -27,7 +27,7 @@ from strategies.loaders import remaining_batches
 
 from trainer.data import rebuild_dataloader
 from trainer.seed import capture_rng_state, restore_rng_state
-from callbacks.console import warn
+from callbacks.console import PossibleUserWarning, warn
 
 
 class ResumableBatchSampler:
@@ -147,7 +147,7 @@ def resume_iterator(loader: Any, sampler: ResumableBatchSampler | None, skip: in
             "DataLoader)")
     warn(f"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not resumable. "
          f"Resuming mid-epoch on {what}: the {skip} batches already trained are fetched and dropped, and a loader "
-         "that shuffles may not repeat the killed run's order.")
+         "that shuffles may not repeat the killed run's order.", PossibleUserWarning)
     iterator = iter(loader)
     for _ in range(skip):
         next(iterator, None)

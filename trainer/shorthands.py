@@ -6,7 +6,7 @@ them; each becomes a strategy, callbacks or the plain settings it already has:
 
     accelerator, devices, strategy, num_nodes   -> a Strategy (strategies.resolve_strategy)
     fast_dev_run=n                              -> n batches of each stage (limits, max_steps=n, one epoch,
-                                                   no sanity check), no loggers, no checkpoints
+                                                   no sanity check), no loggers (a DummyLogger), no checkpoints
     overfit_batches=n                           -> limit_train_batches = limit_val_batches = n (and the
                                                    loaders read in order: trainer/data.py)
     max_time                                    -> callbacks.Timer
@@ -236,7 +236,8 @@ def translate(*, max_epochs: Any, max_steps: Any, strategy: Any, devices: Any, p
     check_limit(overfit_batches, "overfit_batches")
     if batches:
         callbacks = _without_loggers_and_checkpoints(callbacks)
-        logger, enable_checkpointing = False, False
+        # As Lightning: the loggers asked for become one DummyLogger (trainer.logger answers; nothing is written).
+        logger, enable_checkpointing = [callbacks_package.DummyLogger()] if logger else False, False
         run.limits.update(test=batches, predict=batches)
         if not overfit_batches:
             run.limits.update(train=batches, validate=batches)

@@ -21,6 +21,7 @@ import callbacks as callbacks_package
 from callbacks.console import warn
 from strategies import checkpoint as checkpoint_io
 from trainer.data_source import prepare_data
+from trainer.hparams import drop_unpicklable_hyperparameters
 from trainer.hooks import refuse_module_hooks, step_without_batch_idx, takes_batch_idx, warn_uncalled_hooks
 from trainer.log_dir import choose_log_dir, versions_root, without_file_logger
 from trainer.seed import reset_seed, seed_generators, use_deterministic_algorithms
@@ -46,6 +47,7 @@ def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_pa
     callbacks = callbacks_package.with_module_callbacks(trainer.callbacks, module.configure_callbacks(),
                                                         type(module).__name__)
     refuse_module_hooks(module, warns=rank_zero_only.rank == 0, stage=stage)
+    drop_unpicklable_hyperparameters(module, warns=rank_zero_only.rank == 0)
     if rank_zero_only.rank == 0:
         warn_uncalled_hooks([module, *callbacks])
     loggers = [c for c in callbacks if isinstance(c, callbacks_package.Logger)]

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from callbacks.console import info, warn
+from callbacks.console import PossibleUserWarning, info, warn
 from strategies.loaders import recording_batch_indices
 from strategies.transfer import move_to_device
 from trainer.batch_transfer import BatchTransfer, transferred
@@ -141,7 +141,7 @@ def _load_train(trainer: Trainer, data: DataSource, offset: int) -> dict[str, An
     if trainer.is_global_zero and trainer.loggers and num_batches < trainer.log_every_n_steps and not trainer.fast_dev_run:
         warn(f"The number of training batches ({num_batches}) is smaller than the logging interval "
              f"Trainer(log_every_n_steps={trainer.log_every_n_steps}): the first epoch logs no training step. Set a "
-             "lower value for log_every_n_steps if you want to see logs for the training epoch.")
+             "lower value for log_every_n_steps if you want to see logs for the training epoch.", PossibleUserWarning)
     shown = prepared.iterables if isinstance(prepared, CombinedLoader) else prepared
     return dict(train=train_loader, shown=shown, sampler=sampler, max_epochs=max_epochs, num_training_batches=num_batches,
                 made=[prepared, train_loader])

@@ -45,6 +45,31 @@ def is_metric_object(value: Any) -> bool:
         callable(getattr(value, method, None)) for method in ("update", "compute", "reset"))
 
 
+def check_metric_attribute(module: torch.nn.Module, name: str, value: Any, attribute: str | None) -> None:
+    """Lightning's rule for a logged metric object: ``metric_attribute`` names the module's attribute
+    holding it, or, left out, a metric that is an ``nn.Module`` (torchmetrics') is one of the module's
+    submodules (so that checkpoints and devices follow it)."""
+    if attribute is not None:
+        if getattr(module, attribute, None) is not value:
+            raise ValueError(f'self.log("{name}", ..., metric_attribute="{attribute}"): {type(module).__name__}.'
+                             f"{attribute} is not the logged object. Name the attribute that holds the metric, or "
+                             "leave metric_attribute out.")
+        return
+    if not is_metric_object(value):
+        return
+    found = module.__dict__.get("_metric_attributes")  # id -> name, walked again only for a metric not seen
+    if found is None or id(value) not in found:
+        found = module.__dict__["_metric_attributes"] = {
+            id(each): key for key, each in module.named_modules() if is_metric_object(each)}
+    if id(value) not in found:
+        lightnings = ("You can fix this by setting an attribute for the metric in your `LightningModule`" if not found
+                      else f"You can fix this by calling `self.log({name}, ..., metric_attribute=name)` where `name` "
+                           f"is one of {list(found.values())}")
+        raise ValueError(f"Could not find the `LightningModule` attribute for the `torchmetrics.Metric` logged. "
+                         f'{lightnings}: self.log("{name}", ...) got a metric that is not a submodule of '
+                         f"{type(module).__name__}; assign it in __init__ (self.accuracy = Accuracy(...)).")
+
+
 class StageMetrics:
     """The metrics of one stage (train, or the current evaluation) between two reads."""
 
@@ -273,6 +298,18 @@ class NoStage:
 
 
 NO_STAGE = NoStage()
+
+
+class NotAttached(NoStage):
+    """What ``self.log`` writes to before the module is given to a Trainer: nothing, with Lightning's warning."""
+
+    def log(self, *args: Any, **kwargs: Any) -> None:
+        warn("You are trying to `self.log()` but the `self.trainer` reference is not registered on the model yet. "
+             "This is most likely because the model hasn't been passed to the `Trainer`: nothing is recorded "
+             "(calling a step yourself, as in a unit test, is fine).")
+
+
+NOT_ATTACHED = NotAttached()
 
 
 class Barebones(NoStage):

@@ -170,9 +170,11 @@ def fitted_module(trainer: Trainer, stage: str, ckpt_path: Any) -> tuple[Trainin
     best = next((c.best_model_path for c in trainer.checkpoint_callbacks if hasattr(c, "best_model_path")), "")
     if ckpt_path is None and best:
         if trainer.is_global_zero:
-            warn(f"Trainer.{stage}() got no model and no ckpt_path, so it loads the best checkpoint of the "
-                 f"last fit ({best}): the best model of the previous `fit` call will be used. Pass "
-                 "ckpt_path=\"best\", \"last\" or a path to choose (and silence this warning).")
+            warn(f"`.{stage}(ckpt_path=None)` was called without a model. The best model of the previous `fit` call "
+                 f"will be used. You can pass `.{stage}(ckpt_path='best')` to use the best model or "
+                 f"`.{stage}(ckpt_path='last')` to use the last model. If you pass a value, this warning will be "
+                 f"silenced. (Trainer.{stage}() got no model and no ckpt_path, so it loads the best checkpoint of the "
+                 f"last fit: {best}.)")
         ckpt_path = "best"
     return trainer.lightning_module, ckpt_path
 

@@ -15,7 +15,9 @@
 - ``LRSchedulerConfig`` (Lightning's ``utilities.types``): what ``trainer.lr_scheduler_configs`` holds.
 - ``model_summary`` (``trainer.utilities.model_summary``): ``ModelSummary``, ``summarize``, ``LayerSummary``,
   ``get_human_readable_count``..., the table the ``callbacks.ModelSummary`` callback prints.
-- ``disable_possible_user_warnings`` is refused with the Cadence way.
+- ``PossibleUserWarning`` and ``disable_possible_user_warnings``: Lightning's category for warnings that
+  could be false positives, and the function that silences them (``POSSIBLE_USER_WARNINGS=0`` or ``off``
+  in the environment when ``trainer`` is imported does the same, as Lightning's).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import torch
 from torch import nn
 
 from callbacks.console import cadence_logger, warn
+from callbacks.console import PossibleUserWarning, disable_possible_user_warnings  # noqa: F401 (Lightning's names)
 from strategies.transfer import move_to_device
 from trainer.combined_loader import CombinedLoader  # noqa: F401 (Lightning's lightning.pytorch.utilities name)
 from trainer.optim import LRSchedulerConfig  # noqa: F401 (Lightning's lightning.pytorch.utilities.types name)
@@ -287,14 +290,6 @@ def get_torchvision_model(model_name: str, **kwargs: Any) -> nn.Module:
     if hasattr(models, "get_model"):  # torchvision 0.14 and later
         return models.get_model(model_name, **kwargs)
     return getattr(models, model_name)(**kwargs)
-
-
-def disable_possible_user_warnings(module: str = "") -> None:
-    """Refused: Cadence has no PossibleUserWarning category."""
-    raise NotImplementedError(
-        "disable_possible_user_warnings: Cadence's warnings are UserWarnings reported at your own line; silence "
-        "one with warnings.filterwarnings('ignore', message=...), or all with "
-        "warnings.filterwarnings('ignore', category=UserWarning).")
 
 
 _AMBIGUOUS_SIZES_WARNED: set[tuple[int | None, int | None]] = set()

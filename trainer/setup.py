@@ -119,6 +119,7 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
     Lightning) and call ``on_before_optimizer_step``; they are removed at teardown.
     """
     strategy, callbacks = trainer.strategy, trainer.callbacks
+    strategy._trainer = trainer  # trainer.strategy.lr_scheduler_configs, as Lightning's, are this fit's
     optimizers, scheduler_configs = parse_optimizers(module.configure_optimizers(), not module.automatic_optimization)
     # An optimizer that outlived a stage (kept by the module) had its states moved to the CPU at that
     # stage's teardown: back beside its parameters, which the strategy has placed by now.

@@ -38,6 +38,7 @@ from torch import nn
 from callbacks.console import cadence_logger, warn
 from strategies.transfer import move_to_device
 from trainer.combined_loader import CombinedLoader  # noqa: F401 (Lightning's lightning.pytorch.utilities name)
+from trainer.scheduler_config import LRSchedulerConfig  # noqa: F401 (lightning.pytorch.utilities.types')
 from trainer.utilities import model_summary  # noqa: F401 (pl.utilities.model_summary, as Lightning's)
 
 Result = TypeVar("Result")

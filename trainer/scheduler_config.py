@@ -1,0 +1,42 @@
+"""Lightning's ``LRSchedulerConfig`` (``lightning.pytorch.utilities.types``) and the configs a callback sets as
+``trainer.strategy.lr_scheduler_configs`` (a warm-up that swaps the schedulers in ``on_train_start``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.datamodule import overrides
+from trainer.optim import SchedulerConfig
+
+
+class LRSchedulerConfig(SchedulerConfig):
+    """Lightning's ``lightning.pytorch.utilities.types.LRSchedulerConfig`` (its arguments in its order):
+    a :class:`SchedulerConfig`, to set as ``trainer.strategy.lr_scheduler_configs``."""
+
+    def __init__(self, scheduler: Any, name: str | None = None, interval: str = "epoch", frequency: int = 1,
+                 reduce_on_plateau: bool = False, monitor: str | None = None, strict: bool = True) -> None:
+        super().__init__(scheduler, interval, frequency, monitor, strict, name)
+        if bool(reduce_on_plateau) != self.needs_metric:
+            raise ValueError(f"LRSchedulerConfig(reduce_on_plateau={reduce_on_plateau}) with a "
+                             f"{type(scheduler).__name__}: Cadence steps a ReduceLROnPlateau with its monitored "
+                             "metric and any other scheduler without; leave reduce_on_plateau out.")
+
+    @property
+    def reduce_on_plateau(self) -> bool:
+        return self.needs_metric
+
+
+def replacement_scheduler_configs(configs: Any, module: Any) -> list[SchedulerConfig]:
+    """The configs set as ``trainer.strategy.lr_scheduler_configs``, checked, and stepped through the
+    module's ``lr_scheduler_step`` when it overrides it (as the loop steps those of configure_optimizers)."""
+    configs = list(configs)
+    for config in configs:
+        if not isinstance(config, SchedulerConfig):
+            raise TypeError(f"trainer.strategy.lr_scheduler_configs takes LRSchedulerConfig objects (from "
+                            f"trainer.utilities), not {type(config).__name__}.")
+        if config.interval not in ("step", "epoch") or not isinstance(config.frequency, int) or config.frequency < 1:
+            raise ValueError(f"LRSchedulerConfig(interval={config.interval!r}, frequency={config.frequency!r}): "
+                             'interval is "step" or "epoch", frequency a positive int.')
+        if config.step_with is None and module is not None and overrides(module, "lr_scheduler_step"):
+            config.step_with = module.lr_scheduler_step
+    return configs

@@ -698,6 +698,9 @@ def test_scheduler_configs_set_on_the_strategy_are_what_the_loop_steps(make_trai
     # the module's StepLR halves the rate at each epoch's end.
     assert warmup.lrs == pytest.approx([0.2, 0.4, 0.6, 0.8, 0.8, 0.8] + [0.4] * 6 + [0.2] * 6)
     assert trainer.strategy.lr_scheduler_configs is trainer.lr_scheduler_configs
+    step_lr = trainer.lr_scheduler_configs[0].scheduler  # Lightning's tests compare the loop's config to one made
+    assert trainer.lr_scheduler_configs[0] == LRSchedulerConfig(step_lr, interval="epoch", frequency=1, strict=True)
+    assert trainer.lr_scheduler_configs[0] != LRSchedulerConfig(step_lr, interval="step")
 
 
 def test_scheduler_configs_that_the_loop_could_not_step_are_refused(make_trainer):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from trainer.datamodule import overrides
@@ -24,6 +25,11 @@ class LRSchedulerConfig(SchedulerConfig):
     @property
     def reduce_on_plateau(self) -> bool:
         return self.needs_metric
+
+    def __eq__(self, other: object) -> bool:  # equal to the loop's config of the same fields, as Lightning's test it
+        if not isinstance(other, SchedulerConfig):
+            return NotImplemented
+        return all(getattr(self, field.name) == getattr(other, field.name) for field in dataclasses.fields(SchedulerConfig))
 
 
 def replacement_scheduler_configs(configs: Any, module: Any) -> list[SchedulerConfig]:

@@ -15,6 +15,7 @@
 - ``model_summary`` (``trainer.utilities.model_summary``): ``ModelSummary``, ``summarize``, ``LayerSummary``,
   ``get_human_readable_count``..., the table the ``callbacks.ModelSummary`` callback prints.
 - ``disable_possible_user_warnings`` is refused with the Cadence way.
+- ``_TunerExitException`` (``lightning.pytorch.utilities.exceptions``'), caught around ``Tuner.lr_find`` by user code.
 """
 
 from __future__ import annotations
@@ -152,6 +153,12 @@ class AttributeDict(dict):
             return ""
         width = max(len(str(key)) for key in self) + 3  # Lightning's layout: '"lr":   0.1'
         return "\n".join(f"{f'{chr(34)}{key}{chr(34)}:':{width}s} {self[key]}" for key in sorted(self, key=str))
+
+
+class _TunerExitException(Exception):
+    """Lightning's ``utilities.exceptions._TunerExitException``, which its finders raise to end the tuning run and
+    its Trainer catches: code that catches it around ``Tuner.lr_find`` runs unchanged (it never reaches the
+    caller, in Lightning as here, where the finders end their run without it)."""
 
 
 class LightningEnum(str, enum.Enum):

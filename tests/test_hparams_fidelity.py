@@ -195,3 +195,14 @@ def test_collect_init_args_and_parse_class_init_keys_as_lightnings():
     assert child.result == [{"anyarg": "a", "anykw": 3, "other": 4}, {"anyarg": "a", "childarg": "b", "anykw": 3, "other": 4}]
     assert parse_class_init_keys(Child) == ("self", "extra", "options")
     assert parse_class_init_keys(Parent) == ("self", None, "kwargs")
+
+
+def test_a_checkpoint_of_a_module_without_hyperparameters_has_no_hyperparameters_key(make_trainer, tmp_path):
+    # Lightning 2.6.5 writes "hyper_parameters" (and "hparams_name") only when the module kept some
+    # (the mnist-hello-world and kornia tutorials' checkpoints have neither); loading still works.
+    trainer = make_trainer(max_steps=1)
+    trainer.fit(LinearRegression(), DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=4))
+    trainer.save_checkpoint(tmp_path / "plain.ckpt")
+    checkpoint = torch.load(tmp_path / "plain.ckpt", weights_only=True)
+    assert "hyper_parameters" not in checkpoint and "hparams_name" not in checkpoint
+    assert isinstance(LinearRegression.load_from_checkpoint(tmp_path / "plain.ckpt"), LinearRegression)

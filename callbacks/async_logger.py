@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.console import warn
-from callbacks.logging import Logger, hyperparameters_to_log, logger_metrics, metric_number, write_hparams
+from callbacks.logging import (Logger, hyperparameters_to_log, logger_metrics, metric_number, saved_hyperparameters,
+                               write_hparams)
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -94,6 +95,10 @@ class AsyncLogger(Logger):
     #: Lightning's: what joins ``prefix`` and a metric's name, and the hyperparameters' file name.
     LOGGER_JOIN_CHAR = "-"
     NAME_HPARAMS_FILE = "hparams.yaml"
+    #: ``hparams.yaml`` (``{}``) in every run's directory, as Lightning's TensorBoardLogger writes it in
+    #: ``save()``; False: only once ``log_hyperparams`` was called (Lightning's CSVLogger).
+    EMPTY_HPARAMS_FILE = True
+    _hparams_logged = False
 
     @property
     def state_key(self) -> str:
@@ -186,6 +191,7 @@ class AsyncLogger(Logger):
         (and TensorBoard's hparams at the end of fit)."""
         if not self._rank_zero:
             return
+        self._hparams_logged = True
         if params is not None:
             params = vars(params) if not isinstance(params, Mapping) and hasattr(params, "__dict__") else dict(params)
             self.hparams.update(params)
@@ -230,6 +236,7 @@ class AsyncLogger(Logger):
         params = hyperparameters_to_log(trainer, module)  # on every rank: a conflict fails them all
         if self._rank_zero:
             self.hparams.update(params)
+            self._hparams_logged = self._hparams_logged or saved_hyperparameters(trainer, module)
             if stage != "fit":  # fit starts the writer once a checkpoint is restored (on_fit_start)
                 self._start(Path(self.log_dir), resume_step=None)
 
@@ -310,7 +317,8 @@ class AsyncLogger(Logger):
                 self.open(directory, resume_step)
             finally:
                 self._opened.set()
-            self.write_hyperparams(hparams)  # an empty hparams.yaml too, as Lightning's (hparams_file= reads it)
+            if hparams or self._hparams_logged or self.EMPTY_HPARAMS_FILE:  # an empty one too, as Lightning's
+                self.write_hyperparams(hparams)
             while (batch := self._queue.get()) is not None:
                 for write, args in batch:
                     write(*args)

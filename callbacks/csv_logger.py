@@ -68,6 +68,7 @@ class CSVLogger(AsyncLogger):
         return self._experiment
 
     _experiment: ExperimentWriter | None = None
+    EMPTY_HPARAMS_FILE = False  # Lightning's CSVLogger writes hparams.yaml in log_hyperparams only
 
     def log_metrics(self, metrics: Mapping[str, float | torch.Tensor], step: int | None = None) -> None:
         """As :meth:`AsyncLogger.log_metrics`; by hand (without a Trainer), as Lightning's: ``save()``

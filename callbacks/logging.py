@@ -83,7 +83,7 @@ class Logger(Callback):
     # --- the callback side -----------------------------------------------------------------
     def on_fit_start(self, trainer: Trainer, module: TrainingModule) -> None:
         params = hyperparameters_to_log(trainer, module)
-        if trainer.is_global_zero and params:
+        if trainer.is_global_zero and (params or saved_hyperparameters(trainer, module)):
             self.log_hyperparams(params)
 
     def on_log(self, trainer: Trainer, module: TrainingModule, metrics: dict[str, float], step: int) -> None:
@@ -203,7 +203,7 @@ class LoggerAdapter(Logger):
     def _start_stage(self, trainer: Trainer, module: TrainingModule) -> None:
         if trainer.is_global_zero:
             params = hyperparameters_to_log(trainer, module)
-            if params:
+            if params or saved_hyperparameters(trainer, module):
                 self.log_hyperparams(params)
             self.log_graph(module)
             self.save()
@@ -230,6 +230,13 @@ def logger_metrics(metrics: Mapping[str, float], step: int, epoch: int) -> tuple
         metrics = dict(metrics)
         return metrics, int(metrics.pop("step"))
     return {"epoch": epoch, **metrics}, step
+
+
+def saved_hyperparameters(trainer: Trainer, module: TrainingModule) -> bool:
+    """Whether the module or the DataModule called ``save_hyperparameters`` (``logger=True``): then, as in
+    Lightning, the loggers get ``log_hyperparams`` at each stage's start, also with nothing to record."""
+    return any(obj is not None and "_hparams_initial" in vars(obj) and getattr(obj, "_log_hyperparams", True)
+               for obj in (module, trainer.datamodule))
 
 
 def hyperparameters_to_log(trainer: Trainer, module: TrainingModule) -> dict[str, Any]:

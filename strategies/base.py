@@ -41,6 +41,24 @@ class Strategy:
     #: Copy the next batch on a side stream while the current one computes: None is on for CUDA
     #: and off elsewhere (:meth:`batches_on_device`).
     prefetch: bool | None = None
+    #: The Trainer whose fit runs in this process (set when it reads ``configure_optimizers``).
+    _trainer: Any = None
+
+    @property
+    def lr_scheduler_configs(self) -> list[Any]:
+        """Lightning's ``trainer.strategy.lr_scheduler_configs``: the running fit's scheduler configs
+        (``trainer.lr_scheduler_configs``); replacing them (a warm-up callback's ``LRSchedulerConfig``
+        list) changes what the loop steps from the next batch on."""
+        return self._trainer.lr_scheduler_configs if self._trainer is not None else []
+
+    @lr_scheduler_configs.setter
+    def lr_scheduler_configs(self, configs: list[Any]) -> None:
+        from trainer.scheduler_config import replacement_scheduler_configs
+
+        if self._trainer is None:
+            raise RuntimeError("trainer.strategy.lr_scheduler_configs was set outside a fit: the configs belong to the "
+                               "running fit (set them in a callback hook, e.g. on_train_start).")
+        self._trainer.lr_scheduler_configs = replacement_scheduler_configs(configs, self._trainer.lightning_module)
 
     # --- process topology -----------------------------------------------------------------
     @property

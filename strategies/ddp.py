@@ -134,7 +134,7 @@ class DDP(Strategy):
     def __getstate__(self) -> dict[str, Any]:
         # Stores, groups and threads belong to one process; a spawned worker makes its own.
         state = self.__dict__.copy()
-        for key in ("_store", "_control_group", "_whereabouts", "_base_store", "_thread_store", "_placed"):
+        for key in ("_store", "_control_group", "_whereabouts", "_base_store", "_thread_store", "_placed", "_trainer"):
             state.pop(key, None)
         return state
 

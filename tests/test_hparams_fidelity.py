@@ -243,3 +243,14 @@ def test_setting_lightnings_private_hparams_store_sets_hparams_and_the_checkpoin
     # As in Lightning: the saved names are passed as keywords, which the base's __init__ does not take.
     with pytest.raises(TypeError, match=r"__init__\(\) got an unexpected keyword argument 'test'"):
         PassesEverythingUp.load_from_checkpoint(tmp_path / "model.ckpt")
+
+
+def test_a_checkpoint_of_a_module_without_hyperparameters_has_no_hyperparameters_key(make_trainer, tmp_path):
+    # Lightning 2.6.5 writes "hyper_parameters" (and "hparams_name") only when the module kept some
+    # (the mnist-hello-world and kornia tutorials' checkpoints have neither); loading still works.
+    trainer = make_trainer(max_steps=1)
+    trainer.fit(LinearRegression(), DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=4))
+    trainer.save_checkpoint(tmp_path / "plain.ckpt")
+    checkpoint = torch.load(tmp_path / "plain.ckpt", weights_only=True)
+    assert "hyper_parameters" not in checkpoint and "hparams_name" not in checkpoint
+    assert isinstance(LinearRegression.load_from_checkpoint(tmp_path / "plain.ckpt"), LinearRegression)

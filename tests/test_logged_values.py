@@ -445,3 +445,36 @@ def test_evaluation_step_rows_in_metrics_csv_are_lightnings(make_trainer, tmp_pa
         ",2,,,,0.0,0.0", ",3,,,,1.0,10.0", "1,5,,,0.5,,",  # epoch 1's
         ",0,,,,0.0,0.0", ",1,,,,1.0,10.0", "2,6,,,0.5,,",  # validate
         ",0,,0.0,,,", ",1,,1.0,,,", ",2,,2.0,,,", ",3,,3.0,,,", "2,6,1.5,,,,"]  # test
+
+
+class LogsObjectsAndNumbers(LinearRegression):
+    """Metric objects and numbers logged in turn, names out of alphabetical order (as the
+    lightning-hydra-template's MNISTLitModule logs ``val/loss`` then ``val/acc``, two objects)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.objects = [Summed() for _ in range(4)]
+
+    def _log_all(self, prefix: str) -> None:
+        for obj, name in zip(self.objects, "qzby"):
+            obj.update(torch.tensor(1.0))
+            self.log(f"{prefix}/{name}", obj, on_step=False, on_epoch=True)
+            self.log(f"{prefix}/n{name}", 1.0, on_epoch=True)
+
+    def validation_step(self, batch, batch_idx):
+        self._log_all("v")
+
+    def test_step(self, batch, batch_idx):
+        self._log_all("s")
+
+
+def test_epoch_values_keep_the_order_of_the_first_calls_metric_objects_among_numbers(make_trainer):
+    # Lightning 2.6.5 keeps the order of the first self.log calls: the keys of callback_metrics, of a
+    # printed metrics dict, of the progress bar and of the dicts validate/test return.
+    expected = ["q", "nq", "z", "nz", "b", "nb", "y", "ny"]
+    trainer = make_trainer()
+    validated = trainer.validate(LogsObjectsAndNumbers(), loader())
+    assert list(trainer.callback_metrics) == [f"v/{name}" for name in expected]
+    assert list(validated[0]) == [f"v/{name}" for name in expected]
+    tested = trainer.test(LogsObjectsAndNumbers(), loader())
+    assert list(tested[0]) == [f"s/{name}" for name in expected]

@@ -177,7 +177,7 @@ def test_hyperparameters_saved_with_logger_false_stay_out_of_the_loggers(make_tr
     assert Net.load_from_checkpoint(Path(trainer.log_dir) / "checkpoints" / "last.ckpt").hparams.lr == 0.02
     quiet = make_trainer(max_epochs=1, logger=CSVLogger(tmp_path / "quiet"))
     quiet.fit(Net(keep_from_loggers=True), datamodule=Data(keep_from_loggers=True))
-    assert yaml.safe_load((Path(quiet.log_dir) / "hparams.yaml").read_text()) == {}  # empty, as Lightning's
+    assert not (Path(quiet.log_dir) / "hparams.yaml").exists()  # Lightning 2.6.5's CSVLogger then writes none
 
 
 def test_the_module_and_datamodule_hyperparameters_merge_unless_they_disagree(make_trainer, tmp_path):

@@ -180,13 +180,26 @@ def test_a_csv_logger_follows_lightnings_directory_scheme_and_sets_the_runs_log_
         4, str(tmp_path / "logs" / "version_0")]
 
 
-def test_a_csv_logger_given_nothing_to_log_writes_no_metrics_csv(make_trainer, tmp_path):
-    # As Lightning's: metrics.csv is made by the first row written; hparams.yaml is always there.
-    from linear_regression import LinearRegression  # logs nothing
+def test_a_csv_logger_given_nothing_to_log_writes_no_file(make_trainer, tmp_path):
+    # As Lightning 2.6.5's: metrics.csv is made by the first row written, and hparams.yaml by log_hyperparams,
+    # which the Trainer calls only for a module (or DataModule) that called save_hyperparameters(); the
+    # TensorBoardLogger writes an empty hparams.yaml all the same (its save() does).
+    from linear_regression import LinearRegression  # logs nothing, saves no hyperparameters
+
+    class SavesNone(LinearRegression):
+        def __init__(self) -> None:
+            super().__init__()
+            self.save_hyperparameters()  # nothing to keep: Lightning still logs {}
 
     trainer = make_trainer(max_epochs=1, logger=CSVLogger(tmp_path), log_every_n_steps=1)
     trainer.fit(LinearRegression(), loader(2))
-    assert sorted(path.name for path in Path(trainer.log_dir).iterdir()) == ["hparams.yaml"]
+    assert sorted(path.name for path in Path(trainer.log_dir).iterdir()) == []
+    trainer = make_trainer(max_epochs=1, logger=CSVLogger(tmp_path), log_every_n_steps=1)
+    trainer.fit(SavesNone(), loader(2))
+    assert yaml.safe_load((Path(trainer.log_dir) / "hparams.yaml").read_text()) == {}
+    trainer = make_trainer(max_epochs=1, logger=TensorBoardLogger(tmp_path, name="tb"), log_every_n_steps=1)
+    trainer.fit(LinearRegression(), loader(2))
+    assert yaml.safe_load((Path(trainer.log_dir) / "hparams.yaml").read_text()) == {}
 
 
 def test_loggers_left_to_their_defaults_share_the_next_version(make_trainer, tmp_path):

@@ -333,3 +333,17 @@ def test_lr_find_leaves_the_global_rng_as_it_was_so_a_second_search_gives_the_sa
     first = tuner.lr_find(model, num_training=20, early_stop_threshold=None).results
     assert torch.equal(torch.get_rng_state(), before)
     assert tuner.lr_find(model, num_training=20, early_stop_threshold=None).results == first
+
+
+def test_code_catching_lightnings_tuner_exit_exception_around_lr_find_runs_unchanged(make_trainer):
+    # A public tune_lr helper: `from lightning.pytorch.utilities.exceptions import _TunerExitException`, then
+    # lr_find inside try/except _TunerExitException ("it always throws this error"); the rate it found is set.
+    from trainer.utilities import _TunerExitException
+
+    model, found = Net(), []
+    try:
+        found.append(Tuner(make_trainer(max_epochs=1)).lr_find(model, num_training=20))
+    except _TunerExitException:  # never reaches the caller, as in Lightning 2.6.5
+        pytest.fail("lr_find let _TunerExitException out")
+    assert issubclass(_TunerExitException, Exception)
+    assert model.hparams.lr == found[0].suggestion() != 0.01

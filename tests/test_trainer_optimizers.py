@@ -7,9 +7,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks import Callback
 from linear_regression import LinearRegression
 from strategies import SingleDevice
 from trainer import TrainingModule
+from trainer.utilities import LRSchedulerConfig
 
 
 class Model(LinearRegression):
@@ -720,8 +724,6 @@ def test_validation_inside_an_accumulation_window_keeps_the_window_gradients(mak
 def test_lr_scheduler_configs_compare_equal_to_lightnings_lr_scheduler_config(make_trainer, regression_loader):
     # Lightning's test_reducelronplateau_scheduling compares trainer.lr_scheduler_configs[0] with an
     # LRSchedulerConfig (lightning.pytorch.utilities.types) made field by field.
-    from trainer.utilities import LRSchedulerConfig
-
     class Logs(Model):
         def training_step(self, batch, batch_idx):
             self.log("foo", float(batch_idx))
@@ -737,4 +739,57 @@ def test_lr_scheduler_configs_compare_equal_to_lightnings_lr_scheduler_config(ma
     config = trainer.lr_scheduler_configs[0]
     assert config == LRSchedulerConfig(scheduler=config.scheduler, monitor="foo", interval="epoch", frequency=1,
                                        reduce_on_plateau=True, strict=True, name=None)
-    assert config != LRSchedulerConfig(scheduler=config.scheduler, monitor="foo", reduce_on_plateau=False)
+    assert config != LRSchedulerConfig(scheduler=config.scheduler, monitor="bar", reduce_on_plateau=True)
+
+
+class SwapsInAWarmUp(Callback):
+    """A warm-up callback as Lightning projects write it: in on_train_start it replaces
+    ``trainer.strategy.lr_scheduler_configs`` with a step LambdaLR, and puts the module's back after 4 steps."""
+
+    def on_train_start(self, trainer, module):
+        self.original = trainer.lr_scheduler_configs
+        warm = torch.optim.lr_scheduler.LambdaLR(trainer.optimizers[0], lambda step: min(1.0, (step + 1) / 4))
+        trainer.strategy.lr_scheduler_configs = [LRSchedulerConfig(warm, interval="step")]
+        self.lrs = []
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.global_step == 4:
+            trainer.strategy.lr_scheduler_configs = self.original
+        self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+
+class StepsEachEpoch(LinearRegression):
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.8)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)]
+
+
+def test_scheduler_configs_set_on_the_strategy_are_what_the_loop_steps(make_trainer):
+    warmup = SwapsInAWarmUp()
+    trainer = make_trainer(max_epochs=3, callbacks=[warmup])
+    trainer.fit(StepsEachEpoch(), DataLoader(TensorDataset(torch.randn(12, 4), torch.randn(12, 2)), batch_size=2))
+    # Lightning 2.6.5's rates for the same callback and module: the warm-up steps each batch to 0.8, then
+    # the module's StepLR halves the rate at each epoch's end.
+    assert warmup.lrs == pytest.approx([0.2, 0.4, 0.6, 0.8, 0.8, 0.8] + [0.4] * 6 + [0.2] * 6)
+    assert trainer.strategy.lr_scheduler_configs is trainer.lr_scheduler_configs
+    step_lr = trainer.lr_scheduler_configs[0].scheduler  # Lightning's tests compare the loop's config to one made
+    assert trainer.lr_scheduler_configs[0] == LRSchedulerConfig(step_lr, interval="epoch", frequency=1, strict=True)
+    assert trainer.lr_scheduler_configs[0] != LRSchedulerConfig(step_lr, interval="step")
+
+
+def test_scheduler_configs_that_the_loop_could_not_step_are_refused(make_trainer):
+    module = StepsEachEpoch()
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    step = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    trainer = make_trainer(max_epochs=1)
+    with pytest.raises(RuntimeError, match="outside a fit"):
+        trainer.strategy.lr_scheduler_configs = [LRSchedulerConfig(step)]
+    with pytest.raises(ValueError, match="reduce_on_plateau"):
+        LRSchedulerConfig(step, reduce_on_plateau=True)
+    assert LRSchedulerConfig(torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer), reduce_on_plateau=True,
+                             monitor="loss").reduce_on_plateau
+    trainer.strategy._trainer = trainer  # as during a fit
+    with pytest.raises(TypeError, match="LRSchedulerConfig objects"):
+        trainer.strategy.lr_scheduler_configs = [step]
+    with pytest.raises(ValueError, match='interval is "step" or "epoch"'):
+        trainer.strategy.lr_scheduler_configs = [LRSchedulerConfig(step, interval="batch")]

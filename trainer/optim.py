@@ -47,9 +47,6 @@ class SchedulerConfig:
         return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
-LRSchedulerConfig = SchedulerConfig  # Lightning's name (lightning.pytorch.utilities.types)
-
-
 def _scheduler_config(item: Any, where: str, monitor: str | None = None, manual: bool = False) -> SchedulerConfig:
     if manual:  # the module steps its schedulers itself: what says when the loop steps one is ignored, as Lightning
         return _manual_scheduler_config(item, where)
@@ -69,7 +66,7 @@ def _scheduler_config(item: Any, where: str, monitor: str | None = None, manual:
     else:  # a bare scheduler watches the dict's top-level "monitor", as in Lightning
         config = SchedulerConfig(item, monitor=monitor)
     if not hasattr(config.scheduler, "state_dict") or not hasattr(config.scheduler, "load_state_dict"):
-        name = type(config.scheduler).__name__  # Lightning's words first; how it steps: check_scheduler_api
+        name = type(config.scheduler).__name__  # Lightning's words first; how it steps: scheduler_config.check_scheduler_api
         raise ValueError(
             f"The provided lr scheduler `{name}` is invalid. It should have `state_dict` and `load_state_dict` methods "
             f"defined. configure_optimizers returned {name} as an LR scheduler {where}; use a torch.optim.lr_scheduler "
@@ -225,21 +222,6 @@ def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, m
         else:
             config.scheduler.step()
     return plateau_left
-
-
-def check_scheduler_api(configs: list[SchedulerConfig], module_steps_them: bool) -> None:
-    """As Lightning: a scheduler that is not one of torch's (``LRScheduler``, ``ReduceLROnPlateau``)
-    needs the module's ``lr_scheduler_step`` to say how it steps (timm's take the epoch)."""
-    for config in configs:
-        if not module_steps_them and not isinstance(config.scheduler, (
-                torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
-            name = type(config.scheduler).__name__
-            raise TypeError(
-                f"The provided lr scheduler `{name}` doesn't follow PyTorch's LRScheduler API. You should override "
-                "the `LightningModule.lr_scheduler_step` hook with your own logic if you are using a custom LR "
-                f"scheduler. configure_optimizers returned {name}, which is not a torch LR scheduler, so the Trainer "
-                "cannot know how to step it: override lr_scheduler_step(self, scheduler, metric) in your module, e.g. "
-                "scheduler.step(epoch=self.current_epoch).")
 
 
 # ---------------------------------------------------------------------------------------------

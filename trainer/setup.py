@@ -27,9 +27,8 @@ from typing import TYPE_CHECKING, Any
 from trainer.arguments import loss_of, manual_step_output
 from trainer.hooks import StepHooks
 from trainer.datamodule import overrides
-from trainer.optim import (
-    SchedulerConfig, check_scheduler_api, parse_optimizers, single_owner, step_owner, trainer_clipping,
-)
+from trainer.optim import SchedulerConfig, parse_optimizers, single_owner, step_owner, trainer_clipping
+from trainer.scheduler_config import check_scheduler_api
 
 import torch
 
@@ -122,6 +121,7 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
     Lightning) and call ``on_before_optimizer_step``; they are removed at teardown.
     """
     strategy, callbacks = trainer.strategy, trainer.callbacks
+    strategy._trainer = trainer  # trainer.strategy.lr_scheduler_configs, as Lightning's, are this fit's
     optimizers, scheduler_configs = parse_optimizers(module.configure_optimizers(), not module.automatic_optimization)
     # An optimizer that outlived a stage (kept by the module) had its states moved to the CPU at that
     # stage's teardown: back beside its parameters, which the strategy has placed by now.

@@ -270,6 +270,8 @@ class StageMetrics:
                 taken[name] = (_scalar(name.split("\x00")[0], self.metric_objects[name].compute()), self.specs[name])
         self.computed_objects |= self.objects_logged
         self.objects_logged = set()
+        if len(taken) > 1:  # in the order of the names' first calls, as Lightning's (not the set's hash order)
+            taken = {name: taken[name] for name in self.specs if name in taken}
         if final:
             for name in self.computed_objects:
                 self.metric_objects[name].reset()

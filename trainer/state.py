@@ -135,8 +135,8 @@ def checkpoint_state(trainer: Trainer, module: TrainingModule, training: dict[st
                                        getattr(module, "_hparams_name", "kwargs")),
         "state_dict": trainer.strategy.module_state_dict(module),  # under FSDP: this rank's shards
         **training,
-        "hyper_parameters": checkpoint_io.plain_hyperparameters(module.hparams),
-        "hyper_parameters_inexact": checkpoint_io.inexact_hyperparameters(module.hparams),
+        **({"hyper_parameters": checkpoint_io.plain_hyperparameters(module.hparams),  # none kept: no key, as Lightning's
+            "hyper_parameters_inexact": checkpoint_io.inexact_hyperparameters(module.hparams)} if module.hparams else {}),
         **_datamodule_state(datamodule),
         **({} if training else {"weights_only": True}),
         "versions": {"torch": str(torch.__version__), "python": platform.python_version(), "cadence": _version()},

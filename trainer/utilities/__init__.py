@@ -18,6 +18,7 @@
 - ``PossibleUserWarning`` and ``disable_possible_user_warnings``: Lightning's category for warnings that
   could be false positives, and the function that silences them (``POSSIBLE_USER_WARNINGS=0`` or ``off``
   in the environment when ``trainer`` is imported does the same, as Lightning's).
+- ``_TunerExitException`` (``lightning.pytorch.utilities.exceptions``'), caught around ``Tuner.lr_find`` by user code.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from callbacks.console import cadence_logger, warn
 from callbacks.console import PossibleUserWarning, disable_possible_user_warnings  # noqa: F401 (Lightning's names)
 from strategies.transfer import move_to_device
 from trainer.combined_loader import CombinedLoader  # noqa: F401 (Lightning's lightning.pytorch.utilities name)
-from trainer.optim import LRSchedulerConfig  # noqa: F401 (Lightning's lightning.pytorch.utilities.types name)
+from trainer.scheduler_config import LRSchedulerConfig  # noqa: F401 (lightning.pytorch.utilities.types')
 from trainer.utilities import model_summary  # noqa: F401 (pl.utilities.model_summary, as Lightning's)
 
 Result = TypeVar("Result")
@@ -156,6 +157,12 @@ class AttributeDict(dict):
             return ""
         width = max(len(str(key)) for key in self) + 3  # Lightning's layout: '"lr":   0.1'
         return "\n".join(f"{f'{chr(34)}{key}{chr(34)}:':{width}s} {self[key]}" for key in sorted(self, key=str))
+
+
+class _TunerExitException(Exception):
+    """Lightning's ``utilities.exceptions._TunerExitException``, which its finders raise to end the tuning run and
+    its Trainer catches: code that catches it around ``Tuner.lr_find`` runs unchanged (it never reaches the
+    caller, in Lightning as here, where the finders end their run without it)."""
 
 
 class LightningEnum(str, enum.Enum):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -229,6 +231,11 @@ def test_an_int_val_check_interval_longer_than_the_epoch_is_an_error(make_traine
         ({"val_check_interval": 1.5}, r"Trainer\(val_check_interval=1.5\): you passed invalid value 1.5; use a float in \(0.0, 1.0\]"),
         ({"val_check_interval": 0}, r"Trainer\(val_check_interval=0\)"),
         ({"val_check_interval": True}, r"Trainer\(val_check_interval=True\)"),
+        # Lightning 2.6's time-based values: refused by name, not as an "invalid value".
+        ({"val_check_interval": "00:00:05:00"}, r"Trainer\(val_check_interval='00:00:05:00'\): Lightning's time-based "
+                                                r"validation .* is not supported by Cadence, which validates by batches"),
+        ({"val_check_interval": datetime.timedelta(minutes=5)}, r"time-based validation .* use an int >= 1"),
+        ({"val_check_interval": {"minutes": 5}}, r"Trainer\(val_check_interval=\{'minutes': 5\}\): Lightning's time-based"),
         # Lightning 2.6.5's sentence (its test_val_check_interval_float_with_none_check_val_every_n_epoch), then Cadence's way.
         ({"check_val_every_n_epoch": None}, r"check_val_every_n_epoch=None, val_check_interval=1.0\): `val_check_interval` "
                                             r"should be an integer or a time-based duration .*Cadence has no time-based "

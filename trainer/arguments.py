@@ -6,6 +6,7 @@ work (STYLE.md, "Errors teach").
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,6 +73,11 @@ def check_trainer_arguments(
     if gradient_clip_algorithm not in ("norm", "value"):
         raise ValueError(f'Trainer(gradient_clip_algorithm="{gradient_clip_algorithm}"): use "norm" or "value" '
                          f"(`gradient_clip_algorithm` {gradient_clip_algorithm} is invalid).")
+    if isinstance(val_check_interval, (str, dict, datetime.timedelta)):
+        raise ValueError(f"Trainer(val_check_interval={val_check_interval!r}): Lightning's time-based validation (a "
+                         "'DD:HH:MM:SS' string, a datetime.timedelta or a dict of timedelta arguments) is not supported "
+                         "by Cadence, which validates by batches: use an int >= 1 (every that many training batches) "
+                         "or a float in (0.0, 1.0] (a share of each epoch).")
     if (isinstance(val_check_interval, bool) or not isinstance(val_check_interval, (int, float))
             or val_check_interval <= 0 or (isinstance(val_check_interval, float) and val_check_interval > 1.0)):
         raise ValueError(

@@ -36,15 +36,12 @@ class SchedulerConfig:
     strict: bool = True  # False: a missing monitored metric skips the step with a warning (Lightning's)
     name: str | None = None  # the name LearningRateMonitor logs its rates under (Lightning's)
     step_with: Any = field(default=None, compare=False)  # the module's lr_scheduler_step override, called instead of scheduler.step()
-    reduce_on_plateau: bool | None = None  # Lightning's field: a ReduceLROnPlateau (None: from the scheduler)
-
-    def __post_init__(self) -> None:
-        if self.reduce_on_plateau is None:
-            self.reduce_on_plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
     @property
     def needs_metric(self) -> bool:
         return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+    reduce_on_plateau = needs_metric  # Lightning's field name; configs that say otherwise are refused where made
 
 
 def _scheduler_config(item: Any, where: str, monitor: str | None = None, manual: bool = False) -> SchedulerConfig:

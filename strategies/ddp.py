@@ -34,14 +34,11 @@ from torch.utils.data import DataLoader
 
 from strategies import forensics
 from strategies.base import Strategy
-from strategies.ddp_checks import (
-    check_arguments, check_backend_available, check_gpus_for, check_topology, settle_trainer_devices,
-)
+from strategies.ddp_checks import check_arguments, check_backend_available, check_gpus_for, check_topology, settle_trainer_devices
 from strategies.loaders import shard_dataloader
 from strategies.prefetch import check_prefetch
-from strategies.process_group import (
-    connect_stores, end_process_group, is_communication_error, launched_by_torchrun, local_cuda_index, local_world_size,
-)
+from strategies.process_group import (connect_stores, end_process_group, is_communication_error, launched_by_torchrun,
+                                      local_cuda_index, local_world_size, release_reducer)
 from strategies.single import cuda_device_lines
 from strategies.step_runner import TrainingStepRunner, prepare_manual_backward, with_cadence_advice
 from strategies.transfer import pinned_loader, return_to_host
@@ -122,6 +119,7 @@ class DDP(Strategy):
 
     def _reset_runtime(self) -> None:
         self._manual_model: DistributedDataParallel | None = None  # during a manual-optimization step
+        self._wrapped: DistributedDataParallel | None = None  # fit's wrapper, until teardown
         self._manual = False  # the module trains with manual optimization (set by wrap_module)
         self._store: Any = None
         self._control_group: Any = None  # gloo group for CPU-side collectives (None: the default group)
@@ -134,7 +132,8 @@ class DDP(Strategy):
     def __getstate__(self) -> dict[str, Any]:
         # Stores, groups and threads belong to one process; a spawned worker makes its own.
         state = self.__dict__.copy()
-        for key in ("_store", "_control_group", "_whereabouts", "_base_store", "_thread_store", "_placed", "_trainer"):
+        for key in ("_store", "_control_group", "_whereabouts", "_base_store", "_thread_store", "_placed", "_trainer",
+                    "_wrapped"):
             state.pop(key, None)
         return state
 
@@ -287,6 +286,8 @@ class DDP(Strategy):
             self.record_failure(error)
         if self._whereabouts is not None:
             self._whereabouts.stop()
+        release_reducer(self._wrapped)  # before the group goes: see release_reducer
+        self._wrapped = None
         if self._owns_group and dist.is_initialized():
             # After an error, destroying would wait for pending NCCL work that may never finish.
             end_process_group(abort=error is not None and self.resolved_backend == "nccl")
@@ -340,6 +341,7 @@ class DDP(Strategy):
         if self.comm_hook is not None:
             state, hook, wrapper = self.comm_hook
             wrapped.register_comm_hook(state, wrapper(hook) if wrapper is not None else hook)
+        self._wrapped = wrapped
         return wrapped
 
     def unwrap(self, model: nn.Module) -> nn.Module:

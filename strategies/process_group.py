@@ -97,6 +97,15 @@ def local_cuda_index(local_rank: int, visible: int) -> int:
     )
 
 
+def release_reducer(wrapped: Any | None) -> None:
+    """Free a DistributedDataParallel wrapper's reducer (and the logger sharing it) while Python still holds
+    the process group. Were the reducer's C++ reference the group's last, gloo's destructor would join its
+    threads holding the GIL while one of them waits for the GIL to free the last collective's tensors: a
+    deadlock at teardown. Torch releases the GIL only when the last reference is a Python one."""
+    for name in ("logger", "reducer") if wrapped is not None else ():
+        vars(wrapped).pop(name, None)
+
+
 def end_process_group(abort: bool) -> None:
     """Leave the default process group; with ``abort`` (NCCL after a failure) without waiting for
     collectives that will never complete.

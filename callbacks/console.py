@@ -70,6 +70,11 @@ _NOT_USERS = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) 
                    | {os.path.abspath(sysconfig.get_paths()[name]) + os.sep for name in ("stdlib", "purelib", "platlib")})
 
 
+class MisconfigurationException(ValueError):
+    """Lightning's exception for a wrong setup (``lightning.pytorch.utilities.exceptions``), for code that raises or
+    catches it. A ValueError, as Cadence's own configuration errors are: ``except ValueError`` catches both."""
+
+
 class PossibleUserWarning(UserWarning):
     """Lightning's category for warnings that could be false positives (too few batches for the
     logging interval, no val loader for a ``validation_step``...): ``disable_possible_user_warnings()``

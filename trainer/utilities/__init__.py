@@ -19,6 +19,8 @@
   could be false positives, and the function that silences them (``POSSIBLE_USER_WARNINGS=0`` or ``off``
   in the environment when ``trainer`` is imported does the same, as Lightning's).
 - ``_TunerExitException`` (``lightning.pytorch.utilities.exceptions``'), caught around ``Tuner.lr_find`` by user code.
+- ``MisconfigurationException`` (``lightning.pytorch.utilities.exceptions``'), which projects raise for their own
+  configuration errors: a ValueError, as the configuration errors Cadence raises are (``except ValueError``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ import torch
 from torch import nn
 
 from callbacks.console import cadence_logger, warn
-from callbacks.console import PossibleUserWarning, disable_possible_user_warnings  # noqa: F401 (Lightning's names)
+from callbacks.console import (  # noqa: F401 (Lightning's names)
+    MisconfigurationException, PossibleUserWarning, disable_possible_user_warnings,
+)
 from strategies.transfer import move_to_device
 from trainer.combined_loader import CombinedLoader  # noqa: F401 (Lightning's lightning.pytorch.utilities name)
 from trainer.scheduler_config import LRSchedulerConfig  # noqa: F401 (lightning.pytorch.utilities.types')

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from callbacks.console import warn
+from callbacks.console import refuse_url, warn
 from callbacks.logging import (Logger, hyperparameters_to_log, logger_metrics, metric_number, saved_hyperparameters,
                                write_hparams)
 
@@ -65,6 +65,7 @@ class AsyncLogger(Logger):
         kind = type(self).__name__
         if save_dir is not None and not isinstance(save_dir, (str, os.PathLike)):
             raise ValueError(f"{kind}(save_dir={save_dir!r}): use a directory path, or None for the Trainer's default_root_dir.")
+        refuse_url(save_dir, f"{kind}(save_dir)")
         if name is not None and not isinstance(name, str):
             raise ValueError(f"{kind}(name={name!r}): use a directory name (a str), or \"\" for none.")
         if version is not None and (isinstance(version, bool) or not isinstance(version, (int, str))

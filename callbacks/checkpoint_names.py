@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from callbacks.console import warn
+from callbacks.console import refuse_url, warn
 
 if TYPE_CHECKING:
     from trainer import Trainer
@@ -30,6 +30,7 @@ def check_arguments(**arguments: Any) -> None:
     dirpath, filename, monitor = arguments["dirpath"], arguments["filename"], arguments["monitor"]
     if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
         raise ValueError(f"ModelCheckpoint(dirpath={dirpath!r}): use a directory path or None.")
+    refuse_url(dirpath, "ModelCheckpoint(dirpath)")
     if filename is not None and not isinstance(filename, str):
         raise ValueError(f"ModelCheckpoint(filename={filename!r}): use a format string like \"{{epoch}}-{{val_loss:.3f}}\".")
     if monitor is not None and (not isinstance(monitor, str) or not monitor):

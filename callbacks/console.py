@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import sysconfig
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainer import Trainer
@@ -68,6 +69,13 @@ def rank_prefixed(trainer: Trainer, text: str) -> str:
 _NOT_USERS = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + package + os.sep
                     for package in ("callbacks", "trainer", "strategies")}
                    | {os.path.abspath(sysconfig.get_paths()[name]) + os.sep for name in ("stdlib", "purelib", "platlib")})
+
+
+def refuse_url(path: Any, where: str) -> None:
+    """Cadence writes to local paths: a URL (``s3://``, ``gs://``, ``memory://``...) is refused, naming ``where``."""
+    if isinstance(path, str) and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", path):
+        raise ValueError(f"{where}={path!r} is a URL: Lightning writes such paths through fsspec, Cadence writes to "
+                         "local directories only. Use a local (or mounted) directory, and copy the files after the run.")
 
 
 class MisconfigurationException(ValueError):

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from callbacks.base import Callback
-from callbacks.console import info
+from callbacks.console import info, refuse_url
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -64,6 +64,7 @@ class Profiler(abc.ABC):
     def __init__(self, dirpath: str | Path | None = None, filename: str | None = None) -> None:
         if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
             raise ValueError(f"{type(self).__name__}(dirpath={dirpath!r}): use a directory path or None.")
+        refuse_url(dirpath, f"{type(self).__name__}(dirpath)")
         if filename is not None and not isinstance(filename, str):
             raise ValueError(f"{type(self).__name__}(filename={filename!r}): use a file name (\".txt\" is added) or None.")
         self.dirpath = dirpath

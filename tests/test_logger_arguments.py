@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import re
 import time
 from pathlib import Path
 
@@ -19,8 +20,8 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import Callback, CSVLogger, TensorBoardLogger
-from trainer import DataModule, TrainingModule
+from callbacks import Callback, CSVLogger, ModelCheckpoint, SimpleProfiler, TensorBoardLogger
+from trainer import DataModule, Trainer, TrainingModule
 
 
 class Net(TrainingModule):
@@ -215,3 +216,17 @@ def test_save_hyperparameters_takes_lightnings_forms():
     with pytest.raises(ValueError, match=r"one object is kept as the hyperparameters when it is a dict or an "
                                          r"argparse.Namespace, not a list"):
         FromDict([1, 2])
+
+
+@pytest.mark.parametrize("make, where", [
+    (lambda url: CSVLogger(save_dir=url), "CSVLogger(save_dir)"),
+    (lambda url: TensorBoardLogger(save_dir=url), "TensorBoardLogger(save_dir)"),
+    (lambda url: ModelCheckpoint(dirpath=url), "ModelCheckpoint(dirpath)"),
+    (lambda url: SimpleProfiler(dirpath=url, filename="report"), "SimpleProfiler(dirpath)"),
+    (lambda url: Trainer(default_root_dir=url), "Trainer(default_root_dir)"),
+])
+@pytest.mark.parametrize("url", ["memory://runs", "s3://bucket/runs"])
+def test_a_remote_url_for_a_directory_is_refused_naming_the_argument(make, where, url):
+    # Lightning writes such paths through fsspec; taken as a local path they became a directory named "s3:".
+    with pytest.raises(ValueError, match=rf"{re.escape(where)}='{re.escape(url)}' is a URL: .*local directories only"):
+        make(url)

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import callbacks as callbacks_package
 import strategies as strategies_package
 from callbacks import Callback, ModelSummary, SyncBatchNorm, Timer, TorchFlags
-from callbacks.console import info
+from callbacks.console import info, refuse_url
 from callbacks.timer import parse_duration
 from strategies import Strategy
 from trainer.arguments import check_trainer_arguments
@@ -215,6 +215,7 @@ def translate(*, max_epochs: Any, max_steps: Any, strategy: Any, devices: Any, p
     )
     if not isinstance(barebones, bool):
         raise ValueError(f"Trainer(barebones={barebones!r}): use True or False.")
+    refuse_url(default_root_dir, "Trainer(default_root_dir)")
     if barebones and os.environ.get("RANK", "0") == "0":
         print("Trainer(barebones=True): no checkpoints, loggers, self.log, progress bar, model summary, sanity check, "
               "profiler or performance report (Lightning's barebones mode).", file=sys.stderr)

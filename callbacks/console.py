@@ -74,8 +74,8 @@ _NOT_USERS = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) 
 def refuse_url(path: Any, where: str) -> None:
     """Cadence writes to local paths: a URL (``s3://``, ``gs://``, ``memory://``...) is refused, naming ``where``."""
     if isinstance(path, str) and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", path):
-        raise ValueError(f"{where}={path!r} is a URL: Lightning writes such paths through fsspec, Cadence writes to "
-                         "local directories only. Use a local (or mounted) directory, and copy the files after the run.")
+        raise ValueError(f"{where}={path!r} is a URL: Lightning reaches such paths through fsspec, Cadence reads and "
+                         "writes local paths only. Use a local (or mounted) path, and copy the files to or from the store.")
 
 
 class MisconfigurationException(ValueError):

@@ -224,9 +224,10 @@ def test_save_hyperparameters_takes_lightnings_forms():
     (lambda url: ModelCheckpoint(dirpath=url), "ModelCheckpoint(dirpath)"),
     (lambda url: SimpleProfiler(dirpath=url, filename="report"), "SimpleProfiler(dirpath)"),
     (lambda url: Trainer(default_root_dir=url), "Trainer(default_root_dir)"),
+    (lambda url: Net.load_from_checkpoint(url), "checkpoint"),
 ])
 @pytest.mark.parametrize("url", ["memory://runs", "s3://bucket/runs"])
 def test_a_remote_url_for_a_directory_is_refused_naming_the_argument(make, where, url):
     # Lightning writes such paths through fsspec; taken as a local path they became a directory named "s3:".
-    with pytest.raises(ValueError, match=rf"{re.escape(where)}='{re.escape(url)}' is a URL: .*local directories only"):
+    with pytest.raises(ValueError, match=rf"{re.escape(where)}='{re.escape(url)}' is a URL: .*local paths only"):
         make(url)

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from callbacks.console import refuse_url
 from strategies.checkpoint.files import recover_interrupted_replace
 from strategies.checkpoint.sharded import check_complete, is_sharded_checkpoint
 
@@ -31,6 +32,7 @@ def check_exists(path: str | os.PathLike, hint: str = "Check the path.") -> Path
     """``path`` as a Path if it is a checkpoint file or a whole sharded checkpoint directory; else a
     FileNotFoundError that says what is there and ends with ``hint`` (or a ValueError naming what a
     sharded directory lacks)."""
+    refuse_url(path, "checkpoint")  # Lightning reads it through fsspec
     path = Path(path)
     if path.is_dir():
         if not is_sharded_checkpoint(path):

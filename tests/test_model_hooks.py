@@ -150,7 +150,7 @@ def test_configure_gradient_clipping_runs_at_each_step_with_the_trainers_setting
     unclipped = one_step_change(make_trainer, LinearRegression(lr=1.0))
     assert unclipped > 0.1  # so that a clip at 0.01 shows
     assert one_step_change(make_trainer, OwnClipping(lr=1.0)) == pytest.approx(0.01, rel=1e-4)
-    assert calls == [("SGD", None, "norm")]  # Lightning calls it even when the Trainer clips nothing
+    assert calls == [("SGD", None, None)]  # Lightning calls it even when the Trainer clips nothing, with its None
 
 
 def test_clip_gradients_without_a_value_uses_the_trainers_and_a_different_one_is_an_error(make_trainer):
@@ -168,6 +168,18 @@ def test_clip_gradients_without_a_value_uses_the_trainers_and_a_different_one_is
     with pytest.raises(ValueError, match=r"You have set `Trainer\(gradient_clip_val=0.02\)` and have passed "
                                          r"`clip_gradients\(gradient_clip_val=0.5\)`\. Please use only one of them"):
         one_step_change(make_trainer, OtherValue(lr=1.0), gradient_clip_val=0.02)
+
+    class ByValue(LinearRegression):
+        def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+            self.clip_gradients(optimizer, gradient_clip_val=0.02, gradient_clip_algorithm="value")
+
+    # With no algorithm given to the Trainer the module's choice stands: each of the 10 gradient elements is cut
+    # to 0.02 (by norm, the whole step would be 0.02 long)...
+    assert one_step_change(make_trainer, ByValue(lr=1.0)) == pytest.approx(0.02 * 10 ** 0.5, rel=1e-4)
+    # ...and a different one given to both is Lightning's error, in its words.
+    with pytest.raises(ValueError, match=r"You have set `Trainer\(gradient_clip_algorithm='norm'\)` and have passed "
+                                         r"`clip_gradients\(gradient_clip_algorithm='value'\) Please use only one"):
+        one_step_change(make_trainer, ByValue(lr=1.0), gradient_clip_algorithm="NORM")
 
 
 def test_a_gradient_clip_val_of_zero_clips_nothing_as_in_lightning(make_trainer):

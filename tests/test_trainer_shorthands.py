@@ -292,7 +292,7 @@ def test_none_means_lightnings_default_for_the_arguments_lightning_defaults_to_n
     assert [type(c) for c in given.callbacks] == [type(c) for c in default.callbacks]
     assert given.logger is not None and given.checkpoint_callback is not None and given.progress_bar_callback is not None
     assert (given.log_every_n_steps, given.num_sanity_val_steps, given.val_check_interval,
-            given.gradient_clip_algorithm, given.deterministic) == (50, 2, 1.0, "norm", False)
+            given.gradient_clip_algorithm, given.deterministic) == (50, 2, 1.0, None, False)  # None: clip by norm
 
 
 def test_default_root_dir_starting_with_a_tilde_is_the_home_directory(monkeypatch, tmp_path):

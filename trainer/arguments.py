@@ -70,7 +70,7 @@ def check_trainer_arguments(
     if gradient_clip_val is not None and gradient_clip_val < 0:
         raise ValueError(f"Trainer(gradient_clip_val={gradient_clip_val!r}): use a positive number or None "
                          "(0 clips nothing, as None).")
-    if gradient_clip_algorithm not in ("norm", "value"):
+    if gradient_clip_algorithm is not None and str(gradient_clip_algorithm).lower() not in ("norm", "value"):
         raise ValueError(f'Trainer(gradient_clip_algorithm="{gradient_clip_algorithm}"): use "norm" or "value" '
                          f"(`gradient_clip_algorithm` {gradient_clip_algorithm} is invalid).")
     if isinstance(val_check_interval, (str, dict, datetime.timedelta)):

@@ -295,6 +295,9 @@ def clip_optimizer_gradients(trainer: Any, optimizer: Any, value: Any, algorithm
                          f"`clip_gradients(gradient_clip_val={value!r})`. Please use only one of them.")
     if algorithm is None:
         algorithm = trainer.gradient_clip_algorithm or "norm"
+    elif trainer.gradient_clip_algorithm is not None and algorithm != trainer.gradient_clip_algorithm:
+        raise ValueError(f"You have set `Trainer(gradient_clip_algorithm={trainer.gradient_clip_algorithm!r})` and "
+                         f"have passed `clip_gradients(gradient_clip_algorithm={algorithm!r}) Please use only one of them.")
     if algorithm not in CLIP_ALGORITHMS:
         raise ValueError(f'clip_gradients(gradient_clip_algorithm={algorithm!r}): use "norm" or "value".')
     if isinstance(value, bool) or not isinstance(value, (int, float, type(None))) or (value is not None and value < 0):

@@ -139,7 +139,7 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
             clip = functools.partial(module.configure_gradient_clipping, gradient_clip_val=trainer.gradient_clip_val,
                                      gradient_clip_algorithm=trainer.gradient_clip_algorithm)
         elif trainer.gradient_clip_val:  # 0 clips nothing, as in Lightning
-            clip = trainer_clipping(optimizers[0], trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+            clip = trainer_clipping(optimizers[0], trainer.gradient_clip_val, trainer.gradient_clip_algorithm or "norm")
     else:
         if trainer.gradient_clip_val:  # Lightning's checks, in its order and words
             raise ValueError(_manual_refusal("clipping", "gradient_clip_val", trainer.gradient_clip_val))

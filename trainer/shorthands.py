@@ -120,7 +120,7 @@ class Translated:
     check_val_every_n_epoch: int | None
     default_root_dir: str
     log_every_n_steps: int = 50
-    gradient_clip_algorithm: str = "norm"
+    gradient_clip_algorithm: str | None = None  # None (Lightning's): clip_gradients' default, "norm"
     fast_dev_run: bool | int = False  # as in Lightning, 1 is True
     deterministic: bool = False
 
@@ -129,7 +129,7 @@ class Translated:
 #: written from that signature, LightningCLI's or Hydra's, carries the nulls): None means the same here.
 LIGHTNING_NONE_DEFAULTS = {
     "logger": True, "enable_checkpointing": True, "enable_progress_bar": True, "enable_model_summary": True,
-    "log_every_n_steps": 50, "num_sanity_val_steps": 2, "gradient_clip_algorithm": "norm", "deterministic": False,
+    "log_every_n_steps": 50, "num_sanity_val_steps": 2, "deterministic": False,
 }
 
 
@@ -230,7 +230,8 @@ def translate(*, max_epochs: Any, max_steps: Any, strategy: Any, devices: Any, p
         check_val_every_n_epoch=check_val_every_n_epoch,
         # A str, as Lightning's; "~/runs" is the home directory's (os.path.expanduser), never a directory named "~".
         default_root_dir=os.path.normpath(os.path.expanduser(default_root_dir)) if default_root_dir is not None else os.getcwd(),
-        log_every_n_steps=log_every_n_steps, gradient_clip_algorithm=gradient_clip_algorithm, deterministic=deterministic,
+        log_every_n_steps=log_every_n_steps, deterministic=deterministic,
+        gradient_clip_algorithm=gradient_clip_algorithm.lower() if gradient_clip_algorithm is not None else None,
     )
     batches = _fast_dev_run_batches(fast_dev_run)
     run.fast_dev_run = True if batches == 1 else fast_dev_run

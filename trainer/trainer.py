@@ -79,7 +79,7 @@ class Trainer(TrainerProperties, SearchSeams):
         self, max_epochs: int | None = None, max_steps: int = -1,
         strategy: str | Strategy = "auto", devices: int | str | list[int] = "auto", precision: str | int | None = None,
         callbacks: list[Callback] | Callback | None = None, accumulate_grad_batches: int = 1,
-        gradient_clip_val: float | None = None, gradient_clip_algorithm: str = "norm",
+        gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None,
         val_check_interval: int | float | None = None, check_val_every_n_epoch: int | None = 1,
         limit_train_batches: int | float | None = None, limit_val_batches: int | float | None = None,
         limit_test_batches: int | float | None = None, limit_predict_batches: int | float | None = None,

@@ -171,3 +171,51 @@ def test_a_step_taking_dataloader_iter_is_refused_before_anything_runs(make_trai
                                         rf"Write {step}\(self, batch, batch_idx\)"):
         getattr(make_trainer(max_epochs=1), stage)(module, *arguments)
     assert module.sizes == []  # no training_step ran
+
+
+class RecordsOrder(LinearRegression):
+    """Trains on the indices of a shuffled dataset (the weights ignore them) and keeps each epoch's order."""
+
+    def __init__(self, workers: int = 0, persistent: bool = False) -> None:
+        super().__init__()
+        self.workers, self.persistent, self.orders = workers, persistent, {}
+
+    def train_dataloader(self):
+        x, y = regression_samples(12)
+        return DataLoader(TensorDataset(torch.arange(12), x, y), batch_size=4, shuffle=True, num_workers=self.workers,
+                          persistent_workers=self.persistent)
+
+    def training_step(self, batch, batch_idx):
+        self.orders.setdefault(self.current_epoch, []).extend(batch[0].tolist())
+        return super().training_step(batch[1:], batch_idx)
+
+
+def _lightnings_orders(module: RecordsOrder, fresh_at: set[int], epochs: int) -> dict[int, list[int]]:
+    """Each epoch's order as Lightning 2.6's fit loop draws it: a loader it has just made (a fit that starts
+    past epoch 0, a reload) gets a first iterator, which it throws away and makes again when the epoch is past
+    0 (training_epoch_loop.on_run_start), so that one's draws are lost."""
+    orders = {}
+    for epoch in range(epochs):
+        if epoch in fresh_at:
+            loader = module.train_dataloader()
+            if epoch > 0:
+                iter(loader)
+        orders[epoch] = [int(i) for indices, *_ in loader for i in indices]
+    return orders
+
+
+@pytest.mark.parametrize("workers, persistent", [(0, False), (1, False), (1, True)])
+@pytest.mark.parametrize("reload_every", [0, 1])
+def test_a_second_fit_and_reloads_draw_each_epochs_order_as_lightning_does(make_trainer, reload_every, workers,
+                                                                            persistent):
+    torch.manual_seed(3)
+    module = RecordsOrder(workers, persistent)
+    trainer = make_trainer(max_epochs=2, reload_dataloaders_every_n_epochs=reload_every, limit_val_batches=0,
+                           num_sanity_val_steps=0, enable_model_summary=False)
+    trainer.fit(module)
+    trainer.max_epochs = 4  # continue: the second fit starts at epoch 2 with loaders made anew
+    trainer.fit(module)
+    torch.manual_seed(3)
+    expected_module = RecordsOrder(workers, persistent)  # the same draws before training
+    fresh = {0, 2} | (set(range(4)) if reload_every else set())
+    assert module.orders == _lightnings_orders(expected_module, fresh, 4)

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from callbacks.console import PossibleUserWarning, info, warn
 from strategies.loaders import recording_batch_indices
@@ -316,6 +317,9 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
         set_sampler_epoch(each, epoch)
     progress.epoch_batches = limit
     resumed = progress.resumed
+    if loader is not progress.iterated and epoch > 0 and (resumed is None or resumed.epoch != epoch):
+        _lightnings_first_iterator(loader)
+    progress.iterated = loader
     skip = resumed.batches_done if resumed is not None and resumed.epoch == epoch else 0
     rest = None
     if skip:  # a checkpoint of another number of processes: the samples trained carry over (trainer/resume.py)
@@ -335,6 +339,18 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
         # A CombinedLoader stops where its length (under its limits) says, as in Lightning.
         return transferred(itertools.islice(batches, limit - skip), transfer)
     return transferred(batches if limit != math.inf else _one_ahead(batches, progress), transfer)
+
+
+def _lightnings_first_iterator(loader: Any) -> None:
+    """Make the iterator Lightning makes and throws away. Its fit loop makes the iterator of a training loader it
+    has just made (in a fit that starts past epoch 0, or at a reload_dataloaders_every_n_epochs epoch) twice before
+    the first batch, unless the epoch resumes a checkpoint. What that costs is Lightning's too: the first iterator
+    draws a base seed and, with workers, starts them and draws the sampler's order for its prefetched batches (a
+    loader with persistent workers keeps that iterator, and the second iter() draws the order again). Made here,
+    every later draw (this epoch's order, dropout, the next epochs) is Lightning's."""
+    for each in loader.flattened if isinstance(loader, CombinedLoader) else (loader,):
+        if isinstance(each, DataLoader):
+            iterate_shielded(each, iter)  # its workers with the stop signals held, as the loop starts them
 
 
 def _one_ahead(batches: Iterator[tuple[int, Any]], progress: Progress) -> Iterator[tuple[int, Any]]:

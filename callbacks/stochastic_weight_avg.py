@@ -159,6 +159,9 @@ class StochasticWeightAveraging(Callback):
         elif trainer.current_epoch != self.swa_start:
             warn("SWA is initializing after swa_start without any checkpoint data: the average starts now, with "
                  "fewer epochs in it than a run from the start would have.")
+        from trainer.stage_metrics import refused_in  # the trainer package imports this one
+
+        step_with = refused_in(module, "lr_scheduler_step")  # no self.log there, as in Lightning
         if trainer.lr_scheduler_configs:
             config = trainer.lr_scheduler_configs[0]
             if config.interval != "epoch" or config.frequency != 1:
@@ -166,9 +169,9 @@ class StochasticWeightAveraging(Callback):
                      "per epoch.")
             if trainer.is_global_zero:
                 cadence_logger().info(f"Swapping scheduler `{type(config.scheduler).__name__}` for `SWALR`")
-            trainer.lr_scheduler_configs[0] = _EpochScheduler(self._swa_scheduler, step_with=module.lr_scheduler_step)
+            trainer.lr_scheduler_configs[0] = _EpochScheduler(self._swa_scheduler, step_with=step_with)
         else:
-            trainer.lr_scheduler_configs.append(_EpochScheduler(self._swa_scheduler, step_with=module.lr_scheduler_step))
+            trainer.lr_scheduler_configs.append(_EpochScheduler(self._swa_scheduler, step_with=step_with))
         if self.n_averaged is None:
             self.n_averaged = torch.tensor(self._init_n_averaged, dtype=torch.long, device=module.device)
 

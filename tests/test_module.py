@@ -9,6 +9,7 @@ from torch import nn
 
 from callbacks import Callback
 from trainer import TrainingModule
+from trainer.utilities import MisconfigurationException
 
 
 class Model(TrainingModule):
@@ -167,12 +168,12 @@ def test_a_per_step_name_logged_again_gives_the_loggers_its_last_value_before_ea
     "name, value, kwargs, match",
     [
         ("", 1.0, {}, r"self.log\(name=''\): the name must be a non-empty string"),
-        ("x", torch.ones(3), {}, r'self.log\("x", ...\) got a tensor of shape \(3,\); log a scalar'),
+        ("x", torch.ones(3), {}, r"the tensor must have a single element.*it got a tensor of shape \(3,\)"),
         ("x", "high", {}, r"`self.log\(x, high\)` was called, but str values cannot be logged: log a number"),
-        ("x", 1.0, {"reduce_fx": "median"}, r"self.log\(\"x\", reduce_fx='median'\): use one of"),
-        ("x", 1.0, {"on_step": False, "on_epoch": False}, r"on_step=False, on_epoch=False\) records nothing"),
+        ("x", 1.0, {"reduce_fx": "median"}, r"reduce_fx=\{min,max,mean,sum\}\)` are supported.*Found: median"),
+        ("x", 1.0, {"on_step": False, "on_epoch": False}, r"on_step=False, on_epoch=False\)` is not useful.*records nothing"),
         ("x", 1.0, {"sync_dist_group": object()}, r"sync_dist_group=...\): Cadence reduces over all processes"),
-        ("x/dataloader_idx_0", 1.0, {}, r'with add_dataloader_idx=True the Trainer adds "/dataloader_idx_N" itself'),
+        ("x/dataloader_idx_0", 1.0, {}, r'with the key `x/dataloader_idx_0`.*the Trainer adds "/dataloader_idx_N" itself'),
         ("x", 1.0, {"metric_attribute": "layer"}, r'metric_attribute="layer"\): BadLog.layer is not the logged object'),
     ],
 )
@@ -182,7 +183,7 @@ def test_self_log_refuses_what_it_cannot_record(make_trainer, regression_loader,
             self.log(name, value, **kwargs)
             return super().training_step(batch, batch_idx)
 
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(MisconfigurationException, match=match):  # Lightning's exception, a ValueError
         make_trainer(max_epochs=1).fit(BadLog(), regression_loader)
 
 

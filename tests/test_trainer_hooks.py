@@ -403,3 +403,22 @@ def test_hooks_cadence_calls_get_no_warning(make_trainer, regression_loader, rec
     callback = recording(Callback, "callback.", calls)()
     make_trainer(max_steps=1, callbacks=[callback]).fit(recording(Model, "module.", calls)(calls), regression_loader)
     assert not [w for w in recwarn if "never calls" in str(w.message)]
+
+
+def test_an_evaluation_step_wrapped_without_a_name_still_runs(make_trainer, regression_loader):
+    """A step set on the instance as a functools.partial (Lightning's hook-logging test wraps every hook so) has no
+    __name__: the Trainer names the step by the stage."""
+    import functools
+
+    from tests.linear_regression import LinearRegression
+
+    seen = []
+
+    class Validates(LinearRegression):
+        def validation_step(self, batch, batch_idx):
+            seen.append(batch_idx)
+
+    module = Validates()
+    module.validation_step = functools.partial(lambda step, *args: step(*args), module.validation_step)
+    make_trainer().validate(module, regression_loader, verbose=False)
+    assert seen == list(range(len(regression_loader)))

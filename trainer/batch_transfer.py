@@ -12,6 +12,7 @@ module define none of them moves its batches as before, through the strategy, at
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -56,7 +57,10 @@ def batch_transfer(module: Any, datamodule: Any, converts: Sequence[Any] = ()) -
     chosen = {hook: next((getattr(owner, hook) for owner in owners if overrides(owner, hook)), None) for hook in HOOKS}
     if not any(chosen.values()):
         return None if convert is None else BatchTransfer(module, None, None, None, convert)
-    return BatchTransfer(module, *(chosen[hook] or getattr(module, hook) for hook in HOOKS), convert=convert)
+    from trainer.stage_metrics import refusing  # the overrides refuse self.log, as Lightning's (per batch: only theirs)
+
+    return BatchTransfer(module, *(functools.partial(refusing, module, hook, chosen[hook]) if chosen[hook] else
+                                   getattr(module, hook) for hook in HOOKS), convert=convert)
 
 
 def _chained(converts: Sequence[Any]) -> Any:

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from trainer.arguments import require_training_module
 from trainer.combined_loader import LOADER, MODES as COMBINED_MODES, CombinedLoader, flatten
 from trainer.datamodule import DataModule, overrides
+from trainer.stage_metrics import refusing
 from callbacks.console import PossibleUserWarning, warn
 
 #: The loader kinds, the hook that makes each, and the stages' kinds.
@@ -84,7 +85,7 @@ class DataSource:
         owner = self.hook_owner(kind)
         if owner is None:
             return loader_list(self.given(kind), self.argument_text(kind), several=kind != "train")
-        loaders = getattr(owner, HOOKS[kind])()
+        loaders = refusing(self.module, HOOKS[kind], getattr(owner, HOOKS[kind]))  # no self.log there, as in Lightning
         where = f"{type(owner).__name__}.{HOOKS[kind]}()"
         if loaders is None and kind == "val":
             return []

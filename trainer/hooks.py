@@ -206,7 +206,7 @@ def evaluation_hooks(stage: str, trainer: Any, callbacks: list[Callback], module
             (Callback.on_predict_batch_start, Callback.on_predict_batch_end, TrainingModule.on_predict_batch_start,
              TrainingModule.on_predict_batch_end),
         )
-    hooks.step_takes_dataloader_idx = _takes_dataloader_idx(step, several) and several
+    hooks.step_takes_dataloader_idx = _takes_dataloader_idx(step, _STEP_NAME[stage], several) and several
     hooks.model_eval, hooks.model_train = _mode_hooks(stage, trainer, module)
     kind = {"validate": "val"}.get(stage, stage)  # as in Lightning, the module's batch hooks are checked too
     for name in {"validate": ("on_validation_batch_start", "on_validation_batch_end")}.get(
@@ -217,6 +217,7 @@ def evaluation_hooks(stage: str, trainer: Any, callbacks: list[Callback], module
 
 
 _LOADER_KIND = {"validation_step": "val", "test_step": "test", "predict_step": "predict"}
+_STEP_NAME = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}
 
 
 def _mode_hooks(stage: str, trainer: Any, module: TrainingModule) -> tuple[Any, Any]:
@@ -244,7 +245,7 @@ def _check_dataloader_idx(hook: Any, kind: str, several: bool) -> bool:
     requires it."""
     parameters = signature(hook).parameters
     takes = "dataloader_idx" in parameters or any(p.kind == p.VAR_POSITIONAL for p in parameters.values())
-    name = f"{type(getattr(hook, '__self__', None)).__name__}.{hook.__name__}"
+    name = f"{type(getattr(hook, '__self__', None)).__name__}.{getattr(hook, '__name__', f'{kind} step')}"
     if several and not takes:
         raise DataloaderIdxError(
             f"{name} runs over several loaders but takes no dataloader_idx (Lightning: you provided multiple "
@@ -259,12 +260,12 @@ def _check_dataloader_idx(hook: Any, kind: str, several: bool) -> bool:
     return takes
 
 
-def _takes_dataloader_idx(step: Any, several: bool) -> bool:
-    original = inspect.unwrap(step)  # a profiler's timed step wraps the method
-    overridden = getattr(original, "__func__", original) is not getattr(TrainingModule, step.__name__, None)
+def _takes_dataloader_idx(step: Any, name: str, several: bool) -> bool:
+    original = inspect.unwrap(step)  # a profiler's timed step wraps the method (another wrapper may have no __name__)
+    overridden = getattr(original, "__func__", original) is not getattr(TrainingModule, name, None)
     if not overridden:  # the default predict_step takes it
         return False
-    return _check_dataloader_idx(step, _LOADER_KIND.get(step.__name__, "val"), several)
+    return _check_dataloader_idx(step, _LOADER_KIND.get(name, "val"), several)
 
 
 def _evaluation_hooks(trainer: Any, module: TrainingModule, step: Any, of_callbacks: list[tuple], of_module: tuple,

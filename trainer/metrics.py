@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from trainer.host_copy import HostCopy, gather_alone
-from trainer.stage_metrics import BAREBONES, NO_STAGE, MetricSpec, StageMetrics
+from trainer.stage_metrics import BAREBONES, NO_STAGE, REFUSED, MetricSpec, NoStage, PredictRefused, StageMetrics
 
 
 def _key(spec: MetricSpec, fork: str) -> str:
@@ -23,7 +23,10 @@ def _key(spec: MetricSpec, fork: str) -> str:
 
 class MetricStore:
     """Owns the stages' metrics and their path to the host. ``self.log`` writes to ``current``
-    (the training or the evaluation metrics, whichever stage runs).
+    (the training or the evaluation metrics, whichever stage runs). Between the phases where Lightning lets
+    ``self.log`` record (from on_train_start to on_train_epoch_end; from on_validation_start to
+    on_validation_epoch_end), ``current`` refuses it with Lightning's error (its table of hooks), as it does in
+    the hooks called within them that Lightning refuses (:func:`trainer.stage_metrics.refusing`).
 
     Args:
         reduce: ``strategy.all_reduce``; called at read time for ``sync_dist`` metrics.
@@ -38,7 +41,9 @@ class MetricStore:
         self.train = StageMetrics(default_on_step=True)
         self.evaluation = StageMetrics(default_on_step=False)
         self.has_loggers = True  # the running stage has loggers (start_stage)
-        self.current = self.train if not barebones else BAREBONES
+        self.refused: NoStage = REFUSED if not barebones else BAREBONES  # predict: PredictRefused (start_stage)
+        self.current = self.refused
+        self._ended: NoStage | StageMetrics = self.refused  # the stage whose phase ended last (on_log_calls)
         self._pending: tuple[int, dict[str, MetricSpec], torch.Tensor, Any, dict[str, float]] | None = None
         self._evaluation_steps: list[tuple[int, int, dict[str, tuple[Any, MetricSpec]]]] = []  # (loader, batch_idx, values)
         # Per (stage, loader): the step axis of its on_step values, as Lightning counts a loop's batches per
@@ -54,7 +59,7 @@ class MetricStore:
 
     def start_evaluation(self) -> None:
         self.evaluation = StageMetrics(default_on_step=False, has_loggers=self.has_loggers)
-        self.current = self.evaluation if not self.barebones else BAREBONES
+        self.current = self.evaluation if self.refused is REFUSED else self.refused  # predict: refused
 
     def start_training(self) -> None:
         self.current = self.train if not self.barebones else BAREBONES
@@ -71,9 +76,14 @@ class MetricStore:
         ``test``, ``callback_metrics`` holds the test's values only)."""
         self.has_loggers = has_loggers
         self.train = StageMetrics(default_on_step=True, has_loggers=has_loggers)
-        self.current = self.train if not self.barebones else BAREBONES
+        self.refuse_for(stage)
+        self.current = self._ended = self.refused  # setup, on_fit_start ...: Lightning refuses self.log there
         self._pending = None
         self.clear_published()
+
+    def refuse_for(self, stage: str) -> None:
+        """What ``self.log`` meets where Lightning refuses it in ``stage`` (in predict: everywhere)."""
+        self.refused = BAREBONES if self.barebones else PredictRefused() if stage == "predict" else REFUSED
 
     def clear_published(self) -> None:
         """Forget every published value (a stage starts; the sanity check ends, as in Lightning)."""
@@ -81,13 +91,38 @@ class MetricStore:
         self._epoch_end = ({}, {})
 
     def end_sanity_check(self) -> None:
-        """The sanity check is over: forget its values, and ``self.log`` records training's again (on_train_start)."""
+        """The sanity check is over: forget its values (``self.log`` records training's from on_train_start)."""
         self.clear_published()
-        self.start_training()
+        self.current = self.refused
 
     def stop(self) -> None:
         """No stage runs: ``self.log`` (a unit test calling ``training_step`` after fit) records nothing."""
         self.current = NO_STAGE
+
+    def end_phase(self) -> None:
+        """A phase where Lightning lets ``self.log`` record ends: it is refused until the next one starts."""
+        if self.current is not self.refused:
+            self._ended = self.current
+        self.current = self.refused
+
+    def on_log_calls(self, published: list[tuple[int, dict]], callbacks: list[Any]) -> Any:
+        """``(step, values, callback)`` for each ``on_log`` call of ``published``. ``on_log`` is Cadence's (Lightning's
+        table has no row for it): ``self.log`` there records where it did in the phase that published them."""
+        if not published:
+            return
+        current = self.current
+        if current is self.refused:
+            self.current = self._ended
+        try:
+            for step, logged in published:
+                for callback in callbacks:
+                    yield step, logged, callback
+        finally:
+            self.current = current
+
+    def refusal(self, hook: str) -> NoStage:
+        """What ``self.log`` meets in ``hook``, one where Lightning refuses it (barebones: its warning only)."""
+        return self.refused if self.refused is BAREBONES else type(self.refused)(hook)
 
     # --- publishing: each returns [(step, values for the loggers)], which the Trainer hands to on_log
     def publish(self, step: int, values: dict[str, float], specs: dict[str, MetricSpec], loggers: bool = True,
@@ -124,6 +159,7 @@ class MetricStore:
         for the loggers' next log step: they get step values at log steps only, as in Lightning)."""
         published = self.publish_pending()
         self.peek_step_values(step)
+        self.end_phase()  # on_validation_model_zero_grad, _eval: no self.log, as in Lightning
         return published
 
     def fresh_metrics(self) -> dict[str, torch.Tensor]:
@@ -150,6 +186,7 @@ class MetricStore:
         """The pending copy, then what was logged since (now: one host sync): a preemption stop."""
         published = self.publish_pending()
         self.send_step_values(step)
+        self.end_phase()  # the training stops here: on_train_end refuses self.log
         return published + self.publish(*self.receive())
 
     def end_train_batches(self, step: int) -> list[tuple[int, dict]]:
@@ -178,7 +215,9 @@ class MetricStore:
         return held_values, held_specs
 
     def end_train_epoch(self, step: int) -> list[tuple[int, dict]]:
-        """After the epoch-end hooks: the epoch's values, the hooks' included, in one record at ``step``."""
+        """After the epoch-end hooks: the epoch's values, the hooks' included, in one record at ``step``. Until the
+        next epoch starts (on_train_end, the loaders' reload), ``self.log`` is refused."""
+        self.end_phase()
         return self.publish(step, *self.read_epoch_end(self.train, final=True))
 
     def end_evaluation(self, stage: str, step: int, publish: bool
@@ -190,6 +229,7 @@ class MetricStore:
         published = [(step, {**logged, "step": step}) for received in self.read_evaluation_step_values(stage, publish)
                      for step, logged in self.publish(*received, callback=False)]
         values, specs = self.read_epoch_end(self.evaluation, final=True)
+        self.end_phase()  # on_validation_end, on_validation_model_train: no self.log, as in Lightning
         return (published + self.publish(step, values, specs) if publish else []), values, specs
 
     # --- the path to the host ------------------------------------------------------------

@@ -326,7 +326,7 @@ class TrainingModule(HyperparametersMixin, DataHooks, ModelHooks, nn.Module):
             return NOT_ATTACHED.log()
         stage = trainer.metrics.current
         if isinstance(value, torch.Tensor):
-            if name in stage.step_only and metric_attribute is None and not on_epoch and (on_step or (on_step is None and stage.batch is not None)):  # hot loop: logged before per step only, and so again (not from an epoch-end hook)
+            if name in stage.step_only and metric_attribute is None and not on_epoch and stage.batch is not None and on_step is not False:  # hot loop: logged before per step only, and so again (not from an epoch-end hook)
                 stage.step_values[name] = value  # the latest value replaces the last (trainer/metrics.py)
                 return
         elif isinstance(value, numbers.Real):

@@ -45,7 +45,9 @@ def replacement_scheduler_configs(configs: Any, module: Any) -> list[SchedulerCo
             raise ValueError(f"LRSchedulerConfig(interval={config.interval!r}, frequency={config.frequency!r}): "
                              'interval is "step" or "epoch", frequency a positive int.')
         if config.step_with is None and module is not None and overrides(module, "lr_scheduler_step"):
-            config.step_with = module.lr_scheduler_step
+            from trainer.stage_metrics import refused_in  # it imports trainer.utilities, which imports this module
+
+            config.step_with = refused_in(module, "lr_scheduler_step")  # no self.log there, as in Lightning
     return configs
 
 

@@ -29,6 +29,7 @@ from trainer.hooks import StepHooks
 from trainer.datamodule import overrides
 from trainer.optim import SchedulerConfig, parse_optimizers, single_owner, step_owner, trainer_clipping
 from trainer.scheduler_config import check_scheduler_api
+from trainer.stage_metrics import refused_in
 
 import torch
 
@@ -134,7 +135,7 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
         steps_them = overrides(module, "lr_scheduler_step")
         check_scheduler_api(scheduler_configs, steps_them)
         for config in scheduler_configs if steps_them else ():
-            config.step_with = module.lr_scheduler_step
+            config.step_with = refused_in(module, "lr_scheduler_step")  # no self.log there, as in Lightning
         if overrides(module, "configure_gradient_clipping"):  # called at every step, as in Lightning
             clip = functools.partial(module.configure_gradient_clipping, gradient_clip_val=trainer.gradient_clip_val,
                                      gradient_clip_algorithm=trainer.gradient_clip_algorithm)

@@ -27,6 +27,7 @@ from trainer.log_dir import choose_log_dir, versions_root, without_file_logger
 from trainer.seed import reset_seed, seed_generators, use_deterministic_algorithms
 from trainer.states import TrainerFn
 from trainer.stage_loaders import end_workers
+from trainer.stage_metrics import refusing
 from trainer.utilities import rank_zero_only, set_rank
 
 if TYPE_CHECKING:
@@ -44,7 +45,8 @@ def prepare_launch(trainer: Trainer, stage: str, module: TrainingModule, ckpt_pa
     directory (``log_dir``, the last stage's, or a new one), returned in that order. ``resumes``:
     a ``fit`` given no ``ckpt_path`` may pick one itself (torchrun's restart, an OnExceptionCheckpoint's
     file); not a search (the Tuner's), which runs no loop from a checkpoint."""
-    callbacks = callbacks_package.with_module_callbacks(trainer.callbacks, module.configure_callbacks(),
+    trainer.metrics.refuse_for(stage)  # configure_callbacks refuses self.log (with predict's words in predict)
+    callbacks = callbacks_package.with_module_callbacks(trainer.callbacks, refusing(module, "configure_callbacks", module.configure_callbacks),
                                                         type(module).__name__)
     refuse_module_hooks(module, warns=rank_zero_only.rank == 0, stage=stage)
     drop_unpicklable_hyperparameters(module, warns=rank_zero_only.rank == 0)
@@ -150,7 +152,8 @@ def setup_stage(trainer: Trainer, stage: str, module: TrainingModule, data: Data
 
 def call_exception_hooks(trainer: Trainer, module: TrainingModule, datamodule: Any, error: BaseException) -> None:
     """The stage raised ``error``: the callbacks' ``on_exception`` (the loggers' finalize("failed") among
-    them), then the DataModule's, as in Lightning."""
+    them), then the DataModule's, as in Lightning. They may not ``self.log`` (Lightning's rule)."""
+    trainer.metrics.current = trainer.metrics.refused
     for callback in trainer.callbacks:
         callback.on_exception(trainer, module, error)
     if datamodule is not None and hasattr(datamodule, "on_exception"):
@@ -163,6 +166,7 @@ def teardown_stage(trainer: Trainer, stage: str, module: TrainingModule, data: D
     the stage attached to the module and the optimizers (``plan``'s step hooks), and the workers of
     the ``loaders`` it made."""
     stage = TrainerFn(stage)  # as in setup_stage
+    trainer.metrics.current = trainer.metrics.refused  # the teardown hooks may not self.log (Lightning's rule)
     if trainer.datamodule is not None:  # stage= by keyword, as in setup_stage
         trainer.datamodule.teardown(stage=stage)
     for callback in trainer.callbacks:

@@ -33,6 +33,7 @@ from trainer.loading import restore_datamodule_state
 from trainer.optim import ends_accumulation_window, step_schedulers
 from trainer.resume import failed_before_batch_end
 from trainer.seed import capture_rng_state, restore_rng_state
+from trainer.stage_metrics import refusing
 from callbacks.base import defines
 from callbacks.console import info, warn
 
@@ -144,8 +145,8 @@ def checkpoint_state(trainer: Trainer, module: TrainingModule, training: dict[st
     }
     if training:  # a weights-only checkpoint keeps no callback state
         for callback in trainer.callbacks:
-            callback.on_save_checkpoint(trainer, module, state)
-    module.on_save_checkpoint(state)
+            refusing(module, "on_save_checkpoint", callback.on_save_checkpoint, trainer, module, state)
+    refusing(module, "on_save_checkpoint", module.on_save_checkpoint, state)  # no self.log there, as in Lightning
     return state
 
 
@@ -311,11 +312,11 @@ def restore(trainer: Trainer, path: Path, state: dict[str, Any], model_only: boo
     strategy, module = trainer.strategy, trainer.module
     if not model_only:
         checkpoint_io.check_resumable(state, path)
-    module.on_load_checkpoint(state)
+    refusing(module, "on_load_checkpoint", module.on_load_checkpoint, state)  # no self.log there, as in Lightning
     checkpoint_io.check_weights(module, state, path)
     strategy.load_module_state_dict(module, state["state_dict"])
     for callback in trainer.callbacks:
-        callback.on_load_checkpoint(trainer, module, state)
+        refusing(module, "on_load_checkpoint", callback.on_load_checkpoint, trainer, module, state)
     _restore_callbacks(trainer, state.get("callbacks") or {}, path)  # none in a weights-only checkpoint
     if model_only:
         if trainer.is_global_zero:  # Lightning's line

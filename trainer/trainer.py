@@ -204,8 +204,8 @@ class Trainer(TrainerProperties, SearchSeams):
         return output
 
     def _launch(self, stage: str, module: TrainingModule, data: DataSource, ckpt_path: Any, search: Any = None) -> Any:
-        self.callbacks, self._ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path, self._log_dir, search is None)
         module.trainer, self.lightning_module = self, module  # both answer after the stage too (test(model=None))
+        self.callbacks, self._ckpt_path, self.log_dir = prepare_launch(self, stage, module, ckpt_path, self._log_dir, search is None)
         self.datamodule = data.datamodule if data.datamodule is not None else self.datamodule
         with self._preemption.interruptible(stage, self.is_global_zero):  # KeyboardInterrupt: status 130, one line
             output, handoff = self.strategy.launch(self._run_stage, stage, module, data, self._ckpt_path, search)
@@ -281,6 +281,7 @@ class Trainer(TrainerProperties, SearchSeams):
                 self._make_loaders("fit", data, ("val",))  # as Lightning's, for on_train_start (the progress bar)
             if self.is_global_zero:  # Lightning's warning: fit keeps the user's train/eval modes
                 warn_eval_modules(module)
+            self.metrics.start_training()  # self.log records from on_train_start on (Lightning refuses it before)
             for callback in self.callbacks:
                 callback.on_train_start(self, module)
             module.on_train_start()
@@ -504,9 +505,8 @@ class Trainer(TrainerProperties, SearchSeams):
     def _log(self, published: list[tuple[int, dict[str, float]]]) -> None:
         """The loggers' on_log for the values the metric store published (trainer/metrics.py)."""
         if not self.sanity_checking:
-            for step, logged in published:
-                for callback in self.callbacks:
-                    callback.on_log(self, self.module, logged, step)
+            for step, logged, callback in self.metrics.on_log_calls(published, self.callbacks):
+                callback.on_log(self, self.module, logged, step)
 
     # --- validation, test, predict ---------------------------------------------------------
     @measured("validation")

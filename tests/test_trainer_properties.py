@@ -227,3 +227,23 @@ def test_trainer_state_is_interrupted_after_a_stage_that_failed(make_trainer, re
     with pytest.raises(RuntimeError, match="boom"):
         trainer.fit(Fails(), regression_loader)
     assert trainer.state.status == "interrupted" and trainer.state.stopped and trainer.state.stage is None
+
+
+def test_fit_loop_limits_continue_a_run_as_lightnings_and_its_internals_are_refused_by_name(make_trainer,
+                                                                                             regression_loader):
+    # The common script: fit, then `trainer.fit_loop.max_epochs = N` and fit again to train on (Lightning 2.6.5
+    # continues at the epoch and step it reached: 2 epochs of 4 batches, then 1 more).
+    trainer = make_trainer(max_epochs=2, limit_val_batches=0, limit_train_batches=4)
+    module = LinearRegression()
+    trainer.fit(module, regression_loader)
+    assert (trainer.fit_loop.max_epochs, trainer.fit_loop.epoch_progress.current.completed) == (2, 2)
+    trainer.fit_loop.max_epochs = 3
+    trainer.fit_loop.epoch_loop.max_steps = 11
+    assert (trainer.max_epochs, trainer.max_steps, trainer.fit_loop.max_steps) == (3, 11, 11)
+    trainer.fit(module, regression_loader)
+    assert (trainer.current_epoch, trainer.global_step) == (3, 11)  # max_steps ended the third epoch early
+    with pytest.raises(AttributeError, match=r"trainer.fit_loop.total_batch_idx is Lightning's loop internals.*"
+                                             r"trainer.global_step"):
+        trainer.fit_loop.total_batch_idx
+    with pytest.raises(AttributeError, match=r"trainer.fit_loop.connect cannot be set"):
+        trainer.fit_loop.connect = None

@@ -9,6 +9,7 @@ lands here. Lightning's names and meanings (``trainer/trainer.py`` of Lightning 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import signal
@@ -231,6 +232,13 @@ class TrainerProperties:
             "device is trainer.strategy.device).")
 
     @property
+    def fit_loop(self: Trainer) -> FitLoopView:
+        """Lightning's ``trainer.fit_loop``, as far as scripts use it: its limits (``max_epochs``, ``min_epochs``,
+        ``max_steps``, ``min_steps``, also as ``fit_loop.epoch_loop.max_steps``), read and set (continuing a run:
+        ``trainer.fit_loop.max_epochs = 20`` then ``fit`` again), and ``epoch_progress.current.completed``."""
+        return FitLoopView(self)
+
+    @property
     def received_sigterm(self: Trainer) -> bool:
         """Whether SIGTERM arrived during this fit (Cadence then saves last.ckpt at the end of the step and stops)."""
         return self._preemption.signal_number == signal.SIGTERM
@@ -275,3 +283,45 @@ class TrainerProperties:
 
 def _limit(value: int | float | None) -> int | float:
     return 1.0 if value is None else value
+
+
+class FitLoopView:
+    """``trainer.fit_loop``: the Trainer's limits under the names of Lightning's loop objects. Cadence's loop is the
+    Trainer's own code, so the rest of Lightning's loop state (its progress trackers, data fetchers, ``connect``)
+    is refused by name, saying what Cadence has instead."""
+
+    _LIMITS = ("max_epochs", "min_epochs", "max_steps", "min_steps")
+
+    def __init__(self, trainer: Trainer) -> None:
+        object.__setattr__(self, "_trainer", trainer)
+
+    @property
+    def epoch_loop(self) -> FitLoopView:  # Lightning's fit_loop.epoch_loop.max_steps is fit_loop.max_steps
+        return self
+
+    @property
+    def epoch_progress(self) -> Any:  # ...current.completed: the epochs completed, trainer.current_epoch
+        completed = self._trainer.current_epoch
+        return _Progress(current=_Progress(completed=completed, processed=completed))
+
+    def __getattr__(self, name: str) -> Any:
+        if name in FitLoopView._LIMITS:
+            return getattr(self._trainer, name)
+        raise AttributeError(
+            f"trainer.fit_loop.{name} is Lightning's loop internals, which Cadence does not have (its loop is the "
+            "Trainer's own code): fit_loop has max_epochs, min_epochs, max_steps, min_steps and "
+            "epoch_progress.current.completed. Where the run is: trainer.current_epoch, trainer.global_step, "
+            "trainer.batch_idx, trainer.num_training_batches; to change how it trains, write a callback.")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in FitLoopView._LIMITS:
+            raise AttributeError(f"trainer.fit_loop.{name} cannot be set in Cadence: set max_epochs, min_epochs, "
+                                 "max_steps or min_steps (the Trainer's limits), or the Trainer's own attributes.")
+        setattr(self._trainer, name, value)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Progress:
+    completed: int = 0
+    processed: int = 0
+    current: Any = None

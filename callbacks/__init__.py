@@ -49,7 +49,7 @@ from callbacks.refused import (  # noqa: F401
     SpikeDetection, WandbLogger,  # noqa: F401
     ServableModule, ServableModuleValidator, XLAProfiler,  # noqa: F401
 )
-from callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
+from callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar, get_standard_metrics
 from callbacks.stochastic_weight_avg import StochasticWeightAveraging
 from callbacks.sync_batchnorm import SyncBatchNorm
 from callbacks.tensorboard_logger import TensorBoardLogger, tensorboard_available
@@ -65,7 +65,7 @@ __all__ = [
     "GradientAccumulationScheduler",
     "GradientCheckpointing", "LRFinder", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "Logger", "LoggerAdapter",
     "ModelCheckpoint", "ModelPruning", "ModelSummary", "OnExceptionCheckpoint", "PassThroughProfiler", "PerformanceReport",
-    "ProfiledHooks", "Profiler", "ProgressBar", "PyTorchProfiler", "RichModelSummary", "RichProgressBar", "SimpleProfiler", "TQDMProgressBar", "profiler_of",
+    "ProfiledHooks", "Profiler", "ProgressBar", "PyTorchProfiler", "RichModelSummary", "RichProgressBar", "SimpleProfiler", "TQDMProgressBar", "get_standard_metrics", "profiler_of",
     "StochasticWeightAveraging", "SyncBatchNorm", "TensorBoardLogger", "Throughput", "ThroughputMonitor", "Timer", "TorchFlags", "TruePrecision", "WeightAveraging", "EMAWeightAveraging", "default_callbacks", "observability_callbacks",
     "with_module_callbacks",
 ]
@@ -162,7 +162,11 @@ def _check_state_keys(callbacks: list[Callback]) -> None:
 def default_loggers() -> list[Callback]:
     """``logger=True``: a TensorBoardLogger when tensorboard is installed (first, so that
     ``module.logger.experiment`` is its SummaryWriter, as in Lightning), and a CSVLogger."""
-    return [TensorBoardLogger(), CSVLogger()] if tensorboard_available() else [CSVLogger()]
+    if not tensorboard_available():
+        return [CSVLogger()]
+    beside = CSVLogger()
+    beside._beside_tensorboard = True  # not Lightning's: get_standard_metrics leaves it out
+    return [TensorBoardLogger(), beside]
 
 
 #: Trainer(profiler=<name>), as in Lightning (the name in any case).

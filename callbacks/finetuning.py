@@ -189,10 +189,31 @@ class BaseFinetuning(Callback):
             if opt_idx in metadata:
                 optimizer.param_groups = self._apply_mapping_to_param_groups(metadata[opt_idx], named)
                 trained |= {id(parameter) for group in optimizer.param_groups for parameter in group["params"]}
+        if "frozen" in state:  # Cadence's checkpoints say what was frozen when they were written: restore that
+            frozen, untracked = set(state["frozen"]["parameters"]), set(state["frozen"]["untracked_batchnorm"])
+            for name, parameter in named.items():
+                parameter.requires_grad = name not in frozen
+            for name, module in pl_module.named_modules():
+                if isinstance(module, _BatchNorm):
+                    module.track_running_stats = name not in untracked
+            return
+        # Lightning's name only the param groups: what they hold trains (a BatchNorm left out of them with
+        # train_bn=False stays frozen, its statistics too)
         for module in self.flatten_modules(pl_module):
             own = list(module.parameters(recurse=False))
             if own and all(id(parameter) in trained for parameter in own):
                 self.make_trainable(module)
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: TrainingModule, checkpoint: dict[str, Any]) -> None:
+        """Add to the state what is frozen now (Cadence's key; Lightning's loader reads only its own): a
+        module ``unfreeze_and_add_param_group`` made trainable but left out of the groups (a BatchNorm
+        with ``train_bn=False``) tracks its statistics again when the run resumes, as it did here."""
+        state = checkpoint.get("callbacks", {}).get(self.state_key)
+        if state is not None:
+            state["frozen"] = {
+                "parameters": [name for name, parameter in pl_module.named_parameters() if not parameter.requires_grad],
+                "untracked_batchnorm": [name for name, module in pl_module.named_modules()
+                                        if isinstance(module, _BatchNorm) and not module.track_running_stats]}
 
     def state_dict(self) -> dict[str, Any]:
         return {"internal_optimizer_metadata": self._internal_optimizer_metadata}

@@ -26,6 +26,21 @@ if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
 
 
+def get_standard_metrics(trainer: Trainer) -> dict[str, int | str]:
+    """Lightning's ``callbacks.progress.progress_bar.get_standard_metrics``: ``{"v_num": version}`` of
+    the loggers (one logger's version; several's joined with ``_``, duplicates once; of a string its last
+    4 places), ``{}`` without one. Lightning's bars show it; Cadence's do not, a subclass that adds it does.
+    The CSVLogger that ``logger=True`` adds beside the TensorBoard one is not counted (Lightning has one)."""
+    loggers = [logger for logger in trainer.loggers if not getattr(logger, "_beside_tensorboard", False)]
+    if not loggers:
+        return {}
+    version = loggers[0].version if len(loggers) == 1 else "_".join(
+        dict.fromkeys(str(logger.version) for logger in loggers))
+    if version in ("", None):
+        return {}
+    return {"v_num": version[-4:] if isinstance(version, str) else version}
+
+
 def _format(metrics: dict[str, Any]) -> str:
     return ", ".join(f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}"
                      for name, value in metrics.items())

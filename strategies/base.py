@@ -60,6 +60,23 @@ class Strategy:
                                "running fit (set them in a callback hook, e.g. on_train_start).")
         self._trainer.lr_scheduler_configs = replacement_scheduler_configs(configs, self._trainer.lightning_module)
 
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """Lightning's ``trainer.strategy.optimizers``: the running fit's optimizers
+        (``trainer.optimizers``); replacing them (an optimizer switched at an epoch's start) changes
+        what the loop steps from the next batch on (``trainer.setup.replace_optimizers``)."""
+        return self._trainer.optimizers if self._trainer is not None else []
+
+    @optimizers.setter
+    def optimizers(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        from trainer.setup import replace_optimizers
+
+        if self._trainer is None or self._trainer._plan is None or self._trainer.stage != "fit":
+            raise RuntimeError("trainer.strategy.optimizers was set outside a fit: the optimizers belong to the "
+                               "running fit (return them from configure_optimizers, or set them in a callback hook, "
+                               "e.g. on_train_epoch_start).")
+        replace_optimizers(self._trainer, optimizers)
+
     # --- process topology -----------------------------------------------------------------
     @property
     def global_rank(self) -> int:

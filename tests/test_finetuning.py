@@ -141,6 +141,35 @@ def test_a_resumed_run_has_the_same_param_groups_and_trains_as_the_uninterrupted
         assert torch.equal(value, resumed.state_dict()[name]), name
 
 
+class UnfreezeWithoutBatchNorm(BaseFinetuning):
+    """As Lightning's computer_vision_fine_tuning example: ``train_bn=False`` keeps the BatchNorm out of the
+    new param group, but ``unfreeze_and_add_param_group`` lets it track running statistics again."""
+
+    def freeze_before_training(self, pl_module):
+        self.freeze(pl_module.backbone, train_bn=False)
+
+    def finetune_function(self, pl_module, epoch, optimizer):
+        if epoch == 1:
+            self.unfreeze_and_add_param_group(pl_module.backbone, optimizer, train_bn=False)
+
+
+def test_a_resumed_run_tracks_batchnorm_statistics_the_unfreezing_turned_back_on(make_trainer, tmp_path):
+    straight = Backboned()
+    make_trainer(max_epochs=4, callbacks=[UnfreezeWithoutBatchNorm()]).fit(straight)
+
+    trainer = make_trainer(max_epochs=2, callbacks=[UnfreezeWithoutBatchNorm()])
+    trainer.fit(Backboned())
+    trainer.save_checkpoint(tmp_path / "two.ckpt")
+    resumed = Backboned()
+    trainer = make_trainer(max_epochs=4, callbacks=[UnfreezeWithoutBatchNorm()])
+    trainer.fit(resumed, ckpt_path=tmp_path / "two.ckpt")
+
+    assert resumed.backbone[1].track_running_stats and straight.backbone[1].track_running_stats
+    assert [p.requires_grad for p in resumed.parameters()] == [p.requires_grad for p in straight.parameters()]
+    for name, value in straight.state_dict().items():  # the running statistics kept moving after epoch 2
+        assert torch.equal(value, resumed.state_dict()[name]), name
+
+
 def test_a_finetuning_state_names_its_param_groups_by_parameter(make_trainer):
     class OneLayerAnEpoch(BaseFinetuning):
         def freeze_before_training(self, module):

@@ -478,3 +478,22 @@ def test_epoch_values_keep_the_order_of_the_first_calls_metric_objects_among_num
     assert list(validated[0]) == [f"v/{name}" for name in expected]
     tested = trainer.test(LogsObjectsAndNumbers(), loader())
     assert list(tested[0]) == [f"s/{name}" for name in expected]
+
+
+def test_a_name_logged_per_step_and_per_epoch_comes_before_its_step_key_in_callback_metrics(make_trainer):
+    """The order Lightning 2.6.5 gives (its bare name first, then the forked one; probe9/p1.py): what a
+    printed ``trainer.callback_metrics`` or a loop over it shows (mathLab/PINA's runs print them)."""
+
+    class TwoForks(LinearRegression):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("p", loss, on_step=True, on_epoch=True)
+            self.log("b", 2 * loss, on_step=True, on_epoch=True)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val", super().training_step(batch, batch_idx))
+
+    trainer = make_trainer(max_epochs=1, num_sanity_val_steps=0, log_every_n_steps=1)
+    trainer.fit(TwoForks(), loader(8), loader(8))
+    assert list(trainer.callback_metrics) == ["p", "p_step", "b", "b_step", "val", "p_epoch", "b_epoch"]

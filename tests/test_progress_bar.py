@@ -188,3 +188,18 @@ def test_print_goes_through_tqdm_write_and_tqdm_miniters_raises_the_refresh_rate
     monkeypatch.setenv("TQDM_MINITERS", "2")
     assert (ProgressBar(refresh_rate=1).refresh_rate, ProgressBar(refresh_rate=0).refresh_rate,
             ProgressBar(refresh_rate=5).refresh_rate) == (2, 2, 5)
+
+
+def test_get_standard_metrics_gives_the_loggers_version_as_v_num(make_trainer, regression_loader, tmp_path):
+    """Lightning's ``callbacks.progress.progress_bar.get_standard_metrics``: bar subclasses add it to their
+    metrics (mathLab/PINA's PINAProgressBar). The default loggers' version is one number, as Lightning's one
+    TensorBoardLogger's; two loggers with other versions are joined; a long string keeps its last 4 places."""
+    from callbacks import CSVLogger, TensorBoardLogger, get_standard_metrics
+
+    trainer = make_trainer(max_steps=1, logger=True, default_root_dir=tmp_path)
+    trainer.fit(LinearRegression(), regression_loader)
+    assert get_standard_metrics(trainer) == {"v_num": 0}
+    trainer = make_trainer(max_steps=1, logger=[TensorBoardLogger(tmp_path, version=3),
+                                                 CSVLogger(tmp_path, name="csv", version="run-2024-abcd")])
+    assert get_standard_metrics(trainer) == {"v_num": "abcd"}  # "3_run-2024-abcd", its last 4 places
+    assert get_standard_metrics(make_trainer(max_steps=1, logger=False)) == {}

@@ -793,3 +793,63 @@ def test_scheduler_configs_that_the_loop_could_not_step_are_refused(make_trainer
         trainer.strategy.lr_scheduler_configs = [step]
     with pytest.raises(ValueError, match='interval is "step" or "epoch"'):
         trainer.strategy.lr_scheduler_configs = [LRSchedulerConfig(step, interval="batch")]
+
+
+# --- trainer.strategy.optimizers (Lightning's setter; mathLab/PINA's SwitchOptimizer) ------------------
+class SwitchAtStart(Callback):
+    """Sets ``trainer.strategy.optimizers`` as PINA's SwitchOptimizer does (there in on_train_epoch_start)."""
+
+    def __init__(self, make, epoch=0):
+        self.make, self.epoch = make, epoch
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch == self.epoch:
+            trainer.strategy.optimizers = [self.make(pl_module)]
+
+
+def test_optimizers_set_on_the_strategy_are_stepped_with_the_trainers_clipping_bound_to_them(make_trainer):
+    x, y = torch.randn(4, 4), torch.randn(4, 2)
+    model = LinearRegression()
+    start = {name: value.detach().clone() for name, value in model.named_parameters()}
+    switch = SwitchAtStart(lambda module: torch.optim.SGD([module.layer.weight], lr=0.5))
+    trainer = make_trainer(max_steps=1, gradient_clip_val=0.01, callbacks=[switch])
+    trainer.fit(model, DataLoader(TensorDataset(x, y), batch_size=4))
+
+    assert trainer.strategy.optimizers is trainer.optimizers and trainer.optimizers[0].param_groups[0]["lr"] == 0.5
+    weight = start["layer.weight"].clone().requires_grad_(True)
+    F.mse_loss(x @ weight.T + start["layer.bias"], y).backward()
+    grad = weight.grad * min(1.0, 0.01 / (weight.grad.norm() + 1e-6))  # the new optimizer's parameters' norm alone
+    assert torch.allclose(model.layer.weight, start["layer.weight"] - 0.5 * grad, atol=1e-7)
+    assert torch.equal(model.layer.bias, start["layer.bias"])  # not in the new optimizer
+
+
+def test_optimizers_set_on_the_strategy_count_global_step_under_manual_optimization(make_trainer, regression_loader):
+    class Manual(LinearRegression):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            optimizer = self.optimizers()
+            loss = super().training_step(batch, batch_idx)
+            self.manual_backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+
+    switch = SwitchAtStart(lambda module: torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9), epoch=1)
+    trainer = make_trainer(max_epochs=2, callbacks=[switch])
+    trainer.fit(Manual(), regression_loader)
+    assert trainer.optimizers[0].defaults["momentum"] == 0.9  # the one set, stepped by training_step
+    assert all(state["momentum_buffer"] is not None for state in trainer.optimizers[0].state.values())
+    assert trainer.global_step == 2 * len(regression_loader)  # its steps counted too
+
+
+def test_optimizers_set_on_the_strategy_outside_a_fit_or_needing_a_closure_are_refused(make_trainer, regression_loader):
+    trainer = make_trainer(max_steps=1)
+    with pytest.raises(RuntimeError, match="set outside a fit"):
+        trainer.strategy.optimizers = [torch.optim.SGD(LinearRegression().parameters(), lr=0.1)]
+    switch = SwitchAtStart(lambda module: torch.optim.LBFGS(module.parameters()))
+    with pytest.raises(ValueError, match=r"LBFGS.step\(closure\) re-evaluates the loss.*automatic_optimization = False"):
+        make_trainer(max_steps=1, callbacks=[switch]).fit(LinearRegression(), regression_loader)
+    with pytest.raises(ValueError, match=r"LBFGS.step\(closure\)"):  # from configure_optimizers: not torch's TypeError
+        make_trainer(max_steps=1).fit(Model(lambda module: torch.optim.LBFGS(module.parameters())), regression_loader)

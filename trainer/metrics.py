@@ -136,10 +136,10 @@ class MetricStore:
         for key, value in values.items():
             spec = specs[key]  # one tensor in both dicts, as Lightning's; float64 under 64-true
             tensor = torch.tensor(value, dtype=torch.float64 if spec.float64 else None)
-            if callback:
-                self.callback_metrics[key] = tensor
+            if callback:  # as Lightning's: the bare name first, then "name_step" (its callback_metrics' order)
                 if spec.on_step and spec.on_epoch:
                     self.callback_metrics[spec.base + spec.suffix] = tensor
+                self.callback_metrics[key] = tensor
             if spec.prog_bar:
                 self.progress_bar_metrics[key] = value
             if spec.logger:

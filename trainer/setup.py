@@ -132,6 +132,7 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
     handles: list[Any] = []
     clip = None
     if automatic:
+        _refuse_closure_steps(optimizers)
         steps_them = overrides(module, "lr_scheduler_step")
         check_scheduler_api(scheduler_configs, steps_them)
         for config in scheduler_configs if steps_them else ():
@@ -151,15 +152,7 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
                 "Trainer(on_nonfinite_loss='skip') skips optimizer steps the Trainer takes; with "
                 "self.automatic_optimization = False, check the loss in training_step instead."
             )
-        def count_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            trainer.global_step += 1
-
-        def before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            hooks.call_before_optimizer_step(trainer, module, optimizer)
-
-        handles = [optimizer.register_step_post_hook(count_step) for optimizer in optimizers]
-        if hooks.before_step:  # on_before_optimizer_step when training_step calls opt.step()
-            handles += [optimizer.register_step_pre_hook(before_step) for optimizer in optimizers]
+        handles = _manual_step_hooks(trainer, module, hooks, optimizers)
     owner = single_owner([c for c in callbacks if c.owns_backward is True], "owns_backward")
     # Bound once: the step calls them without asking who owns them. Where the strategy's seam is the
     # base class's (one device), the step calls the module and the loss itself: one call fewer each.
@@ -187,6 +180,63 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
         forward_backward=forward_backward,
     )
     return optimizers, scheduler_configs, plan
+
+
+def _manual_step_hooks(trainer: Any, module: TrainingModule, hooks: StepHooks,
+                       optimizers: list[torch.optim.Optimizer]) -> list[Any]:
+    """Manual optimization's hooks on each optimizer: ``global_step`` counts its steps, and
+    ``on_before_optimizer_step`` runs before them (when a callback or the module implements it)."""
+    def count_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        trainer.global_step += 1
+
+    def before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        hooks.call_before_optimizer_step(trainer, module, optimizer)
+
+    handles = [optimizer.register_step_post_hook(count_step) for optimizer in optimizers]
+    if hooks.before_step:  # on_before_optimizer_step when training_step calls opt.step()
+        handles += [optimizer.register_step_pre_hook(before_step) for optimizer in optimizers]
+    return handles
+
+
+def _refuse_closure_steps(optimizers: list[torch.optim.Optimizer]) -> None:
+    """An optimizer whose ``step`` needs a closure that re-runs the step (LBFGS) under automatic
+    optimization: Cadence's step runs forward and backward once, then ``optimizer.step()``."""
+    for optimizer in optimizers:
+        closure = inspect.signature(optimizer.step).parameters.get("closure")
+        if closure is not None and closure.default is inspect.Parameter.empty:
+            raise ValueError(
+                f"{type(optimizer).__name__}.step(closure) re-evaluates the loss, which Cadence's automatic "
+                "optimization does not do (it runs training_step and backward once per step). Use manual "
+                "optimization: `self.automatic_optimization = False`, then in training_step `opt = "
+                "self.optimizers()` and `opt.step(closure)` with a closure that calls `opt.zero_grad()`, computes "
+                "the loss, calls `self.manual_backward(loss)` and returns it.")
+
+
+def replace_optimizers(trainer: Any, optimizers: Any) -> None:
+    """``trainer.strategy.optimizers = [...]`` during a fit (Lightning's setter; mathLab/PINA's
+    SwitchOptimizer sets it in ``on_train_epoch_start``): the loop steps these from the next batch
+    on, with what the plan had bound to the old ones (the Trainer's gradient clipping, manual
+    optimization's step hooks) bound to them. Read only when set: the loop's reads are unchanged."""
+    if isinstance(optimizers, torch.optim.Optimizer):
+        optimizers = [optimizers]
+    optimizers = list(optimizers)
+    for index, optimizer in enumerate(optimizers):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"trainer.strategy.optimizers takes torch optimizers: item {index} is a "
+                            f"{type(optimizer).__name__}.")
+    plan, module = trainer._plan, trainer.lightning_module
+    automatic = plan.automatic_optimization
+    _check_optimizer_count(module.training_step, len(optimizers), automatic)
+    if automatic:
+        _refuse_closure_steps(optimizers)
+        if plan.clip is not None and not overrides(module, "configure_gradient_clipping"):
+            plan = dataclasses.replace(plan, clip=trainer_clipping(optimizers[0], trainer.gradient_clip_val,
+                                                                   trainer.gradient_clip_algorithm))
+    else:
+        for handle in plan.step_hook_handles:
+            handle.remove()
+        plan = dataclasses.replace(plan, step_hook_handles=_manual_step_hooks(trainer, module, plan.hooks, optimizers))
+    trainer._plan, trainer.optimizers = plan, optimizers
 
 
 def training_forward(hooks: StepHooks, training_step: Callable[[Any, int], Any], batch: Any,

@@ -69,13 +69,11 @@ class Strategy:
 
     @optimizers.setter
     def optimizers(self, optimizers: list[torch.optim.Optimizer]) -> None:
-        from trainer.setup import replace_optimizers
-
         if self._trainer is None or self._trainer._plan is None or self._trainer.stage != "fit":
             raise RuntimeError("trainer.strategy.optimizers was set outside a fit: the optimizers belong to the "
                                "running fit (return them from configure_optimizers, or set them in a callback hook, "
                                "e.g. on_train_epoch_start).")
-        replace_optimizers(self._trainer, optimizers)
+        self._trainer.replace_optimizers(optimizers)
 
     # --- process topology -----------------------------------------------------------------
     @property

@@ -246,10 +246,10 @@ def step_owner(callbacks: list[Any]) -> Any:
     return single_owner([c for c in callbacks if c.owns_optimizer_step is True], "owns_optimizer_step")
 
 
-def trainer_clipping(optimizer: torch.optim.Optimizer, value: float, algorithm: str) -> Any:
+def trainer_clipping(optimizer: torch.optim.Optimizer, value: float, algorithm: str | None) -> Any:
     """``Trainer(gradient_clip_val=value, gradient_clip_algorithm=algorithm)``'s clipping of the
-    optimizer of automatic optimization: a function of the optimizer being stepped."""
-    parameters = ClippedParameters(optimizer)
+    optimizer of automatic optimization (None: by norm): a function of the optimizer being stepped."""
+    parameters, algorithm = ClippedParameters(optimizer), algorithm or "norm"
 
     def clip(stepped: torch.optim.Optimizer) -> None:
         clip_gradients(parameters(), value, algorithm)

@@ -19,6 +19,7 @@ from callbacks import Callback
 from trainer.data_source import collect_data, reloadable
 from trainer.hooks import step_hooks
 from trainer.optim import SchedulerConfig
+from trainer.setup import replaced_optimizers
 from trainer.trial import Snapshot, fresh_loop_state
 
 if TYPE_CHECKING:
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
 
 
 class SearchSeams:
-    """``run_search``, ``run_trial`` and ``reload_dataloaders``, which :class:`trainer.Trainer` inherits."""
+    """``run_search``, ``run_trial``, ``reload_dataloaders`` and ``replace_optimizers``, which :class:`trainer.Trainer`
+    inherits."""
 
     def run_search(self: Trainer, search: Callable[[Trainer, TrainingModule], Any], model: TrainingModule, method: str = "fit",
                    train_dataloaders: Any = None, val_dataloaders: Any = None, dataloaders: Any = None,
@@ -66,6 +68,11 @@ class SearchSeams:
         finally:
             vars(self).update(kept)
             snapshot.restore()
+
+    def replace_optimizers(self: Trainer, optimizers: Any) -> None:
+        """What ``trainer.strategy.optimizers = [...]`` does during a fit: the loop steps ``optimizers`` from the
+        next batch on (trainer/setup.py ``replaced_optimizers``)."""
+        self._plan, self.optimizers = replaced_optimizers(self, self._plan, optimizers)
 
     def reload_dataloaders(self: Trainer) -> list[Any]:
         """Make the running stage's loaders again from their hooks (a search changed the batch size): from on_fit_start

@@ -141,7 +141,7 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
             clip = functools.partial(module.configure_gradient_clipping, gradient_clip_val=trainer.gradient_clip_val,
                                      gradient_clip_algorithm=trainer.gradient_clip_algorithm)
         elif trainer.gradient_clip_val:  # 0 clips nothing, as in Lightning
-            clip = trainer_clipping(optimizers[0], trainer.gradient_clip_val, trainer.gradient_clip_algorithm or "norm")
+            clip = trainer_clipping(optimizers[0], trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
     else:
         if trainer.gradient_clip_val:  # Lightning's checks, in its order and words
             raise ValueError(_manual_refusal("clipping", "gradient_clip_val", trainer.gradient_clip_val))
@@ -212,11 +212,11 @@ def _refuse_closure_steps(optimizers: list[torch.optim.Optimizer]) -> None:
                 "the loss, calls `self.manual_backward(loss)` and returns it.")
 
 
-def replace_optimizers(trainer: Any, optimizers: Any) -> None:
-    """``trainer.strategy.optimizers = [...]`` during a fit (Lightning's setter; mathLab/PINA's
-    SwitchOptimizer sets it in ``on_train_epoch_start``): the loop steps these from the next batch
-    on, with what the plan had bound to the old ones (the Trainer's gradient clipping, manual
-    optimization's step hooks) bound to them. Read only when set: the loop's reads are unchanged."""
+def replaced_optimizers(trainer: Any, plan: Any, optimizers: Any) -> tuple[Any, list[torch.optim.Optimizer]]:
+    """``(plan, optimizers)`` for ``trainer.strategy.optimizers = [...]`` during a fit (Lightning's setter;
+    mathLab/PINA's SwitchOptimizer sets it in ``on_train_epoch_start``): the optimizers checked, and ``plan``
+    with what it had bound to the old ones (the Trainer's gradient clipping, manual optimization's step hooks)
+    bound to them, so the loop steps them from the next batch on. The loop's reads are unchanged."""
     if isinstance(optimizers, torch.optim.Optimizer):
         optimizers = [optimizers]
     optimizers = list(optimizers)
@@ -224,7 +224,7 @@ def replace_optimizers(trainer: Any, optimizers: Any) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"trainer.strategy.optimizers takes torch optimizers: item {index} is a "
                             f"{type(optimizer).__name__}.")
-    plan, module = trainer._plan, trainer.lightning_module
+    module = trainer.lightning_module
     automatic = plan.automatic_optimization
     _check_optimizer_count(module.training_step, len(optimizers), automatic)
     if automatic:
@@ -236,7 +236,7 @@ def replace_optimizers(trainer: Any, optimizers: Any) -> None:
         for handle in plan.step_hook_handles:
             handle.remove()
         plan = dataclasses.replace(plan, step_hook_handles=_manual_step_hooks(trainer, module, plan.hooks, optimizers))
-    trainer._plan, trainer.optimizers = plan, optimizers
+    return plan, optimizers
 
 
 def training_forward(hooks: StepHooks, training_step: Callable[[Any, int], Any], batch: Any,

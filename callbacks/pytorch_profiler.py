@@ -21,7 +21,6 @@ import inspect
 import math
 import os
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import torch
 from torch.autograd.profiler import record_function
 
 from callbacks.console import warn
+from callbacks.profiler import ignore_cycle_warning
 from callbacks.profilers import Profiler
 
 STEP_FUNCTIONS = ("training_step", "validation_step", "test_step", "predict_step")
@@ -150,6 +150,7 @@ class PyTorchProfiler(Profiler):
             self.profiler = torch.profiler.profile(schedule=schedule, on_trace_ready=self._on_trace_ready,
                                                    **self._profiler_kwargs)
             self.profiler.start()
+            ignore_cycle_warning()
             if self._record_module_names and self._module is not None:
                 self._module_hooks = _record_module_names(self._module)
         if action_name not in self._recording:
@@ -172,9 +173,7 @@ class PyTorchProfiler(Profiler):
             if self._schedule is not None:
                 self._schedule.kind = kind
             self._step_action = action_name
-            with warnings.catch_warnings():  # each window is written when it ends: that the next starts empty is the point
-                warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
-                self.profiler.step()
+            self.profiler.step()
 
     def _steps_of(self, kind: str) -> float:
         """How many ``kind`` steps the running stage takes (validation: with the sanity check's), as Lightning counts."""

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 from trainer.arguments import loss_of, manual_step_output
 from trainer.hooks import StepHooks
 from trainer.datamodule import overrides
-from trainer.optim import SchedulerConfig, parse_optimizers, single_owner, step_owner, trainer_clipping
-from trainer.scheduler_config import check_scheduler_api
+from trainer.optim import parse_optimizers, single_owner, step_owner, trainer_clipping
+from trainer.scheduler_config import SchedulerConfig, check_scheduler_api
 from trainer.stage_metrics import refused_in
 
 import torch

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from callbacks.console import MisconfigurationException
 from callbacks.base import Callback
 
 if TYPE_CHECKING:
@@ -58,11 +59,11 @@ class Profiler(Callback):
                                    ("repeat", repeat, 1), ("row_limit", row_limit, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 why = " (0 would trace every batch to the end: traces must stay bounded)" if name == "repeat" else ""
-                raise ValueError(f"Profiler({name}={value!r}): use an int >= {least}{why}.")
+                raise MisconfigurationException(f"Profiler({name}={value!r}): use an int >= {least}{why}.")
         if sort_by is not None and sort_by not in SORT_KEYS:
-            raise ValueError(f"Profiler(sort_by={sort_by!r}): use one of {', '.join(SORT_KEYS)}.")
+            raise MisconfigurationException(f"Profiler(sort_by={sort_by!r}): use one of {', '.join(SORT_KEYS)}.")
         if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
-            raise ValueError(f"Profiler(dirpath={dirpath!r}): use a directory path or None.")
+            raise MisconfigurationException(f"Profiler(dirpath={dirpath!r}): use a directory path or None.")
         self.dirpath = Path(dirpath) if dirpath is not None else None
         self.wait, self.warmup, self.active, self.repeat = wait, warmup, active, repeat
         self.record_shapes, self.profile_memory, self.with_stack = record_shapes, profile_memory, with_stack

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
 from trainer.scheduler_config import SchedulerConfig, known_keys, parse_scheduler_config
 
 ACCEPTED = (
@@ -41,8 +41,9 @@ class NoOptimizer(torch.optim.Optimizer):
 
 def _optimizer(item: Any) -> torch.optim.Optimizer:
     if not isinstance(item, torch.optim.Optimizer):
-        raise ValueError(f"{UNKNOWN}configure_optimizers returned {type(item).__name__} where an optimizer was expected. "
-                         f"{ACCEPTED}")
+        raise MisconfigurationException(
+            f"{UNKNOWN}configure_optimizers returned {type(item).__name__} where an optimizer was expected. "
+            f"{ACCEPTED}")
     return item
 
 
@@ -53,9 +54,10 @@ def parse_optimizers(returned: Any, manual: bool = False) -> tuple[list[torch.op
     for config in schedulers:
         optimizer = getattr(config.scheduler, "optimizer", None)
         if optimizer is not None and not any(optimizer is each for each in optimizers):
-            raise ValueError(f"configure_optimizers: the {type(config.scheduler).__name__} scheduler is attached with an "
-                             "optimizer that wasn't returned (its learning rate would change nothing that trains); "
-                             "make the scheduler from an optimizer you return.")
+            raise MisconfigurationException(
+                f"configure_optimizers: the {type(config.scheduler).__name__} scheduler is attached with an "
+                "optimizer that wasn't returned (its learning rate would change nothing that trains); "
+                "make the scheduler from an optimizer you return.")
     return optimizers, schedulers
 
 
@@ -69,12 +71,13 @@ def _parse_optimizers(returned: Any, manual: bool) -> tuple[list[torch.optim.Opt
     if isinstance(returned, Mapping):
         returned = [returned]
     if not isinstance(returned, Sequence) or isinstance(returned, str) or not returned:
-        raise ValueError(f"{UNKNOWN}configure_optimizers returned {returned!r}. {ACCEPTED}")
+        raise MisconfigurationException(f"{UNKNOWN}configure_optimizers returned {returned!r}. {ACCEPTED}")
     if all(isinstance(item, Mapping) for item in returned):
         optimizers, schedulers = [], []
         for index, item in enumerate(returned):
             if "optimizer" not in item:
-                raise ValueError(f"configure_optimizers: dict {index} has no 'optimizer' key. {ACCEPTED}")
+                raise MisconfigurationException(
+                    f"configure_optimizers: dict {index} has no 'optimizer' key. {ACCEPTED}")
             item = known_keys(item, "optimizer configuration", ("optimizer", "lr_scheduler", "monitor"),
                                f"They are ignored (dict {index} returned by `configure_optimizers`).")
             optimizers.append(_optimizer(item["optimizer"]))
@@ -145,7 +148,8 @@ def single_owner(owners: list[Any], seam: str) -> Any:
     """The one callback among ``owners`` (those that set the ``seam`` flag), or None; two are an error."""
     if len(owners) > 1:
         names = " and ".join(type(owner).__name__ for owner in owners)
-        raise ValueError(f"{names} both set {seam}=True; one callback may own that seam. Remove one of them.")
+        raise MisconfigurationException(
+            f"{names} both set {seam}=True; one callback may own that seam. Remove one of them.")
     return owners[0] if owners else None
 
 
@@ -199,23 +203,28 @@ def clip_optimizer_gradients(trainer: Any, optimizer: Any, value: Any, algorithm
     if value is None:
         value = trainer.gradient_clip_val
     elif trainer.gradient_clip_val is not None and value != trainer.gradient_clip_val:
-        raise ValueError(f"You have set `Trainer(gradient_clip_val={trainer.gradient_clip_val!r})` and have passed "
-                         f"`clip_gradients(gradient_clip_val={value!r})`. Please use only one of them.")
+        raise MisconfigurationException(
+            f"You have set `Trainer(gradient_clip_val={trainer.gradient_clip_val!r})` and have passed "
+            f"`clip_gradients(gradient_clip_val={value!r})`. Please use only one of them.")
     if algorithm is None:
         algorithm = trainer.gradient_clip_algorithm or "norm"
     elif trainer.gradient_clip_algorithm is not None and algorithm != trainer.gradient_clip_algorithm:
-        raise ValueError(f"You have set `Trainer(gradient_clip_algorithm={trainer.gradient_clip_algorithm!r})` and "
-                         f"have passed `clip_gradients(gradient_clip_algorithm={algorithm!r}) Please use only one of them.")
+        raise MisconfigurationException(
+            f"You have set `Trainer(gradient_clip_algorithm={trainer.gradient_clip_algorithm!r})` and "
+            f"have passed `clip_gradients(gradient_clip_algorithm={algorithm!r}) Please use only one of them.")
     if algorithm not in CLIP_ALGORITHMS:
-        raise ValueError(f'clip_gradients(gradient_clip_algorithm={algorithm!r}): use "norm" or "value".')
+        raise MisconfigurationException(
+            f'clip_gradients(gradient_clip_algorithm={algorithm!r}): use "norm" or "value".')
     if isinstance(value, bool) or not isinstance(value, (int, float, type(None))) or (value is not None and value < 0):
-        raise ValueError(f"clip_gradients(gradient_clip_val={value!r}): use a positive number, or 0 or None to clip "
-                         "nothing.")
+        raise MisconfigurationException(
+            f"clip_gradients(gradient_clip_val={value!r}): use a positive number, or 0 or None to clip "
+            "nothing.")
     if not value:  # None or 0: nothing is clipped, as in Lightning
         return
     optimizer = optimizer.optimizer if isinstance(optimizer, OptimizerView) else optimizer
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ValueError(f"clip_gradients got {type(optimizer).__name__}; pass an optimizer from self.optimizers().")
+        raise MisconfigurationException(
+            f"clip_gradients got {type(optimizer).__name__}; pass an optimizer from self.optimizers().")
     owner = step_owner(trainer.callbacks)
     if owner is not None:
         owner.unscale_gradients(trainer, trainer.module, optimizer)

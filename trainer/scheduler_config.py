@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
 
 
 @dataclass
@@ -44,26 +44,28 @@ def parse_scheduler_config(item: Any, where: str, monitor: str | None = None, ma
         item = known_keys(item, "lr scheduler dict", _SCHEDULER_KEYS, "HINT: remove them from the output of "
                            f"`configure_optimizers`. They are ignored (the lr_scheduler dict {where}).")
         if "scheduler" not in item:
-            raise ValueError('The lr scheduler dict must have the key "scheduler" with its item being an lr scheduler: '
-                             f"configure_optimizers: the lr_scheduler dict {where} has {sorted(item)}.")
+            raise MisconfigurationException(
+                'The lr scheduler dict must have the key "scheduler" with its item being an lr scheduler: '
+                f"configure_optimizers: the lr_scheduler dict {where} has {sorted(item)}.")
         if item.get("reduce_on_plateau", plateau) != plateau:  # Lightning's flag: step(metric) on any scheduler
-            raise ValueError(f"configure_optimizers: reduce_on_plateau={item['reduce_on_plateau']!r} {where}: Cadence "
-                             "steps a torch ReduceLROnPlateau with its monitored metric and any other scheduler "
-                             "without; leave the key out.")
+            raise MisconfigurationException(
+                f"configure_optimizers: reduce_on_plateau={item['reduce_on_plateau']!r} {where}: Cadence "
+                "steps a torch ReduceLROnPlateau with its monitored metric and any other scheduler "
+                "without; leave the key out.")
         config = SchedulerConfig(item["scheduler"], item.get("interval", "epoch"), item.get("frequency", 1),
                                  item.get("monitor"), bool(item.get("strict", True)), item.get("name"))
     else:  # a bare scheduler watches the dict's top-level "monitor", as in Lightning
         config = SchedulerConfig(item, monitor=monitor)
     if not hasattr(config.scheduler, "state_dict") or not hasattr(config.scheduler, "load_state_dict"):
         name = type(config.scheduler).__name__  # Lightning's words first; how it steps: scheduler_config.check_scheduler_api
-        raise ValueError(
+        raise MisconfigurationException(
             f"The provided lr scheduler `{name}` is invalid. It should have `state_dict` and `load_state_dict` methods "
             f"defined. configure_optimizers returned {name} as an LR scheduler {where}; use a torch.optim.lr_scheduler "
             "object."
         )
     check_stepping(config, f"configure_optimizers: {{}} {where}")
     if config.needs_metric and not config.monitor:
-        raise ValueError(
+        raise MisconfigurationException(
             "`configure_optimizers` must include a monitor when a `ReduceLROnPlateau` scheduler is used: "
             "configure_optimizers returned ReduceLROnPlateau without a metric to watch; return "
             '{"optimizer": opt, "lr_scheduler": {"scheduler": sched, "monitor": "val/loss"}}.'
@@ -93,15 +95,17 @@ def _manual_scheduler_config(item: Any, where: str) -> SchedulerConfig:
                           "to call `lr_scheduler.step()` manually in manual optimization.", RuntimeWarning, stacklevel=4)
         unknown = set(item) - {"scheduler", "interval", "frequency", "name", *ignored}
         if "scheduler" not in item or unknown:
-            raise ValueError(f"configure_optimizers: the lr_scheduler dict {where} needs a 'scheduler' key and takes "
-                             f"only scheduler, interval, frequency, monitor, name, strict (got {sorted(item)}).")
+            raise MisconfigurationException(
+                f"configure_optimizers: the lr_scheduler dict {where} needs a 'scheduler' key and takes "
+                f"only scheduler, interval, frequency, monitor, name, strict (got {sorted(item)}).")
         config = SchedulerConfig(item["scheduler"], item.get("interval", "epoch"), item.get("frequency", 1),
                                  name=item.get("name"))
     else:
         config = SchedulerConfig(item)
     if not hasattr(config.scheduler, "state_dict") or not hasattr(config.scheduler, "load_state_dict"):
-        raise ValueError(f"configure_optimizers returned {type(config.scheduler).__name__} as an LR scheduler {where}: "
-                         "it needs state_dict and load_state_dict, so that checkpoints keep its state.")
+        raise MisconfigurationException(
+            f"configure_optimizers returned {type(config.scheduler).__name__} as an LR scheduler {where}: "
+            "it needs state_dict and load_state_dict, so that checkpoints keep its state.")
     return config
 
 
@@ -109,10 +113,11 @@ def check_stepping(config: SchedulerConfig, where: str) -> None:
     """When the loop steps ``config``: ``interval`` "step" or "epoch", ``frequency`` an int >= 1 (Lightning's words
     first). ``where`` says where the config comes from, with ``{}`` for the setting."""
     if config.interval not in ("step", "epoch"):
-        raise ValueError(f'The "interval" key in lr scheduler dict must be "step" or "epoch" but is "{config.interval}": '
-                         + where.format(f"interval={config.interval!r}") + '; use "step" or "epoch".')
+        raise MisconfigurationException(
+            f'The "interval" key in lr scheduler dict must be "step" or "epoch" but is "{config.interval}": '
+            + where.format(f"interval={config.interval!r}") + '; use "step" or "epoch".')
     if isinstance(config.frequency, bool) or not isinstance(config.frequency, int) or config.frequency < 1:
-        raise ValueError(where.format(f"frequency={config.frequency!r}") + "; use a whole number >= 1.")
+        raise MisconfigurationException(where.format(f"frequency={config.frequency!r}") + "; use a whole number >= 1.")
 
 
 class LRSchedulerConfig(SchedulerConfig):
@@ -123,10 +128,11 @@ class LRSchedulerConfig(SchedulerConfig):
                  reduce_on_plateau: bool = False, monitor: str | None = None, strict: bool = True) -> None:
         super().__init__(scheduler, interval, frequency, monitor, strict, name)
         if bool(reduce_on_plateau) != self.needs_metric:
-            raise ValueError(f"LRSchedulerConfig(reduce_on_plateau={reduce_on_plateau}) with a "
-                             f"{type(scheduler).__name__}: reduce_on_plateau says whether the scheduler is a torch "
-                             "ReduceLROnPlateau (Cadence steps that one with its monitored metric, any other without): "
-                             f"pass reduce_on_plateau={self.needs_metric}.")
+            raise MisconfigurationException(
+                f"LRSchedulerConfig(reduce_on_plateau={reduce_on_plateau}) with a "
+                f"{type(scheduler).__name__}: reduce_on_plateau says whether the scheduler is a torch "
+                "ReduceLROnPlateau (Cadence steps that one with its monitored metric, any other without): "
+                f"pass reduce_on_plateau={self.needs_metric}.")
 
     def __eq__(self, other: object) -> bool:  # equal to the loop's config of the same fields, as Lightning's test it
         if not isinstance(other, SchedulerConfig):

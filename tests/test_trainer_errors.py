@@ -303,6 +303,10 @@ def test_a_manual_training_step_returning_a_number_is_refused(make_trainer, regr
         make_trainer(max_epochs=1).fit(Manual(), regression_loader)
 
 
+class WithoutStep(LinearRegression):
+    training_step = None
+
+
 class ReturnsJunk(LinearRegression):
     def configure_optimizers(self):
         return 0.5
@@ -315,6 +319,8 @@ class ReturnsJunk(LinearRegression):
     (lambda trainer, loader: Trainer(strategy="ddp", devices=[0]), "lists GPU indices"),
     (lambda trainer, loader: ModelCheckpoint(mode="best"), "mode"),
     (lambda trainer, loader: trainer.fit(ReturnsJunk(), loader), "Unknown configuration for model optimizers"),
+    (lambda trainer, loader: trainer.test(LinearRegression(), loader), r"No `test_step\(\)` method defined"),
+    (lambda trainer, loader: trainer.fit(WithoutStep(), loader), r"No `training_step\(\)` method defined"),
 ])
 def test_configuration_errors_are_lightnings_misconfiguration_exception_and_a_value_error(make_trainer,
                                                                                          regression_loader, make, match):

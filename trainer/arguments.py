@@ -17,6 +17,10 @@ from trainer.guards import check_nonfinite_mode
 from callbacks.console import MisconfigurationException, warn
 
 
+class UndefinedHookError(MisconfigurationException, NotImplementedError):
+    """A hook the stage needs is None: Lightning's MisconfigurationException, a NotImplementedError as Cadence's was."""
+
+
 class ArgumentTypeError(MisconfigurationException, TypeError):
     """A Trainer argument of the wrong type: Lightning raises TypeError there, Cadence's checks ValueError."""
 
@@ -219,7 +223,7 @@ def require_training_module(module: Any, stage: str) -> None:
             lightnings = {"predict_step": "`predict_step` cannot be None to run `Trainer.predict`",
                           "forward": "`Trainer.predict` requires `forward` method to run"}.get(
                 hook, f"No `{hook}()` method defined" + ("" if stage == "fit" else f" to run `Trainer.{stage}`"))
-            raise NotImplementedError(f"{lightnings}. {type(module).__name__}.{hook} is None: {stage} needs it; define "
+            raise UndefinedHookError(f"{lightnings}. {type(module).__name__}.{hook} is None: {stage} needs it; define "
                                       f"{hook} in the module's class, or do not set it to None.")
 
 

@@ -38,6 +38,10 @@ class NoLoaderError(MisconfigurationException, TypeError):
     """A stage got no loader and has no hook to make one (a TypeError in Lightning)."""
 
 
+class NoStepError(MisconfigurationException, TypeError):
+    """The stage's step is not defined: Lightning's MisconfigurationException, a TypeError as Cadence's was."""
+
+
 @dataclasses.dataclass
 class DataSource:
     """The loaders of one stage: those given to the Trainer's method (named as its arguments, so
@@ -187,7 +191,7 @@ def _check_steps(stage: str, module: Any) -> None:
                 "to move batches yourself, override transfer_batch_to_device; to use several batches in one step, have "
                 "the loader yield them together (a larger batch_size or a batch_sampler), or use accumulate_grad_batches.")
     if stage in STEPS and not overrides(module, STEPS[stage]):
-        raise TypeError(f"No `{STEPS[stage]}()` method defined to run `Trainer.{stage}`: "  # Lightning's words first
+        raise NoStepError(f"No `{STEPS[stage]}()` method defined to run `Trainer.{stage}`: "  # Lightning's words first
                         f"Trainer.{stage} runs {name}.{STEPS[stage]}(batch, batch_idx), which {name} does not "
                         f"define. Define it and log metrics with self.log.")
     if stage == "predict" and not overrides(module, "predict_step") and type(module).forward is torch.nn.Module.forward:

@@ -91,6 +91,11 @@ def _parse_optimizers(returned: Any, manual: bool) -> tuple[list[torch.optim.Opt
     return [_optimizer(item) for item in returned], []
 
 
+class MissingMonitorError(MisconfigurationException, RuntimeError):
+    """A ReduceLROnPlateau's monitored metric was not logged: Lightning's MisconfigurationException, a RuntimeError as
+    Cadence's was."""
+
+
 def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, metrics: Any,
                     plateau: bool | None = None) -> bool:
     """Step the schedulers of ``interval`` ("step" or "epoch") whose frequency divides ``count``
@@ -116,7 +121,7 @@ def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, m
                               f"{config.monitor!r}, which was not logged.", RuntimeWarning, stacklevel=2)
                 continue
             if config.monitor not in metrics:
-                raise RuntimeError(  # Lightning's words first
+                raise MissingMonitorError(  # Lightning's words first
                     f"ReduceLROnPlateau conditioned on metric {config.monitor} which is not available. Available metrics "
                     f"are: {sorted(metrics)}. ReduceLROnPlateau watches {config.monitor!r}, which was not logged: log "
                     "it with self.log or fix 'monitor'."

@@ -159,6 +159,10 @@ def replacement_scheduler_configs(configs: Any, module: Any) -> list[SchedulerCo
     return configs
 
 
+class SchedulerAPIError(MisconfigurationException, TypeError):
+    """A scheduler the loop cannot step: Lightning's MisconfigurationException, a TypeError as Cadence's was."""
+
+
 def check_scheduler_api(configs: list[SchedulerConfig], module_steps_them: bool) -> None:
     """As Lightning: a scheduler that is not one of torch's (``LRScheduler``, ``ReduceLROnPlateau``)
     needs the module's ``lr_scheduler_step`` to say how it steps (timm's take the epoch)."""
@@ -166,7 +170,7 @@ def check_scheduler_api(configs: list[SchedulerConfig], module_steps_them: bool)
         if not module_steps_them and not isinstance(config.scheduler, (
                 torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
             name = type(config.scheduler).__name__
-            raise TypeError(
+            raise SchedulerAPIError(
                 f"The provided lr scheduler `{name}` doesn't follow PyTorch's LRScheduler API. You should override "
                 "the `LightningModule.lr_scheduler_step` hook with your own logic if you are using a custom LR "
                 f"scheduler. configure_optimizers returned {name}, which is not a torch LR scheduler, so the Trainer "

@@ -8,6 +8,8 @@ names::
     [TrainingModule]Net.on_validation_epoch_end, [TrainingModule]Net.configure_optimizers, ...
     [Strategy]SingleDeviceStrategy.training_step (Lightning calls the steps through its strategy)
     run_training_epoch, run_training_batch (on_train_batch_start to on_train_batch_end)
+    [_TrainingEpochLoop].train_dataloader_next, [_EvaluationLoop].val_next, ... (each batch fetch:
+    trainer/hooks.py fetch_timing)
 
 and writes its report when the stage ends: to ``<dirpath>/<stage>-<filename>[-<rank>].txt`` with
 a ``filename`` (``dirpath`` defaults to ``trainer.log_dir``), else to stderr on rank zero

@@ -242,3 +242,32 @@ def test_a_warning_from_one_line_is_shown_once_under_the_pytorch_profiler(tmp_pa
                           timeout=240, env={**os.environ, "PYTHONPATH": THIS_CHECKOUT, "PYTHONWARNINGS": ""})
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("UserWarning: shown once") == 1
+
+
+class TwoValLoaders(LinearRegression):
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        self.log("val_loss", F.mse_loss(self.layer(batch[0]), batch[1]))
+
+    def test_step(self, batch, batch_idx):
+        self.log("test_loss", F.mse_loss(self.layer(batch[0]), batch[1]))
+
+    def predict_step(self, batch, batch_idx):
+        return self.layer(batch[0])
+
+
+def test_the_simple_profiler_times_each_batch_fetch_under_lightnings_names(regression_data, tmp_path):
+    # Lightning's data fetchers time each next() of a loop's loader: the rows that show a slow loader.
+    loader = DataLoader(regression_data, batch_size=8)
+    trainer = Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=2, limit_test_batches=2,
+                      limit_predict_batches=2, num_sanity_val_steps=0, profiler="simple", logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      default_root_dir=tmp_path, report=False)
+    module = TwoValLoaders()
+    trainer.fit(module, loader, [loader, loader])
+    trainer.test(module, loader)
+    trainer.predict(module, loader)
+    durations = trainer.profiler.recorded_durations
+    fetches = {action: len(times) for action, times in durations.items() if action.endswith("_next")}
+    assert fetches == {"[_TrainingEpochLoop].train_dataloader_next": 3, "[_EvaluationLoop].val_next": 4,
+                       "[_EvaluationLoop].test_next": 2, "[_PredictionLoop].predict_next": 2}
+    assert all(time > 0 for action in fetches for time in durations[action])

@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
-from callbacks import Callback
+from callbacks import Callback, PassThroughProfiler, profiler_of
 from trainer.batch_transfer import batch_transfer
 from trainer.module import TrainingModule
 from trainer.optim import StepOptimizer
+from trainer.stage_loaders import timed_fetches
 from callbacks.base import defines
 from callbacks.console import PossibleUserWarning, warn
 
@@ -57,6 +58,7 @@ class StepHooks:
     module_optimizer_step: Any  # the module's optimizer_step override, or None
     module_optimizer_zero_grad: Any  # the module's optimizer_zero_grad override, or None
     transfer: Any = None  # the batch transfer hooks (trainer/batch_transfer.py), or None: none is defined
+    fetch: Any = None  # a profiler's timing of each batch fetch (stage_loaders.timed_fetches), or None: none runs
     # Plain attributes, read every step: whether any hook around backward / zero_grad / the step runs.
     around_backward: bool = dataclasses.field(init=False)
     around_zero_grad: bool = dataclasses.field(init=False)
@@ -135,6 +137,7 @@ def _override(method: Any, base: Any) -> Any:
 def step_hooks(callbacks: list[Callback], module: TrainingModule, datamodule: Any = None) -> StepHooks:
     return StepHooks(
         transfer=batch_transfer(module, datamodule, [c.convert_input for c in callbacks if defines(c, "convert_input")]),
+        fetch=fetch_timing(callbacks, "[_TrainingEpochLoop].train_dataloader_next"),
         batch_start=_implemented([c.on_train_batch_start for c in callbacks], Callback.on_train_batch_start),
         forward_context=[c.forward_context for c in callbacks if defines(c, "forward_context")],
         before_optimizer_step=_implemented([c.on_before_optimizer_step for c in callbacks], Callback.on_before_optimizer_step),
@@ -169,6 +172,7 @@ class EvaluationHooks:
     step_takes_dataloader_idx: bool = False  # pass dataloader_idx to the step (several loaders)
     model_eval: Any = None  # before the start hooks: eval mode (or the module's on_<stage>_model_eval)
     model_train: Any = None  # after the end hooks: each submodule's mode back (or on_<stage>_model_train)
+    fetch: Any = None  # a profiler's timing of each batch fetch (stage_loaders.timed_fetches), or None: none runs
 
 
 def evaluation_hooks(stage: str, trainer: Any, callbacks: list[Callback], module: TrainingModule,
@@ -208,6 +212,7 @@ def evaluation_hooks(stage: str, trainer: Any, callbacks: list[Callback], module
         )
     hooks.step_takes_dataloader_idx = _takes_dataloader_idx(step, _STEP_NAME[stage], several) and several
     hooks.model_eval, hooks.model_train = _mode_hooks(stage, trainer, module)
+    hooks.fetch = fetch_timing(callbacks, _FETCH_ACTION[stage])
     kind = {"validate": "val"}.get(stage, stage)  # as in Lightning, the module's batch hooks are checked too
     for name in {"validate": ("on_validation_batch_start", "on_validation_batch_end")}.get(
             stage, (f"on_{stage}_batch_start", f"on_{stage}_batch_end")):
@@ -217,6 +222,16 @@ def evaluation_hooks(stage: str, trainer: Any, callbacks: list[Callback], module
 
 
 _LOADER_KIND = {"validation_step": "val", "test_step": "test", "predict_step": "predict"}
+#: Lightning's profiler action for each loop's batch fetch (its _DataFetcher's).
+_FETCH_ACTION = {"validate": "[_EvaluationLoop].val_next", "test": "[_EvaluationLoop].test_next",
+                 "predict": "[_PredictionLoop].predict_next"}
+
+
+def fetch_timing(callbacks: list[Callback], action: str) -> Any:
+    """How a running profiler times each batch fetch, under Lightning's ``action`` name; None without one (no
+    per-batch cost)."""
+    profiler = profiler_of(callbacks)
+    return None if isinstance(profiler, PassThroughProfiler) else functools.partial(timed_fetches, profiler, action)
 _STEP_NAME = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}
 
 

@@ -309,7 +309,7 @@ def evaluation_loaders(trainer: Trainer, stage: str, loaders: list[Any]) -> tupl
 
 
 def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progress,
-                  transfer: BatchTransfer | None = None) -> Iterator[tuple[int, Any]]:
+                  transfer: BatchTransfer | None = None, fetch: Any = None) -> Iterator[tuple[int, Any]]:
     """``enumerate(loader)`` over epoch ``epoch`` under ``limit`` (its number of batches), resuming
     mid-epoch at the index level when ``progress.resumed`` (a restored checkpoint) is in this epoch;
     through the batch ``transfer`` hooks when any is defined (trainer/batch_transfer.py)."""
@@ -331,7 +331,7 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
     # Workers start here with the stop signals held until they can ignore them (trainer/preemption.py).
     iterator = _start(loader, (lambda loader: resume_iterator(loader, progress.sampler, skip, resumed.rng, rest))
                       if skip or rest else iter)
-    batches = enumerate(iterator, start=skip)  # hot loop: C iterators only, no generator frame
+    batches = enumerate(iterator if fetch is None else fetch(iterator), start=skip)  # hot loop: C iterators only
     if limit < (loader_length(loader) or math.inf) or (isinstance(loader, CombinedLoader) and limit != math.inf):
         # islice stops after the last batch without fetching another. Otherwise the loader runs
         # out on its own, as in `for batch in loader`: a shuffling RandomSampler draws from its
@@ -368,14 +368,28 @@ def _one_ahead(batches: Iterator[tuple[int, Any]], progress: Progress) -> Iterat
 
 
 def evaluation_batches(loader: Any, limit: int | float, transfer: BatchTransfer | None = None,
-                       dataloader_idx: int = 0, epoch: int | None = None) -> Iterator[tuple[int, Any]]:
+                       dataloader_idx: int = 0, epoch: int | None = None, fetch: Any = None) -> Iterator[tuple[int, Any]]:
     """``enumerate(loader)``, its first ``limit`` batches (``math.inf``: all), its workers started
     with the stop signals held until they can ignore them (trainer/preemption.py); through the batch
     ``transfer`` hooks when any is defined. As Lightning, its sampler's ``set_epoch(epoch)`` first."""
     for each in (loader.flattened if isinstance(loader, CombinedLoader) else [loader]) if epoch is not None else ():
         set_sampler_epoch(each, epoch)
-    batches = enumerate(_start(loader))
+    batches = enumerate(_start(loader) if fetch is None else fetch(_start(loader)))
     return transferred(batches if limit == math.inf else itertools.islice(batches, int(limit)), transfer, dataloader_idx)
+
+
+def timed_fetches(profiler: Any, action: str, iterator: Iterator[Any]) -> Iterator[Any]:
+    """``iterator`` with each ``next`` timed by ``profiler`` as ``action`` (the last, which ends it, too), as
+    Lightning's data fetcher times them."""
+    while True:
+        profiler.start(action)
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        finally:
+            profiler.stop(action)
+        yield item
 
 
 _NEVER = object()  # what no __next__ returns: iter(next, _NEVER) ends only at StopIteration

@@ -343,7 +343,7 @@ class Trainer(TrainerProperties, SearchSeams):
         times, clock = self.phase_times, self.phase_times.clock  # two host clock reads a batch, no device sync
         times.start_loop(progress.batches_seen)
         # The strategy moves the batches (on CUDA it copies the next one while this one computes).
-        batches = train_batches(train_loader, self.current_epoch, num_batches, progress, hooks.transfer)
+        batches = train_batches(train_loader, self.current_epoch, num_batches, progress, hooks.transfer, hooks.fetch)
         for batch_idx, batch in strategy.batches_on_device(batches):
             # hot loop: from here to the end of the step, no tensor becomes a Python value.
             times.data_wait += clock() - times.ready
@@ -581,7 +581,7 @@ class Trainer(TrainerProperties, SearchSeams):
             step_index = (dataloader_idx,) if hooks.step_takes_dataloader_idx else ()
             hook_index = (dataloader_idx,) if several else ()
             predictions.append([])
-            batches = evaluation_batches(loader, limit, self._plan.hooks.transfer, dataloader_idx, self.current_epoch)
+            batches = evaluation_batches(loader, limit, self._plan.hooks.transfer, dataloader_idx, self.current_epoch, hooks.fetch)
             for batch_idx, batch in self.strategy.batches_on_device(batches):
                 self.metrics.evaluation.batch = batch  # its size weighs epoch means
                 for hook in hooks.batch_start:

@@ -169,6 +169,9 @@ def resume_iterator(loader: Any, sampler: ResumableBatchSampler | None, skip: in
     what = ("several loaders combined (a CombinedLoader)" if type(loader).__name__ == "CombinedLoader" else
             f"a {type(loader).__name__} without a batch sampler (an IterableDataset, batch_size=None, or not a "
             "DataLoader)")
+    if all(callable(getattr(each, "load_state_dict", None)) for each in iterables):  # stateful, but no state saved
+        what += (" whose checkpoint holds no state of it (written from a loader without state_dict, or while the "
+                 "loop read a batch ahead)")
     warn(f"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not resumable. "
          f"Resuming mid-epoch on {what}: the {skip} batches already trained are fetched and dropped, and a loader "
          "that shuffles may not repeat the killed run's order.", PossibleUserWarning)

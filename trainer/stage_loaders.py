@@ -318,8 +318,8 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
     progress.epoch_batches = limit
     resumed = progress.resumed
     if loader is not progress.iterated and epoch > 0 and (resumed is None or resumed.epoch != epoch):
-        _lightnings_first_iterator(loader)
-    progress.iterated = loader
+        _lightnings_first_iterator(loader)  # a loader made since the fit loop set up its data (a search in a hook)
+    progress.iterated, premade, progress.premade = loader, progress.premade, None
     skip = resumed.batches_done if resumed is not None and resumed.epoch == epoch else 0
     rest = None
     if skip:  # a checkpoint of another number of processes: the samples trained carry over (trainer/resume.py)
@@ -329,8 +329,9 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
     # Resuming mid-epoch redraws the epoch's order from the RNG state it began with and skips
     # the batches already trained as indices; nothing is fetched twice (trainer/resume.py).
     # Workers start here with the stop signals held until they can ignore them (trainer/preemption.py).
-    iterator = _start(loader, (lambda loader: resume_iterator(loader, progress.sampler, skip, resumed.rng, rest))
-                      if skip or rest else iter)
+    iterator = (premade[1] if premade is not None and premade[0] is loader and not (skip or rest) else
+                _start(loader, (lambda loader: resume_iterator(loader, progress.sampler, skip, resumed.rng, rest))
+                       if skip or rest else iter))
     batches = enumerate(iterator, start=skip)  # hot loop: C iterators only, no generator frame
     if limit < (loader_length(loader) or math.inf) or (isinstance(loader, CombinedLoader) and limit != math.inf):
         # islice stops after the last batch without fetching another. Otherwise the loader runs
@@ -339,6 +340,31 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
         # A CombinedLoader stops where its length (under its limits) says, as in Lightning.
         return transferred(itertools.islice(batches, limit - skip), transfer)
     return transferred(batches if limit != math.inf else _one_ahead(batches, progress), transfer)
+
+
+def lightnings_setup_iterator(loader: Any, epoch: int, progress: Progress) -> None:
+    """The training iterator Lightning's fit loop makes when it sets up its data: before ``on_train_start`` (after
+    the sanity check, before the val loaders it makes for the progress bar) and, at a
+    ``reload_dataloaders_every_n_epochs`` epoch, before ``on_train_epoch_start``. Its draws (a base seed; with
+    workers, the sampler's order for their prefetched batches) come before what those hooks draw, as in Lightning.
+    Epoch 0 trains on it; a later epoch makes its own after ``on_train_epoch_start`` and this one is thrown away
+    (:func:`_lightnings_first_iterator`). An epoch that resumes a checkpoint makes only its own (trainer/resume.py)."""
+    resumed = progress.resumed
+    if loader is None or (resumed is not None and resumed.epoch == epoch):
+        return
+    progress.iterated = loader  # train_batches makes no other first iterator
+    if epoch > 0:
+        _lightnings_first_iterator(loader)
+    else:
+        progress.premade = (loader, _start(loader))
+
+
+def first_evaluation_batches(loaders: list[Any], limits: list[int | float], transfer: BatchTransfer | None,
+                             epoch: int | None) -> tuple[Any, Iterator[tuple[int, Any]]] | None:
+    """The first loader's batches, made before the ``on_{stage}_start`` hooks: Lightning's evaluation loop makes
+    that iterator (its base seed drawn; with workers, started) when it resets, before them, so that what they
+    draw comes after it, as in Lightning. ``(loader, batches)`` for :func:`evaluation_batches`' caller."""
+    return (loaders[0], evaluation_batches(loaders[0], limits[0], transfer, 0, epoch)) if loaders else None
 
 
 def _lightnings_first_iterator(loader: Any) -> None:

@@ -349,7 +349,7 @@ def lightnings_setup_iterator(loader: Any, epoch: int, progress: Progress) -> No
     workers, the sampler's order for their prefetched batches) come before what those hooks draw, as in Lightning.
     Epoch 0 trains on it; a later epoch makes its own after ``on_train_epoch_start`` and this one is thrown away
     (:func:`_lightnings_first_iterator`). An epoch that resumes a checkpoint makes only its own (trainer/resume.py)."""
-    resumed = progress.resumed
+    resumed, progress.premade = progress.resumed, None  # none left from a fit stopped before its first batch
     if loader is None or (resumed is not None and resumed.epoch == epoch):
         return
     progress.iterated = loader  # train_batches makes no other first iterator

@@ -17,6 +17,7 @@ import typing
 from collections.abc import Iterable
 from typing import Any
 
+from callbacks.console import MisconfigurationException
 from callbacks.amp import AMP
 from callbacks.base import Callback, Checkpoint
 from callbacks.batch_size_finder import BatchSizeFinder
@@ -82,14 +83,15 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
     callbacks = list(callbacks)
     for index, callback in enumerate(callbacks):
         if not isinstance(callback, Callback):
-            raise ValueError(
+            raise MisconfigurationException(
                 f"Trainer(callbacks=[...]) item {index} is {type(callback).__name__}, not a "
                 "callbacks.Callback. Subclass Callback and pass an instance."
             )
     if not enable_checkpointing and any(isinstance(c, Checkpoint) for c in callbacks):  # Lightning's words first
-        raise ValueError(f"Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in "
-                         f"callbacks list ({next(type(c).__name__ for c in callbacks if isinstance(c, Checkpoint))}). "
-                         "Drop enable_checkpointing=False (a ModelCheckpoint given replaces the default one), or it.")
+        raise MisconfigurationException(
+            f"Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in "
+            f"callbacks list ({next(type(c).__name__ for c in callbacks if isinstance(c, Checkpoint))}). "
+            "Drop enable_checkpointing=False (a ModelCheckpoint given replaces the default one), or it.")
     callbacks = [c for c in callbacks if not isinstance(c, Checkpoint)] + [  # checkpoints last, as in Lightning
         c for c in callbacks if isinstance(c, Checkpoint)]
     if logger is True:
@@ -102,18 +104,21 @@ def default_callbacks(callbacks: Any, *, enable_progress_bar: bool, enable_check
     elif isinstance(as_logger(logger), LoggerAdapter):  # Lightning's logger interface (a Mock too): called as there
         callbacks.append(as_logger(logger))
     elif logger not in (False, None):
-        raise ValueError(f"Trainer(logger={logger!r}) is a {type(logger).__name__}: use True, False, a logger "
-                         "callback, an object with Lightning's logger methods (log_metrics...) or an iterable of "
-                         "them (a list, a tuple, Hydra's ListConfig).")
+        raise MisconfigurationException(
+            f"Trainer(logger={logger!r}) is a {type(logger).__name__}: use True, False, a logger "
+            "callback, an object with Lightning's logger methods (log_metrics...) or an iterable of "
+            "them (a list, a tuple, Hydra's ListConfig).")
     bars = [c for c in callbacks if isinstance(c, ProgressBar)]
     if len(bars) > 1:
-        raise ValueError(f"You added multiple progress bar callbacks to the Trainer: Trainer(callbacks=[...]) holds "
-                         f"{len(bars)} progress bars "
-                         f"({', '.join(type(bar).__name__ for bar in bars)}); only one is supported: pass one.")
+        raise MisconfigurationException(
+            f"You added multiple progress bar callbacks to the Trainer: Trainer(callbacks=[...]) holds "
+            f"{len(bars)} progress bars "
+            f"({', '.join(type(bar).__name__ for bar in bars)}); only one is supported: pass one.")
     if bars and enable_progress_bar is False:
         name = "TQDMProgressBar" if type(bars[0]) is ProgressBar else type(bars[0]).__name__  # Lightning's wording
-        raise ValueError(f"Trainer was configured with `enable_progress_bar=False` but found `{name}` in the callbacks "
-                         "list: remove one of them (ProgressBar(refresh_rate=0) keeps the bar object and draws nothing).")
+        raise MisconfigurationException(
+            f"Trainer was configured with `enable_progress_bar=False` but found `{name}` in the callbacks "
+            "list: remove one of them (ProgressBar(refresh_rate=0) keeps the bar object and draws nothing).")
     if enable_progress_bar and not bars:
         callbacks.append(ProgressBar())
     if enable_checkpointing and not any(isinstance(c, Checkpoint) for c in callbacks):
@@ -131,8 +136,9 @@ def with_module_callbacks(callbacks: list[Callback], module_callbacks: Any, modu
     extra = [module_callbacks] if isinstance(module_callbacks, Callback) else list(module_callbacks)
     for index, callback in enumerate(extra):
         if not isinstance(callback, Callback):
-            raise ValueError(f"{module_name}.configure_callbacks() returned {type(callback).__name__} (item {index}), "
-                             "not a callbacks.Callback. Return a Callback or a list of them.")
+            raise MisconfigurationException(
+                f"{module_name}.configure_callbacks() returned {type(callback).__name__} (item {index}), "
+                "not a callbacks.Callback. Return a Callback or a list of them.")
     if not extra:
         return callbacks
     replaced = {type(c) for c in callbacks if type(c) is not Callback and any(isinstance(e, type(c)) for e in extra)}
@@ -184,13 +190,14 @@ def observability_callbacks(callbacks: list[Callback], *, profiler: Any, report:
     PerformanceReport (on by default).
     """
     if not isinstance(report, bool):
-        raise ValueError(f"Trainer(report={report!r}): use True (print where the time went after fit) or False.")
+        raise MisconfigurationException(
+            f"Trainer(report={report!r}): use True (print where the time went after fit) or False.")
     if isinstance(profiler, str) and profiler.lower() in PROFILERS:
         profiler = PROFILERS[profiler.lower()]()
     if not (profiler is None or isinstance(profiler, (LightningProfiler, Profiler))):
         lightning = ("When passing string value for the `profiler` parameter of `Trainer`, it can only be one of "
                      f"{sorted(PROFILERS)}. " if isinstance(profiler, str) else "")  # Lightning's words first
-        raise ValueError(
+        raise MisconfigurationException(
             f"{lightning}Trainer(profiler={profiler!r}): use None, \"simple\" (time per hook), \"advanced\" (cProfile per hook), "
             "\"pytorch\" (torch.profiler), a callbacks.SimpleProfiler/AdvancedProfiler/PyTorchProfiler (or your subclass "
             "of callbacks.profilers.Profiler), or a callbacks.Profiler (scheduled traces with a verdict)."
@@ -201,11 +208,13 @@ def observability_callbacks(callbacks: list[Callback], *, profiler: Any, report:
         added.append(PerformanceReport())
     if isinstance(profiler, LightningProfiler):
         if any(isinstance(c, ProfiledHooks) for c in callbacks):
-            raise ValueError(f"Trainer(profiler={profiler!r}) and a ProfiledHooks in callbacks: pass one of them.")
+            raise MisconfigurationException(
+                f"Trainer(profiler={profiler!r}) and a ProfiledHooks in callbacks: pass one of them.")
         return [ProfiledHooks(profiler)] + callbacks + added  # first: it times the other callbacks' hooks
     if isinstance(profiler, Profiler):
         if any(isinstance(c, Profiler) for c in callbacks):
-            raise ValueError(f"Trainer(profiler={profiler!r}) and a Profiler in callbacks: pass one of them.")
+            raise MisconfigurationException(
+                f"Trainer(profiler={profiler!r}) and a Profiler in callbacks: pass one of them.")
         added.append(profiler)
     return callbacks + added
 

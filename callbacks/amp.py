@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import Callback
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -66,15 +66,17 @@ class AMP(Callback):
                  growth_interval: int | None = None, cpu_dtype: str | torch.dtype | None = None) -> None:
         for name, value in (("dtype", dtype), ("cpu_dtype", cpu_dtype)):
             if value is not None and (not isinstance(value, (str, torch.dtype)) or value not in _DTYPES):
-                raise ValueError(f"AMP({name}={value!r}): use 'bfloat16' ('bf16'), 'float16' ('fp16') or 'auto'.")
+                raise MisconfigurationException(
+                    f"AMP({name}={value!r}): use 'bfloat16' ('bf16'), 'float16' ('fp16') or 'auto'.")
         self.requested = _DTYPES[dtype]
         self.cpu_dtype = None if cpu_dtype is None else _DTYPES[cpu_dtype]
         options = {"init_scale": init_scale, "growth_factor": growth_factor, "backoff_factor": backoff_factor,
                    "growth_interval": growth_interval}
         self.scaler_options = {name: value for name, value in options.items() if value is not None}
         if self.scaler_options and self.requested == "bfloat16":
-            raise ValueError(f"AMP('bfloat16') got {sorted(self.scaler_options)}: those set float16's loss "
-                             "scaling, which bfloat16 does not need. Drop them, or use AMP('float16').")
+            raise MisconfigurationException(
+                f"AMP('bfloat16') got {sorted(self.scaler_options)}: those set float16's loss "
+                "scaling, which bfloat16 does not need. Drop them, or use AMP('float16').")
         self.dtype: torch.dtype | None = None  # decided at setup ("auto" needs the device)
         self.device_type = "cpu"
         self.scaler: torch.amp.GradScaler | None = None
@@ -91,8 +93,9 @@ class AMP(Callback):
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
         device = trainer.strategy.device
         if not torch.amp.is_autocast_available(device.type):
-            raise ValueError(f"AMP: torch.autocast does not support the device type {device.type!r} "
-                             "(this strategy's device). Remove AMP or train on cpu, cuda or mps.")
+            raise MisconfigurationException(
+                f"AMP: torch.autocast does not support the device type {device.type!r} "
+                "(this strategy's device). Remove AMP or train on cpu, cuda or mps.")
         self.device_type = device.type
         requested = self.requested
         if self.cpu_dtype is not None and device.type == "cpu" and self.cpu_dtype != requested:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from callbacks.console import refuse_url, warn
+from callbacks.console import MisconfigurationException, refuse_url, warn
 from callbacks.logging import (Logger, hyperparameters_to_log, logger_metrics, metric_number, saved_hyperparameters,
                                write_hparams)
 
@@ -64,16 +64,18 @@ class AsyncLogger(Logger):
                  version: int | str | None = None, prefix: str = "") -> None:
         kind = type(self).__name__
         if save_dir is not None and not isinstance(save_dir, (str, os.PathLike)):
-            raise ValueError(f"{kind}(save_dir={save_dir!r}): use a directory path, or None for the Trainer's default_root_dir.")
+            raise MisconfigurationException(
+                f"{kind}(save_dir={save_dir!r}): use a directory path, or None for the Trainer's default_root_dir.")
         refuse_url(save_dir, f"{kind}(save_dir)")
         if name is not None and not isinstance(name, str):
-            raise ValueError(f"{kind}(name={name!r}): use a directory name (a str), or \"\" for none.")
+            raise MisconfigurationException(f"{kind}(name={name!r}): use a directory name (a str), or \"\" for none.")
         if version is not None and (isinstance(version, bool) or not isinstance(version, (int, str))
                                     or (isinstance(version, int) and version < 0) or version == ""):
-            raise ValueError(f"{kind}(version={version!r}): use an int >= 0 (version_<N>), a directory name, "
-                             "or None for the next free version.")
+            raise MisconfigurationException(
+                f"{kind}(version={version!r}): use an int >= 0 (version_<N>), a directory name, "
+                "or None for the next free version.")
         if not isinstance(prefix, str):
-            raise ValueError(f"{kind}(prefix={prefix!r}): use a str.")
+            raise MisconfigurationException(f"{kind}(prefix={prefix!r}): use a str.")
         self._save_dir = Path(save_dir) if save_dir is not None else None
         self._name = name or ""
         self._version = version

@@ -18,6 +18,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from callbacks.console import MisconfigurationException
 from callbacks.base import Callback
 from callbacks.search import SearchProgress, free_memory, get_attribute, has_attribute, is_out_of_memory, set_attribute
 
@@ -52,13 +53,14 @@ class BatchSizeFinder(Callback):
                  batch_arg_name: str = "batch_size", margin: float = 0.05, max_val: int = 8192) -> None:
         mode = mode.lower() if isinstance(mode, str) else mode
         if mode not in self.SUPPORTED_MODES:
-            raise ValueError(f"BatchSizeFinder(mode={mode!r}): `mode` should be either of {self.SUPPORTED_MODES}.")
+            raise MisconfigurationException(
+                f"BatchSizeFinder(mode={mode!r}): `mode` should be either of {self.SUPPORTED_MODES}.")
         if not 0.0 <= margin < 1.0:
-            raise ValueError(f"BatchSizeFinder(margin={margin!r}): `margin` should be between 0 and 1.")
+            raise MisconfigurationException(f"BatchSizeFinder(margin={margin!r}): `margin` should be between 0 and 1.")
         for name, value, least in (("steps_per_trial", steps_per_trial, 1), ("init_val", init_val, 1),
                                    ("max_trials", max_trials, 0), ("max_val", max_val, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"BatchSizeFinder({name}={value!r}): use an int >= {least}.")
+                raise MisconfigurationException(f"BatchSizeFinder({name}={value!r}): use an int >= {least}.")
         self.optimal_batch_size: int | None = init_val
         self._mode, self._steps_per_trial = mode, steps_per_trial
         self._init_val, self._max_trials = init_val, max_trials
@@ -66,9 +68,10 @@ class BatchSizeFinder(Callback):
 
     def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str | None = None) -> None:
         if trainer.world_size > 1:
-            raise ValueError("Batch size finder is not supported with distributed strategies: a process that ran "
-                             "out of memory would leave the others waiting. Find the batch size on one device "
-                             "(Trainer(devices=1)), then pass it to the distributed run.")
+            raise MisconfigurationException(
+                "Batch size finder is not supported with distributed strategies: a process that ran "
+                "out of memory would leave the others waiting. Find the batch size on one device "
+                "(Trainer(devices=1)), then pass it to the distributed run.")
         name = self._batch_arg_name
         if hasattr(pl_module, name) and name in getattr(pl_module, "hparams", {}):
             warnings.warn(f"Field `model.{name}` and `model.hparams.{name}` are mutually exclusive! "
@@ -79,9 +82,10 @@ class BatchSizeFinder(Callback):
         """Raise if neither the module nor the DataModule (nor their hparams) holds ``batch_arg_name``."""
         name = self._batch_arg_name
         if not has_attribute(pl_module, name, datamodule):
-            raise ValueError(f"Field {name} not found in `model`, `datamodule`, nor their `hparams` attributes. "
-                             f"The batch size finder sets it and makes the loaders again: read it in the "
-                             f"*_dataloader hooks (DataLoader(..., batch_size=self.{name})).")
+            raise MisconfigurationException(
+                f"Field {name} not found in `model`, `datamodule`, nor their `hparams` attributes. "
+                f"The batch size finder sets it and makes the loaders again: read it in the "
+                f"*_dataloader hooks (DataLoader(..., batch_size=self.{name})).")
 
     def on_fit_start(self, trainer: Trainer, pl_module: TrainingModule) -> None:
         self.scale_batch_size(trainer, pl_module)
@@ -108,14 +112,16 @@ class BatchSizeFinder(Callback):
         try:
             loaders = trainer.reload_dataloaders()
         except ValueError as error:
-            raise ValueError(f"Batch size finder cannot be used with dataloaders passed directly to "
-                             f"Trainer.{trainer.stage}(): it sets {self._batch_arg_name} and makes the loaders again "
-                             f"from their hooks. Return the loaders from the module's or a DataModule's hooks "
-                             f"(train_dataloader(), ...), reading {self._batch_arg_name}.") from error
+            raise MisconfigurationException(
+                f"Batch size finder cannot be used with dataloaders passed directly to "
+                f"Trainer.{trainer.stage}(): it sets {self._batch_arg_name} and makes the loaders again "
+                f"from their hooks. Return the loaders from the module's or a DataModule's hooks "
+                f"(train_dataloader(), ...), reading {self._batch_arg_name}.") from error
         if len(loaders) > 1:
             prefix = {"fit": "train", "validate": "val"}.get(trainer.stage, trainer.stage)  # Lightning's word
-            raise ValueError(f"Batch size finder cannot be used with multiple {prefix} dataloaders "
-                             f"({len(loaders)}); it tunes one loader's batch size.")
+            raise MisconfigurationException(
+                f"Batch size finder cannot be used with multiple {prefix} dataloaders "
+                f"({len(loaders)}); it tunes one loader's batch size.")
         self.check_attribute(pl_module)
         search = _Search(trainer, pl_module, self._batch_arg_name, self._steps_per_trial, self._max_val, loaders,
                          SearchProgress(trainer, "Finding the largest batch size", self._max_trials))

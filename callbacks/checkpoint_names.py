@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from callbacks.console import refuse_url, warn
+from callbacks.console import MisconfigurationException, refuse_url, warn
 
 if TYPE_CHECKING:
     from trainer import Trainer
@@ -29,31 +29,38 @@ def check_arguments(**arguments: Any) -> None:
     """Raise a ValueError naming the first ModelCheckpoint argument that cannot work, and the fix."""
     dirpath, filename, monitor = arguments["dirpath"], arguments["filename"], arguments["monitor"]
     if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
-        raise ValueError(f"ModelCheckpoint(dirpath={dirpath!r}): use a directory path or None.")
+        raise MisconfigurationException(f"ModelCheckpoint(dirpath={dirpath!r}): use a directory path or None.")
     refuse_url(dirpath, "ModelCheckpoint(dirpath)")
     if filename is not None and not isinstance(filename, str):
-        raise ValueError(f"ModelCheckpoint(filename={filename!r}): use a format string like \"{{epoch}}-{{val_loss:.3f}}\".")
+        raise MisconfigurationException(
+            f"ModelCheckpoint(filename={filename!r}): use a format string like \"{{epoch}}-{{val_loss:.3f}}\".")
     if monitor is not None and (not isinstance(monitor, str) or not monitor):
-        raise ValueError(f"ModelCheckpoint(monitor={monitor!r}): use the name of a logged metric, or None.")
+        raise MisconfigurationException(
+            f"ModelCheckpoint(monitor={monitor!r}): use the name of a logged metric, or None.")
     if arguments["mode"] not in ("min", "max"):
-        raise ValueError(f'ModelCheckpoint(mode="{arguments["mode"]}"): use "min" or "max" (`mode` can be min, max '
-                         f'but got {arguments["mode"]}).')
+        raise MisconfigurationException(
+            f'ModelCheckpoint(mode="{arguments["mode"]}"): use "min" or "max" (`mode` can be min, max '
+            f'but got {arguments["mode"]}).')
     save_top_k = arguments["save_top_k"]
     if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < -1:
-        raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}): use -1 (all), 0, or a positive int "
-                         "(Lightning's: Must be >= -1).")
+        raise MisconfigurationException(
+            f"ModelCheckpoint(save_top_k={save_top_k!r}): use -1 (all), 0, or a positive int "
+            "(Lightning's: Must be >= -1).")
     if monitor is None and save_top_k not in (-1, 0, 1):
-        raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration: "
-                         "without a monitored metric there is "
-                         "nothing to rank k files by. Set monitor=\"...\", or save_top_k=1 (the newest) or -1 (all).")
+        raise MisconfigurationException(
+            f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration: "
+            "without a monitored metric there is "
+            "nothing to rank k files by. Set monitor=\"...\", or save_top_k=1 (the newest) or -1 (all).")
     if not (arguments["save_last"] in (None, "link") or isinstance(arguments["save_last"], bool)):
-        raise ValueError(f"ModelCheckpoint(save_last={arguments['save_last']!r}): use True, False or \"link\".")
+        raise MisconfigurationException(
+            f"ModelCheckpoint(save_last={arguments['save_last']!r}): use True, False or \"link\".")
     for name in ("verbose", "save_on_exception", "save_weights_only", "auto_insert_metric_name", "enable_version_counter"):
         if not isinstance(arguments[name], bool):
-            raise ValueError(f"ModelCheckpoint({name}={arguments[name]!r}): use True or False.")
+            raise MisconfigurationException(f"ModelCheckpoint({name}={arguments[name]!r}): use True or False.")
     if not (arguments["save_on_train_epoch_end"] is None or isinstance(arguments["save_on_train_epoch_end"], bool)):
-        raise ValueError(f"ModelCheckpoint(save_on_train_epoch_end={arguments['save_on_train_epoch_end']!r}): use "
-                         "True, False or None (decide from the validation schedule).")
+        raise MisconfigurationException(
+            f"ModelCheckpoint(save_on_train_epoch_end={arguments['save_on_train_epoch_end']!r}): use "
+            "True, False or None (decide from the validation schedule).")
 
 
 def resolve_triggers(every_n_train_steps: Any, every_n_epochs: Any, train_time_interval: Any) -> tuple[int, int, timedelta | None]:
@@ -61,19 +68,21 @@ def resolve_triggers(every_n_train_steps: Any, every_n_epochs: Any, train_time_i
     means off, and with none of the three given, every epoch."""
     for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"ModelCheckpoint({name}={value!r}): use an int >= 0 (0: off) or None (Lightning's: "
-                             "Must be >= 0).")
+            raise MisconfigurationException(
+                f"ModelCheckpoint({name}={value!r}): use an int >= 0 (0: off) or None (Lightning's: "
+                "Must be >= 0).")
     interval = train_time_interval
     if isinstance(interval, (int, float)) and not isinstance(interval, bool) and math.isfinite(interval) and interval >= 0:
         interval = timedelta(seconds=interval)
     if interval is not None and (not isinstance(interval, timedelta) or interval < timedelta(0)):
-        raise ValueError(f"ModelCheckpoint(train_time_interval={train_time_interval!r}): use a datetime.timedelta "
-                         "(e.g. timedelta(minutes=30)), seconds >= 0, or None.")
+        raise MisconfigurationException(
+            f"ModelCheckpoint(train_time_interval={train_time_interval!r}): use a datetime.timedelta "
+            "(e.g. timedelta(minutes=30)), seconds >= 0, or None.")
     if every_n_train_steps is None and every_n_epochs is None and interval is None:
         return 0, 1, None
     steps, epochs = every_n_train_steps or 0, every_n_epochs or 0
     if (steps >= 1) + (epochs >= 1) + (interval is not None) > 1:
-        raise ValueError(
+        raise MisconfigurationException(
             f"ModelCheckpoint(every_n_train_steps={every_n_train_steps}, every_n_epochs={every_n_epochs}, "
             f"train_time_interval={train_time_interval}): give one of them, as in Lightning; for several "
             "schedules, pass one ModelCheckpoint per schedule (their state is kept apart). (Lightning's: Combination "
@@ -97,9 +106,10 @@ def format_name(template: str, metrics: dict[str, Any], auto_insert_metric_name:
     try:
         return template.format(metrics), missing
     except (ValueError, KeyError, IndexError, AttributeError) as error:
-        raise ValueError(f"ModelCheckpoint(filename=...) cannot be formatted with {sorted(metrics)}: {error}. Each "
-                         "{field} is a logged metric, epoch or step, with an optional format spec such as {val_loss:.3f} "
-                         "or {epoch:02d}.") from None
+        raise MisconfigurationException(
+            f"ModelCheckpoint(filename=...) cannot be formatted with {sorted(metrics)}: {error}. Each "
+            "{field} is a logged metric, epoch or step, with an optional format spec such as {val_loss:.3f} "
+            "or {epoch:02d}.") from None
 
 
 class TrainTimeClock:

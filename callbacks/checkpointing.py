@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from callbacks.console import MisconfigurationException
 from callbacks.base import Callback
 from callbacks.forwards import ForwardFunction, restore_forward, wrap_forward
 from strategies.selection import ACCEPTED, select_submodules
@@ -46,7 +47,8 @@ class GradientCheckpointing(Callback):
 
     def __init__(self, modules: Any) -> None:
         if modules is None:
-            raise ValueError(f"GradientCheckpointing(modules=None): say which blocks to checkpoint: {ACCEPTED}.")
+            raise MisconfigurationException(
+                f"GradientCheckpointing(modules=None): say which blocks to checkpoint: {ACCEPTED}.")
         self.modules = modules
         self._blocks: list[nn.Module] = []
 

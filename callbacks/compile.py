@@ -35,7 +35,7 @@ from callbacks.base import Callback
 from callbacks.forwards import ForwardFunction, restore_forward, wrap_forward
 from strategies.selection import describe_children, select_submodules
 from strategies.transfer import apply_to_tensors
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -74,16 +74,19 @@ class Compile(Callback):
     def __init__(self, mode: str | None = None, fullgraph: bool = False, dynamic: bool | None = None,
                  backend: Any = "inductor", modules: Any = None, **options: Any) -> None:
         if mode not in MODES:
-            raise ValueError(f"Compile(mode={mode!r}): use one of {MODES}.")
+            raise MisconfigurationException(f"Compile(mode={mode!r}): use one of {MODES}.")
         if mode is not None and options:
-            raise ValueError(f"Compile(mode={mode!r}, {', '.join(options)}=...): torch.compile takes a mode or "
-                             "inductor options, not both. Drop one.")
+            raise MisconfigurationException(
+                f"Compile(mode={mode!r}, {', '.join(options)}=...): torch.compile takes a mode or "
+                "inductor options, not both. Drop one.")
         if not (isinstance(backend, str) or callable(backend)):
-            raise ValueError(f"Compile(backend={backend!r}): use a backend name ('inductor', 'eager', "
-                             "'aot_eager', ...) or a callable backend.")
+            raise MisconfigurationException(
+                f"Compile(backend={backend!r}): use a backend name ('inductor', 'eager', "
+                "'aot_eager', ...) or a callable backend.")
         if (mode is not None or options) and backend != "inductor":
-            raise ValueError(f"Compile(backend={backend!r}) with a mode or options: those are inductor's; "
-                             "use backend='inductor' or drop them.")
+            raise MisconfigurationException(
+                f"Compile(backend={backend!r}) with a mode or options: those are inductor's; "
+                "use backend='inductor' or drop them.")
         self.mode, self.fullgraph, self.dynamic, self.backend, self.modules = mode, fullgraph, dynamic, backend, modules
         self.options = options
         # These replay CUDA graphs, which overwrite a step's outputs at the next (trainer/guards.py).
@@ -118,7 +121,7 @@ class Compile(Callback):
             return model
         if self.modules is None:
             if "forward" not in model.__dict__ and type(model).forward is nn.Module.forward:
-                raise ValueError(
+                raise MisconfigurationException(
                     f"Compile() compiles {type(model).__name__}.forward, which it does not define (its "
                     "training_step calls submodules directly). Define forward, or compile the submodules: "
                     f"Compile(modules=[...]). {describe_children(model)}"
@@ -238,7 +241,7 @@ def replays_cuda_graphs(mode: str | None, options: dict[str, Any], device: torch
         return False
     if world_size > 1:
         what = f"mode={mode!r}" if mode in CUDA_GRAPH_MODES else "options triton.cudagraphs=True"
-        raise ValueError(
+        raise MisconfigurationException(
             f"Compile({what}) records CUDA graphs, which fail under DDP and FSDP ({world_size} processes here): "
             "max-autotune never finishes compiling there (pytorch/pytorch#140395) and CUDA graph trees break "
             "with DDP's gradient reducer (pytorch/pytorch#113809). Use Compile() or "

@@ -74,13 +74,15 @@ _NOT_USERS = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) 
 def refuse_url(path: Any, where: str) -> None:
     """Cadence writes to local paths: a URL (``s3://``, ``gs://``, ``memory://``...) is refused, naming ``where``."""
     if isinstance(path, str) and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", path):
-        raise ValueError(f"{where}={path!r} is a URL: Lightning reaches such paths through fsspec, Cadence reads and "
-                         "writes local paths only. Use a local (or mounted) path, and copy the files to or from the store.")
+        raise MisconfigurationException(
+            f"{where}={path!r} is a URL: Lightning reaches such paths through fsspec, Cadence reads and "
+            "writes local paths only. Use a local (or mounted) path, and copy the files to or from the store.")
 
 
 class MisconfigurationException(ValueError):
-    """Lightning's exception for a wrong setup (``lightning.pytorch.utilities.exceptions``), for code that raises or
-    catches it. A ValueError, as Cadence's own configuration errors are: ``except ValueError`` catches both."""
+    """Lightning's exception for a wrong setup (``lightning.pytorch.utilities.exceptions``): every ValueError Cadence
+    raises about what it was given (arguments, hooks' returns, ``self.log`` calls) is one, as Lightning raises it, so
+    ``except MisconfigurationException`` and ``except ValueError`` both catch them; projects raise it too."""
 
 
 class PossibleUserWarning(UserWarning):

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from callbacks.async_logger import AsyncLogger
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
 from callbacks.logging import do_nothing
 
 FIXED_COLUMNS = ["step"]  # every row has one; the rest (epoch included) as the metrics come
@@ -49,7 +49,8 @@ class CSVLogger(AsyncLogger):
                  version: int | str | None = None, prefix: str = "", flush_logs_every_n_steps: int = 100) -> None:
         if isinstance(flush_logs_every_n_steps, bool) or not isinstance(flush_logs_every_n_steps, int) or (
                 flush_logs_every_n_steps < 1):
-            raise ValueError(f"CSVLogger(flush_logs_every_n_steps={flush_logs_every_n_steps!r}): use an int >= 1.")
+            raise MisconfigurationException(
+                f"CSVLogger(flush_logs_every_n_steps={flush_logs_every_n_steps!r}): use an int >= 1.")
         super().__init__(save_dir, name, version, prefix)
         self.flush_every_n_steps = flush_logs_every_n_steps
 

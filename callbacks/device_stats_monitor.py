@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import Callback
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -63,15 +63,16 @@ class DeviceStatsMonitor(Callback):
 
     def __init__(self, cpu_stats: bool | None = None, filter_keys: set[str] | None = None) -> None:
         if cpu_stats not in (None, True, False):
-            raise ValueError(f"DeviceStatsMonitor(cpu_stats={cpu_stats!r}): use None, True or False.")
+            raise MisconfigurationException(f"DeviceStatsMonitor(cpu_stats={cpu_stats!r}): use None, True or False.")
         self._cpu_stats = cpu_stats
         self._filter_keys = filter_keys
         self._batches = 0  # training batches this fit: the log-step clock (Lightning's batches that stepped)
 
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
         if stage == "fit" and not trainer.loggers:
-            raise ValueError("Cannot use `DeviceStatsMonitor` callback with `Trainer(logger=False)`: it writes to the "
-                             "loggers. Use Trainer(logger=True) or pass a logger, or remove the callback.")
+            raise MisconfigurationException(
+                "Cannot use `DeviceStatsMonitor` callback with `Trainer(logger=False)`: it writes to the "
+                "loggers. Use Trainer(logger=True) or pass a logger, or remove the callback.")
         device = trainer.strategy.device
         wants_cpu = (self._cpu_stats is None and device.type in ("cpu", "mps")) or self._cpu_stats is True
         if wants_cpu and not psutil_available():

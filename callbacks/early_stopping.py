@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import Callback
-from callbacks.console import epoch_label, rank_prefixed, warn, write_line
+from callbacks.console import epoch_label, MisconfigurationException, rank_prefixed, warn, write_line
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -65,29 +65,34 @@ class EarlyStopping(Callback):
                  stopping_threshold: float | None = None, divergence_threshold: float | None = None,
                  check_on_train_epoch_end: bool | None = None, log_rank_zero_only: bool = False) -> None:
         if not isinstance(monitor, str) or not monitor:
-            raise ValueError(f"EarlyStopping(monitor={monitor!r}): use the name of a logged metric, e.g. \"val_loss\".")
+            raise MisconfigurationException(
+                f"EarlyStopping(monitor={monitor!r}): use the name of a logged metric, e.g. \"val_loss\".")
         if mode not in self.mode_dict:
-            raise ValueError(f'EarlyStopping(mode="{mode}"): use "min" or "max" (`mode` can be min, max, got {mode}).')
+            raise MisconfigurationException(
+                f'EarlyStopping(mode="{mode}"): use "min" or "max" (`mode` can be min, max, got {mode}).')
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
-            raise ValueError(f"EarlyStopping(patience={patience!r}): use an int >= 0.")
+            raise MisconfigurationException(f"EarlyStopping(patience={patience!r}): use an int >= 0.")
         for name, value in (("min_delta", min_delta), ("stopping_threshold", stopping_threshold),
                             ("divergence_threshold", divergence_threshold)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)):
-                raise ValueError(f"EarlyStopping({name}={value!r}): use a number{'' if name == 'min_delta' else ' or None'}.")
+                raise MisconfigurationException(
+                    f"EarlyStopping({name}={value!r}): use a number{'' if name == 'min_delta' else ' or None'}.")
         if min_delta is None:
-            raise ValueError("EarlyStopping(min_delta=None): use a number (0.0: any improvement counts).")
+            raise MisconfigurationException(
+                "EarlyStopping(min_delta=None): use a number (0.0: any improvement counts).")
         if stopping_threshold is not None and divergence_threshold is not None and (
                 stopping_threshold >= divergence_threshold if mode == "min" else stopping_threshold <= divergence_threshold):
-            raise ValueError(
+            raise MisconfigurationException(
                 f"EarlyStopping(mode={mode!r}, stopping_threshold={stopping_threshold}, divergence_threshold="
                 f"{divergence_threshold}): the stopping threshold must be on the better side of the divergence one.")
         for name, value in (("verbose", verbose), ("strict", strict), ("check_finite", check_finite),
                             ("log_rank_zero_only", log_rank_zero_only)):
             if not isinstance(value, bool):
-                raise ValueError(f"EarlyStopping({name}={value!r}): use True or False.")
+                raise MisconfigurationException(f"EarlyStopping({name}={value!r}): use True or False.")
         if not (check_on_train_epoch_end is None or isinstance(check_on_train_epoch_end, bool)):
-            raise ValueError(f"EarlyStopping(check_on_train_epoch_end={check_on_train_epoch_end!r}): use True, False "
-                             "or None (decide from the validation schedule).")
+            raise MisconfigurationException(
+                f"EarlyStopping(check_on_train_epoch_end={check_on_train_epoch_end!r}): use True, False "
+                "or None (decide from the validation schedule).")
         self.monitor, self.mode, self.patience, self.verbose, self.strict = monitor, mode, patience, verbose, strict
         self.min_delta = abs(min_delta)
         self.check_finite = check_finite

@@ -24,6 +24,7 @@ from torch.nn import Module, ModuleDict
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim.optimizer import Optimizer
 
+from callbacks.console import MisconfigurationException
 from callbacks.base import Callback
 
 if TYPE_CHECKING:
@@ -283,9 +284,10 @@ class BackboneFinetuning(BaseFinetuning):
 
     def setup(self, trainer: Trainer, pl_module: TrainingModule, stage: str) -> None:
         if not isinstance(getattr(pl_module, "backbone", None), Module):
-            raise ValueError(f"BackboneFinetuning freezes {type(pl_module).__name__}.backbone, which is not an "
-                             "nn.Module attribute of it. Name the part to fine-tune `self.backbone`, or subclass "
-                             "BaseFinetuning to choose the modules.")
+            raise MisconfigurationException(
+                f"BackboneFinetuning freezes {type(pl_module).__name__}.backbone, which is not an "
+                "nn.Module attribute of it. Name the part to fine-tune `self.backbone`, or subclass "
+                "BaseFinetuning to choose the modules.")
         super().setup(trainer, pl_module, stage)
 
     def freeze_before_training(self, pl_module: TrainingModule) -> None:

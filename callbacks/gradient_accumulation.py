@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from callbacks.base import Callback
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -29,11 +29,13 @@ class GradientAccumulationScheduler(Callback):
             raise TypeError(f"GradientAccumulationScheduler(scheduling={scheduling!r}): use a non-empty dict "
                             "{epoch: batches to accumulate}, such as {0: 8, 4: 1}.")
         if any(isinstance(key, bool) or not isinstance(key, int) or key < 0 for key in scheduling):
-            raise ValueError(f"Epoch should be an int >= 0: GradientAccumulationScheduler(scheduling={scheduling!r}): "
-                             "the keys are epochs, ints >= 0.")
+            raise MisconfigurationException(
+                f"Epoch should be an int >= 0: GradientAccumulationScheduler(scheduling={scheduling!r}): "
+                "the keys are epochs, ints >= 0.")
         if any(isinstance(value, bool) or not isinstance(value, int) or value < 1 for value in scheduling.values()):
-            raise ValueError(f"Accumulation factor should be an int >= 1: GradientAccumulationScheduler(scheduling="
-                             f"{scheduling!r}): the values are numbers of batches to accumulate, ints >= 1.")
+            raise MisconfigurationException(
+                f"Accumulation factor should be an int >= 1: GradientAccumulationScheduler(scheduling="
+                f"{scheduling!r}): the values are numbers of batches to accumulate, ints >= 1.")
         self.scheduling = {0: 1, **scheduling}  # as in Lightning: 1 until the first epoch given
         self.epochs = sorted(self.scheduling)
         self._set: int | None = None  # the factor it last gave the trainer
@@ -57,9 +59,10 @@ class GradientAccumulationScheduler(Callback):
                  f"zero_grad}}`, the hooks will not be called on every batch (rather, they are called on every "
                  f"optimization step): {type(module).__name__}.{overridden[0]} runs once per accumulation window.")
         if trainer.accumulate_grad_batches not in (1, self._set):
-            raise ValueError(f"You have set `accumulate_grad_batches` and are using the `GradientAccumulationScheduler` "
-                             f"callback: Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) and a "
-                             "GradientAccumulationScheduler: pass one of them ({0: N} accumulates N from the start).")
+            raise MisconfigurationException(
+                f"You have set `accumulate_grad_batches` and are using the `GradientAccumulationScheduler` "
+                f"callback: Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) and a "
+                "GradientAccumulationScheduler: pass one of them ({0: N} accumulates N from the start).")
 
     def on_train_epoch_start(self, trainer: Trainer, module: TrainingModule) -> None:
         self._set = trainer.accumulate_grad_batches = self.get_accumulate_grad_batches(trainer.current_epoch)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from callbacks.console import MisconfigurationException
 from callbacks.base import Callback
 
 Hook = Callable[..., Any] | None
@@ -52,8 +53,9 @@ class LambdaCallback(Callback):
         given = {name: value for name, value in locals().items() if name in HOOKS and value is not None}
         for name, function in given.items():
             if not callable(function):
-                raise ValueError(f"LambdaCallback({name}={function!r}): use a function of the hook's arguments "
-                                 f"(trainer, module, ...), or None.")
+                raise MisconfigurationException(
+                    f"LambdaCallback({name}={function!r}): use a function of the hook's arguments "
+                    f"(trainer, module, ...), or None.")
             setattr(self, name, function)  # this instance's hook: the loop calls it with the hook's arguments
         self._given = sorted(given)
 

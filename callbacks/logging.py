@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from callbacks.console import MisconfigurationException
 from callbacks.base import Callback
 
 if TYPE_CHECKING:
@@ -264,10 +265,12 @@ def metric_number(key: str, value: Any) -> float:
     """``value`` as a number for ``log_metrics``; a tensor is read to the host (a device sync)."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise ValueError(f"log_metrics got a tensor of shape {tuple(value.shape)} for {key!r}; log a scalar.")
+            raise MisconfigurationException(
+                f"log_metrics got a tensor of shape {tuple(value.shape)} for {key!r}; log a scalar.")
         return float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"log_metrics got {type(value).__name__} for {key!r}; log a number or a one-element tensor.")
+        raise MisconfigurationException(
+            f"log_metrics got {type(value).__name__} for {key!r}; log a number or a one-element tensor.")
     return value
 
 

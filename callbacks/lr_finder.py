@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
+from callbacks.console import MisconfigurationException
 from callbacks.base import Callback
 from callbacks.search import SearchProgress, has_attribute, set_attribute
 
@@ -47,7 +48,8 @@ class LRFinder:
 
     def __init__(self, mode: str, lr_min: float, lr_max: float, num_training: int) -> None:
         if mode not in LearningRateFinder.SUPPORTED_MODES:
-            raise ValueError(f"LRFinder(mode={mode!r}): use one of {LearningRateFinder.SUPPORTED_MODES}.")
+            raise MisconfigurationException(
+                f"LRFinder(mode={mode!r}): use one of {LearningRateFinder.SUPPORTED_MODES}.")
         self.mode, self.lr_min, self.lr_max, self.num_training = mode, lr_min, lr_max, num_training
         self.results: dict[str, list[float]] = {}
         self._optimal_idx: int | None = None
@@ -150,11 +152,14 @@ class LearningRateFinder(Callback):
                  attr_name: str = "") -> None:
         mode = mode.lower() if isinstance(mode, str) else mode
         if mode not in self.SUPPORTED_MODES:
-            raise ValueError(f"LearningRateFinder(mode={mode!r}): `mode` should be either of {self.SUPPORTED_MODES}.")
+            raise MisconfigurationException(
+                f"LearningRateFinder(mode={mode!r}): `mode` should be either of {self.SUPPORTED_MODES}.")
         if not (isinstance(num_training_steps, int) and num_training_steps >= 1):
-            raise ValueError(f"LearningRateFinder(num_training_steps={num_training_steps!r}): use an int >= 1.")
+            raise MisconfigurationException(
+                f"LearningRateFinder(num_training_steps={num_training_steps!r}): use an int >= 1.")
         if not (min_lr > 0 and max_lr > 0):
-            raise ValueError(f"LearningRateFinder(min_lr={min_lr}, max_lr={max_lr}): learning rates must be > 0.")
+            raise MisconfigurationException(
+                f"LearningRateFinder(min_lr={min_lr}, max_lr={max_lr}): learning rates must be > 0.")
         self._min_lr, self._max_lr, self._num_training_steps = min_lr, max_lr, num_training_steps
         self._mode, self._early_stop_threshold = mode, early_stop_threshold
         self._update_attr, self._attr_name = update_attr, attr_name
@@ -170,8 +175,9 @@ class LearningRateFinder(Callback):
             return
         attr_name = lr_attribute(pl_module, self._attr_name) if self._update_attr else ""
         if len(trainer.optimizers) != 1:
-            raise ValueError(f"`model.configure_optimizers()` returned {len(trainer.optimizers)} optimizers, but the "
-                             "learning rate finder only works with single optimizer.")
+            raise MisconfigurationException(
+                f"`model.configure_optimizers()` returned {len(trainer.optimizers)} optimizers, but the "
+                "learning rate finder only works with single optimizer.")
         finder = LRFinder(self._mode, self._min_lr, self._max_lr, self._num_training_steps)
         recorder = _LRRecorder(self._num_training_steps, self._early_stop_threshold,
                                SearchProgress(trainer, "Finding best initial lr", self._num_training_steps),

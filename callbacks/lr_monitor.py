@@ -14,6 +14,7 @@ import warnings
 
 import torch
 
+from callbacks.console import MisconfigurationException
 from callbacks.base import Callback
 
 if TYPE_CHECKING:
@@ -46,7 +47,8 @@ class LearningRateMonitor(Callback):
     def __init__(self, logging_interval: str | None = None, log_momentum: bool = False,
                  log_weight_decay: bool = False) -> None:
         if logging_interval not in (None, "step", "epoch"):
-            raise ValueError(f'LearningRateMonitor(logging_interval={logging_interval!r}): use "step", "epoch" or None.')
+            raise MisconfigurationException(
+                f'LearningRateMonitor(logging_interval={logging_interval!r}): use "step", "epoch" or None.')
         self.logging_interval = logging_interval
         self.log_momentum = log_momentum
         self.log_weight_decay = log_weight_decay
@@ -59,7 +61,7 @@ class LearningRateMonitor(Callback):
 
     def on_train_start(self, trainer: Trainer, module: TrainingModule) -> None:
         if not trainer.loggers:
-            raise ValueError(
+            raise MisconfigurationException(
                 "Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger. LearningRateMonitor writes "
                 "to the loggers, and this Trainer has none (logger=False). Use Trainer(logger=True), pass a logger, or "
                 "remove the LearningRateMonitor."
@@ -169,8 +171,9 @@ def lightning_names(configs: list[Any], optimizers: list[torch.optim.Optimizer],
         group_names = [group.get("name", f"pg{index}") for index, group in enumerate(groups, start=1)]
         duplicates = sorted({group for group in group_names if group_names.count(group) > 1})
         if duplicates:
-            raise ValueError(f"A single `Optimizer` cannot have multiple parameter groups with identical `name` values. "
-                             f"{name} has duplicated parameter group names {duplicates}: give each group its own name.")
+            raise MisconfigurationException(
+                f"A single `Optimizer` cannot have multiple parameter groups with identical `name` values. "
+                f"{name} has duplicated parameter group names {duplicates}: give each group its own name.")
         if len(groups) > 1:
             result.append((optimizer, [f"{name}/{group}" for group in group_names], interval))
         else:

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from callbacks.console import MisconfigurationException
 from callbacks.base import Callback
 from strategies.transfer import rebuild_mapping
 
@@ -83,7 +84,8 @@ class AutoMicrobatch(Callback):
 
     def __init__(self, allow_batchnorm: bool = False, microbatches: int = 1) -> None:
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
-            raise ValueError(f"AutoMicrobatch(microbatches={microbatches!r}): use a whole number of at least 1.")
+            raise MisconfigurationException(
+                f"AutoMicrobatch(microbatches={microbatches!r}): use a whole number of at least 1.")
         self.allow_batchnorm = bool(allow_batchnorm)
         self.microbatches = microbatches  # how many pieces the next batch starts as
         self.splits: list[dict[str, Any]] = []  # each time the split grew: where, why, to what
@@ -95,14 +97,14 @@ class AutoMicrobatch(Callback):
     def on_fit_start(self, trainer: Trainer, module: TrainingModule) -> None:
         # Here, not in setup: the module's configure_model may build layers (BatchNorm) after setup.
         if not module.automatic_optimization:
-            raise ValueError(
+            raise MisconfigurationException(
                 "AutoMicrobatch redoes the Trainer's backward in parts, but with self.automatic_optimization = False "
                 "training_step runs its own backward and optimizer step, which cannot be split from outside. Remove "
                 "AutoMicrobatch, or split the batch in training_step (several manual_backward calls, one opt.step())."
             )
         norms = [name for name, layer in module.named_modules() if isinstance(layer, _BatchNorm) and layer.training]
         if norms and not self.allow_batchnorm:
-            raise ValueError(
+            raise MisconfigurationException(
                 f"AutoMicrobatch: {type(module).__name__} has BatchNorm layers in training mode ({', '.join(norms[:3])}"
                 f"{', ...' if len(norms) > 3 else ''}). They normalize with the statistics of the batch they see, so a "
                 "batch split into microbatches would train differently from the whole batch. Use GroupNorm or "
@@ -207,7 +209,8 @@ class AutoMicrobatch(Callback):
             size = batch_size_of(piece)
             slice_batch(piece, 0, size, size)  # every part of it can be split
         except ValueError as unsplittable:
-            raise ValueError(f"AutoMicrobatch: {where} ran out of memory and cannot be split: {unsplittable}") from error
+            raise MisconfigurationException(
+                f"AutoMicrobatch: {where} ran out of memory and cannot be split: {unsplittable}") from error
         if size <= 1:
             raise torch.OutOfMemoryError(
                 f"AutoMicrobatch: {where} ran out of memory in the {phase} even as microbatches of one sample: the "
@@ -325,12 +328,14 @@ def batch_size_of(batch: Any) -> int:
 
     visit(batch)
     if not sizes:
-        raise ValueError(f"the batch ({type(batch).__name__}) holds no tensor with a batch dimension to split along. "
-                         "Yield tensors (in tuples, lists, dicts, namedtuples or dataclasses).")
+        raise MisconfigurationException(
+            f"the batch ({type(batch).__name__}) holds no tensor with a batch dimension to split along. "
+            "Yield tensors (in tuples, lists, dicts, namedtuples or dataclasses).")
     if len(sizes) > 1:
-        raise ValueError(f"its tensors have different first sizes ({sorted(sizes)}), so there is no one batch "
-                         "dimension to split along. Keep per-sample data in tensors whose first dimension is the "
-                         "batch (pad variable-size items), or drop AutoMicrobatch.")
+        raise MisconfigurationException(
+            f"its tensors have different first sizes ({sorted(sizes)}), so there is no one batch "
+            "dimension to split along. Keep per-sample data in tensors whose first dimension is the "
+            "batch (pad variable-size items), or drop AutoMicrobatch.")
     return sizes.pop()
 
 
@@ -353,5 +358,6 @@ def slice_batch(batch: Any, start: int, stop: int, size: int) -> Any:
         for field in dataclasses.fields(batch):
             object.__setattr__(rebuilt, field.name, slice_batch(getattr(batch, field.name), start, stop, size))
         return rebuilt
-    raise ValueError(f"it holds a {type(batch).__name__}, which AutoMicrobatch cannot split into samples. Yield "
-                     "tensors, lists of strings or numbers, in tuples, lists, dicts, namedtuples or dataclasses.")
+    raise MisconfigurationException(
+        f"it holds a {type(batch).__name__}, which AutoMicrobatch cannot split into samples. Yield "
+        "tensors, lists of strings or numbers, in tuples, lists, dicts, namedtuples or dataclasses.")

@@ -26,7 +26,7 @@ import torch
 
 from callbacks.base import Callback, Checkpoint
 from callbacks.checkpoint_names import CheckpointNames, TrainTimeClock, check_arguments, resolve_triggers
-from callbacks.console import epoch_label, warn, write_line
+from callbacks.console import epoch_label, MisconfigurationException, warn, write_line
 from strategies.checkpoint import link_checkpoint, remove_checkpoint, symlink_checkpoint
 from strategies.checkpoint.background import BackgroundWriter
 
@@ -132,17 +132,18 @@ class ModelCheckpoint(CheckpointNames, Checkpoint):
         if self._dir is None:  # as Lightning's: relative when the log directory is (a dirpath given is made absolute)
             self._dir = Path(trainer.log_dir) / "checkpoints"
         if self._dir.exists() and not self._dir.is_dir():
-            raise ValueError(f"ModelCheckpoint(dirpath={self.dirpath!r}) is a file; use a directory.")
+            raise MisconfigurationException(f"ModelCheckpoint(dirpath={self.dirpath!r}) is a file; use a directory.")
         if self._background is not None and not trainer.strategy.supports_background_saves:
-            raise ValueError(f"ModelCheckpoint(async_save=True) is not supported by {trainer.strategy.describe()}: its "
-                             "save_checkpoint writes in the step (supports_background_saves is False). Use async_save=False.")
+            raise MisconfigurationException(
+                f"ModelCheckpoint(async_save=True) is not supported by {trainer.strategy.describe()}: its "
+                "save_checkpoint writes in the step (supports_background_saves is False). Use async_save=False.")
         if stage == "fit":  # before a checkpoint is restored, which may set it again
             self._validated, self._defer_save_until_validation = False, False
             if not self._every_n_train_steps and self._train_time_interval is None and self._background is None:
                 # Epoch triggers need nothing per batch: the base no-op leaves the loop's call list (trainer/hooks.py)
                 self.on_train_batch_end = Callback.on_train_batch_end.__get__(self)  # bound, as methods are
             if self.save_on_exception and trainer.world_size > 1:
-                raise ValueError(
+                raise MisconfigurationException(
                     f"ModelCheckpoint(save_on_exception=True) with {trainer.world_size} processes: an error reaches "
                     "only the process it happened in, and the others cannot join in writing a checkpoint then. Save "
                     "periodically instead (every_n_train_steps or train_time_interval); a SIGTERM saves last.ckpt.")

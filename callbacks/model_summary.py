@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
+from callbacks.console import MisconfigurationException
 from callbacks.base import Callback
 from callbacks.summary import summarize, summary_table
 
@@ -33,7 +34,8 @@ class ModelSummary(Callback):
 
     def __init__(self, max_depth: int = 1) -> None:
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < -1:
-            raise ValueError(f"ModelSummary(max_depth={max_depth!r}): use an int >= 0, or -1 for every level.")
+            raise MisconfigurationException(
+                f"ModelSummary(max_depth={max_depth!r}): use an int >= 0, or -1 for every level.")
         self.max_depth = max_depth
 
     def on_fit_start(self, trainer: Trainer, module: TrainingModule) -> None:
@@ -59,6 +61,7 @@ class RichModelSummary(ModelSummary):
 
     def __init__(self, max_depth: int = 1, **summarize_kwargs: Any) -> None:
         if summarize_kwargs:
-            raise ValueError(f"RichModelSummary({', '.join(summarize_kwargs)}=...): Cadence prints this summary as "
-                             "plain text (rich is not a dependency), and those style rich's table only. Leave them out.")
+            raise MisconfigurationException(
+                f"RichModelSummary({', '.join(summarize_kwargs)}=...): Cadence prints this summary as "
+                "plain text (rich is not a dependency), and those style rich's table only. Leave them out.")
         super().__init__(max_depth)

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from callbacks.console import MisconfigurationException
 from callbacks.base import Checkpoint
 
 if TYPE_CHECKING:
@@ -39,8 +40,9 @@ class OnExceptionCheckpoint(Checkpoint):
 
     def __init__(self, dirpath: str | os.PathLike, filename: str = "on_exception") -> None:
         if not filename or not isinstance(filename, str):
-            raise ValueError(f"OnExceptionCheckpoint(filename={filename!r}): use a file name without the extension, "
-                             "such as \"on_exception\".")
+            raise MisconfigurationException(
+                f"OnExceptionCheckpoint(filename={filename!r}): use a file name without the extension, "
+                "such as \"on_exception\".")
         self.dirpath, self.filename = dirpath, filename
         self._failed = False
 

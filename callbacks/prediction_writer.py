@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from callbacks.console import MisconfigurationException
 from callbacks.base import Callback
 
 if TYPE_CHECKING:
@@ -37,8 +38,9 @@ class BasePredictionWriter(Callback):
 
     def __init__(self, write_interval: str = "batch") -> None:
         if write_interval not in WRITE_INTERVALS:
-            raise ValueError(f"`write_interval` should be one of {list(WRITE_INTERVALS)}: "
-                             f"BasePredictionWriter(write_interval={write_interval!r}).")
+            raise MisconfigurationException(
+                f"`write_interval` should be one of {list(WRITE_INTERVALS)}: "
+                f"BasePredictionWriter(write_interval={write_interval!r}).")
         self.interval = write_interval
         self._predictions: list[list[Any]] = []
         self._indices: list[list[list[int]]] = []  # per loader, per batch

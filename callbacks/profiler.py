@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from callbacks.console import MisconfigurationException
 from callbacks.base import Callback
 
 if TYPE_CHECKING:
@@ -58,11 +59,11 @@ class Profiler(Callback):
                                    ("repeat", repeat, 1), ("row_limit", row_limit, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 why = " (0 would trace every batch to the end: traces must stay bounded)" if name == "repeat" else ""
-                raise ValueError(f"Profiler({name}={value!r}): use an int >= {least}{why}.")
+                raise MisconfigurationException(f"Profiler({name}={value!r}): use an int >= {least}{why}.")
         if sort_by is not None and sort_by not in SORT_KEYS:
-            raise ValueError(f"Profiler(sort_by={sort_by!r}): use one of {', '.join(SORT_KEYS)}.")
+            raise MisconfigurationException(f"Profiler(sort_by={sort_by!r}): use one of {', '.join(SORT_KEYS)}.")
         if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
-            raise ValueError(f"Profiler(dirpath={dirpath!r}): use a directory path or None.")
+            raise MisconfigurationException(f"Profiler(dirpath={dirpath!r}): use a directory path or None.")
         self.dirpath = Path(dirpath) if dirpath is not None else None
         self.wait, self.warmup, self.active, self.repeat = wait, warmup, active, repeat
         self.record_shapes, self.profile_memory, self.with_stack = record_shapes, profile_memory, with_stack
@@ -87,13 +88,12 @@ class Profiler(Callback):
             profile_memory=self.profile_memory, with_stack=self.with_stack,
         )
         self._profile.start()
+        ignore_cycle_warning()
 
     def on_train_batch_end(self, trainer: Trainer, module: TrainingModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._profile is None:  # the schedule is done: this is all a batch pays
             return
-        with warnings.catch_warnings():  # each window is saved when it ends: that a new one starts empty is the point
-            warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
-            self._profile.step()
+        self._profile.step()
         self._steps += 1
         if self._steps >= (self.wait + self.warmup + self.active) * self.repeat:
             self._stop()
@@ -194,3 +194,16 @@ def _activity(event: Any) -> str:
 def _is_annotation(event: Any) -> bool:
     """A device-side copy of a ``record_function`` range (or ``ProfilerStep``), not device work."""
     return bool(getattr(event, "is_user_annotation", False)) or "annotation" in _activity(event)
+
+
+_CYCLE_WARNING = ".*Profiler clears events at the end of each cycle"
+
+
+def ignore_cycle_warning() -> None:
+    """Silence torch's warning that a schedule's cycle ends with its events cleared: each window is saved when it
+    ends, so that the next starts empty is the point. Filtered once, when a profiler starts, not around each step:
+    leaving a ``catch_warnings`` block makes Python forget which warnings it has shown, so every warning of the run
+    (the user's too) would be shown again after each profiled step."""
+    if not any(action == "ignore" and message is not None and message.pattern == _CYCLE_WARNING
+               for action, message, *_ in warnings.filters):
+        warnings.filterwarnings("ignore", message=_CYCLE_WARNING)

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from callbacks.base import Callback
-from callbacks.console import info, refuse_url
+from callbacks.console import info, MisconfigurationException, refuse_url
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -63,10 +63,12 @@ class Profiler(abc.ABC):
 
     def __init__(self, dirpath: str | Path | None = None, filename: str | None = None) -> None:
         if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
-            raise ValueError(f"{type(self).__name__}(dirpath={dirpath!r}): use a directory path or None.")
+            raise MisconfigurationException(
+                f"{type(self).__name__}(dirpath={dirpath!r}): use a directory path or None.")
         refuse_url(dirpath, f"{type(self).__name__}(dirpath)")
         if filename is not None and not isinstance(filename, str):
-            raise ValueError(f"{type(self).__name__}(filename={filename!r}): use a file name (\".txt\" is added) or None.")
+            raise MisconfigurationException(
+                f"{type(self).__name__}(filename={filename!r}): use a file name (\".txt\" is added) or None.")
         self.dirpath = dirpath
         self.filename = filename
         self._output_file: TextIO | None = None
@@ -192,13 +194,14 @@ class SimpleProfiler(Profiler):
 
     def start(self, action_name: str) -> None:
         if action_name in self.current_actions:
-            raise ValueError(f"Attempted to start {action_name} which has already started.")
+            raise MisconfigurationException(f"Attempted to start {action_name} which has already started.")
         self.current_actions[action_name] = time.perf_counter()
 
     def stop(self, action_name: str) -> None:
         end = time.perf_counter()
         if action_name not in self.current_actions:
-            raise ValueError(f"Attempting to stop recording an action ({action_name}) which was never started.")
+            raise MisconfigurationException(
+                f"Attempting to stop recording an action ({action_name}) which was never started.")
         self.recorded_durations[action_name].append(end - self.current_actions.pop(action_name))
 
     def summary(self) -> str:
@@ -258,7 +261,8 @@ class AdvancedProfiler(Profiler):
     def stop(self, action_name: str) -> None:
         profile = self.profiled_actions.get(action_name)
         if profile is None:
-            raise ValueError(f"Attempting to stop recording an action ({action_name}) which was never started.")
+            raise MisconfigurationException(
+                f"Attempting to stop recording an action ({action_name}) which was never started.")
         profile.disable()
 
     def summary(self) -> str:
@@ -266,8 +270,9 @@ class AdvancedProfiler(Profiler):
         for action, profile in self.profiled_actions.items():
             if self.dump_stats:
                 if not self.dirpath:
-                    raise ValueError("AdvancedProfiler(dump_stats=True) writes <dirpath>/<action>.prof: give a dirpath, "
-                                     "or run it under a Trainer (its log_dir).")
+                    raise MisconfigurationException(
+                        "AdvancedProfiler(dump_stats=True) writes <dirpath>/<action>.prof: give a dirpath, "
+                        "or run it under a Trainer (its log_dir).")
                 Path(self.dirpath).mkdir(parents=True, exist_ok=True)
                 profile.dump_stats(os.path.join(self.dirpath, self._prepare_filename(action, extension=".prof")))
             text = io.StringIO()

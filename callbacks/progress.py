@@ -20,7 +20,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
-from callbacks.console import epoch_label
+from callbacks.console import epoch_label, MisconfigurationException
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -71,10 +71,11 @@ class ProgressBar(Callback):
     def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False) -> None:
         for name, value in (("refresh_rate", refresh_rate), ("process_position", process_position)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"ProgressBar({name}={value!r}): use an int >= 0"
-                                 + (" (0 turns the bars off)." if name == "refresh_rate" else "."))
+                raise MisconfigurationException(
+                    f"ProgressBar({name}={value!r}): use an int >= 0"
+                    + (" (0 turns the bars off)." if name == "refresh_rate" else "."))
         if not isinstance(leave, bool):
-            raise ValueError(f"ProgressBar(leave={leave!r}): use True or False.")
+            raise MisconfigurationException(f"ProgressBar(leave={leave!r}): use True or False.")
         refresh_rate = _resolve_refresh_rate(refresh_rate)
         self._refresh_rate, self._process_position, self._leave = refresh_rate, process_position, leave
         self._enabled = True
@@ -332,11 +333,13 @@ class RichProgressBar(ProgressBar):
     def __init__(self, refresh_rate: int = 100, leave: bool = False, theme: Any = None,
                  console_kwargs: dict[str, Any] | None = None) -> None:
         if theme is not None or console_kwargs is not None:
-            raise ValueError("RichProgressBar(theme=..., console_kwargs=...): Cadence draws this bar with tqdm (rich is "
-                             "not a dependency), and those set rich's look only. Leave them out.")
+            raise MisconfigurationException(
+                "RichProgressBar(theme=..., console_kwargs=...): Cadence draws this bar with tqdm (rich is "
+                "not a dependency), and those set rich's look only. Leave them out.")
         if isinstance(refresh_rate, bool) or not isinstance(refresh_rate, (int, float)) or refresh_rate < 0:
-            raise ValueError(f"RichProgressBar(refresh_rate={refresh_rate!r}): redraws per second, a number >= 0 "
-                             "(0 turns the bars off).")
+            raise MisconfigurationException(
+                f"RichProgressBar(refresh_rate={refresh_rate!r}): redraws per second, a number >= 0 "
+                "(0 turns the bars off).")
         super().__init__(refresh_rate=1 if refresh_rate else 0, leave=leave)
         self._refresh_rate = 1 if refresh_rate else 0  # TQDM_MINITERS and Colab are TQDMProgressBar's, not Rich's
 
@@ -355,8 +358,9 @@ def _resolve_refresh_rate(refresh_rate: int) -> int:
     if "TQDM_MINITERS" in os.environ:
         value = os.environ["TQDM_MINITERS"]
         if not value.strip().isdigit():
-            raise ValueError(f"TQDM_MINITERS={value!r} in the environment: use an int >= 0 (the least refresh rate of "
-                             "the progress bar), or unset it.")
+            raise MisconfigurationException(
+                f"TQDM_MINITERS={value!r} in the environment: use an int >= 0 (the least refresh rate of "
+                "the progress bar), or unset it.")
         return max(int(value), refresh_rate)
     return refresh_rate
 

@@ -28,7 +28,7 @@ import torch.nn.utils.prune as pytorch_prune
 from torch import nn
 
 from callbacks.base import Callback
-from callbacks.console import cadence_logger
+from callbacks.console import cadence_logger, MisconfigurationException
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -91,50 +91,58 @@ class ModelPruning(Callback):
         self._logs_here = True  # rank zero logs the sparsity
         for name in self._parameter_names:
             if name not in self.PARAMETER_NAMES:
-                raise ValueError(f"ModelPruning(parameter_names=[{name!r}]): The provided `parameter_names` name: "
-                                 f"{name} isn't in {self.PARAMETER_NAMES}; name the parameters to prune by these.")
+                raise MisconfigurationException(
+                    f"ModelPruning(parameter_names=[{name!r}]): The provided `parameter_names` name: "
+                    f"{name} isn't in {self.PARAMETER_NAMES}; name the parameters to prune by these.")
         if isinstance(pruning_fn, str):
             pruning_fn = self._named_pruning_fn(pruning_fn.lower(), pruning_dim, pruning_norm)
         elif self._is_pruning_method(pruning_fn):
             if not use_global_unstructured:
-                raise ValueError(f"ModelPruning(pruning_fn={pruning_fn.__name__}, use_global_unstructured=False): a "
-                                 "PyTorch `BasePruningMethod` is currently only supported with "
-                                 "`use_global_unstructured=True`; pass that, or one of the named methods.")
+                raise MisconfigurationException(
+                    f"ModelPruning(pruning_fn={pruning_fn.__name__}, use_global_unstructured=False): a "
+                    "PyTorch `BasePruningMethod` is currently only supported with "
+                    "`use_global_unstructured=True`; pass that, or one of the named methods.")
             self._pruning_method_name = pruning_fn.__name__
         else:
-            raise ValueError(f"ModelPruning(pruning_fn={pruning_fn!r}): `pruning_fn` is expected to be a str in "
-                             f"{list(_PRUNING_FUNCTIONS)} or a PyTorch `BasePruningMethod`. HINT: if passing a "
-                             "`BasePruningMethod`, pass the class, not an instance.")
+            raise MisconfigurationException(
+                f"ModelPruning(pruning_fn={pruning_fn!r}): `pruning_fn` is expected to be a str in "
+                f"{list(_PRUNING_FUNCTIONS)} or a PyTorch `BasePruningMethod`. HINT: if passing a "
+                "`BasePruningMethod`, pass the class, not an instance.")
         if use_global_unstructured and pruning_fn.PRUNING_TYPE != "unstructured":
-            raise ValueError(f"ModelPruning: Only the \"unstructured\" PRUNING_TYPE is supported with "
-                             f"`use_global_unstructured=True`; {self._pruning_method_name} is "
-                             f"{pruning_fn.PRUNING_TYPE}. Pass use_global_unstructured=False to prune each layer alone.")
+            raise MisconfigurationException(
+                f"ModelPruning: Only the \"unstructured\" PRUNING_TYPE is supported with "
+                f"`use_global_unstructured=True`; {self._pruning_method_name} is "
+                f"{pruning_fn.PRUNING_TYPE}. Pass use_global_unstructured=False to prune each layer alone.")
         self.pruning_fn = pruning_fn
         self._apply_pruning = apply_pruning
         self._make_pruning_permanent = make_pruning_permanent
         if isinstance(amount, bool) or not (isinstance(amount, (int, float)) or callable(amount)):
-            raise ValueError(f"ModelPruning(amount={amount!r}): `amount` should be provided and be either an int "
-                             "(a number of parameters), a float (a fraction) or a function of the epoch.")
+            raise MisconfigurationException(
+                f"ModelPruning(amount={amount!r}): `amount` should be provided and be either an int "
+                "(a number of parameters), a float (a fraction) or a function of the epoch.")
         self.amount = amount
         if verbose not in (0, 1, 2):
-            raise ValueError(f"ModelPruning(verbose={verbose!r}): `verbose` must be any of (0, 1, 2).")
+            raise MisconfigurationException(f"ModelPruning(verbose={verbose!r}): `verbose` must be any of (0, 1, 2).")
         self._verbose = verbose
 
     def _named_pruning_fn(self, name: str, dim: int | None, norm: int | None) -> Callable:
         """torch's method class (global pruning) or function (layer by layer) of that name, with its dim and norm."""
         if name not in _PRUNING_FUNCTIONS:
-            raise ValueError(f"ModelPruning(pruning_fn={name!r}): The provided `pruning_fn` {name} isn't available in "
-                             f"PyTorch's built-in functions: {list(_PRUNING_FUNCTIONS)}; or pass a "
-                             "BasePruningMethod subclass.")
+            raise MisconfigurationException(
+                f"ModelPruning(pruning_fn={name!r}): The provided `pruning_fn` {name} isn't available in "
+                f"PyTorch's built-in functions: {list(_PRUNING_FUNCTIONS)}; or pass a "
+                "BasePruningMethod subclass.")
         kwargs: dict[str, Any] = {}
         if name.endswith("_structured"):
             if dim is None:
-                raise ValueError(f"ModelPruning(pruning_fn={name!r}): When requesting `structured` pruning, the "
-                                 "`pruning_dim` should be provided (the dimension whose slices are pruned: 0 for rows).")
+                raise MisconfigurationException(
+                    f"ModelPruning(pruning_fn={name!r}): When requesting `structured` pruning, the "
+                    "`pruning_dim` should be provided (the dimension whose slices are pruned: 0 for rows).")
             if name == "ln_structured":
                 if norm is None:
-                    raise ValueError("ModelPruning(pruning_fn='ln_structured'): When requesting `ln_structured` "
-                                     "pruning, the `pruning_norm` should be provided (1, 2, float('inf'), ...).")
+                    raise MisconfigurationException(
+                        "ModelPruning(pruning_fn='ln_structured'): When requesting `ln_structured` "
+                        "pruning, the `pruning_norm` should be provided (1, 2, float('inf'), ...).")
                 kwargs["n"] = norm
             kwargs["dim"] = dim
         method = _PRUNING_METHODS[name] if self._use_global_unstructured else _PRUNING_FUNCTIONS[name]
@@ -165,25 +173,29 @@ class ModelPruning(Callback):
             isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], nn.Module) and isinstance(p[1], str)
             for p in parameters_to_prune)
         if not pairs:
-            raise ValueError("ModelPruning: The provided `parameters_to_prune` should either be list of tuple with 2 "
-                             "elements: (nn.Module, parameter_name_to_prune) or None; e.g. [(model.fc, \"weight\")].")
+            raise MisconfigurationException(
+                "ModelPruning: The provided `parameters_to_prune` should either be list of tuple with 2 "
+                "elements: (nn.Module, parameter_name_to_prune) or None; e.g. [(model.fc, \"weight\")].")
         missing_modules = [m for m, _ in parameters_to_prune if not any(m is layer for layer in layers)]
         missing_parameters = [n for m, n in parameters_to_prune if m not in missing_modules and not hasattr(m, n)]
         if missing_modules or missing_parameters:
-            raise ValueError("ModelPruning: Some provided `parameters_to_prune` don't exist in the model. Found missing "
-                             f"modules: {missing_modules} and missing parameters: {missing_parameters}. Name layers of "
-                             "the module being trained (made before the callback, the same objects).")
+            raise MisconfigurationException(
+                "ModelPruning: Some provided `parameters_to_prune` don't exist in the model. Found missing "
+                f"modules: {missing_modules} and missing parameters: {missing_parameters}. Name layers of "
+                "the module being trained (made before the callback, the same objects).")
         return parameters_to_prune
 
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
         if stage == "fit" and not trainer.strategy.whole_state_on_rank_zero:
-            raise ValueError("ModelPruning needs the whole model on each process; under strategy=\"fsdp\" each holds a "
-                             "shard. Use strategy=\"ddp\" (or one device) to prune.")
+            raise MisconfigurationException(
+                "ModelPruning needs the whole model on each process; under strategy=\"fsdp\" each holds a "
+                "shard. Use strategy=\"ddp\" (or one device) to prune.")
         if stage == "fit" and trainer.strategy.launches_subprocesses and not self._make_pruning_permanent:
-            raise ValueError("ModelPruning(make_pruning_permanent=False) under a DDP that starts its own processes: the "
-                             "trained weights come back to this process's module, which has no pruning masks, so they "
-                             "could not be loaded after training. Keep make_pruning_permanent=True, or launch with "
-                             "torchrun (`torchrun --nproc-per-node=2 your_script.py`).")
+            raise MisconfigurationException(
+                "ModelPruning(make_pruning_permanent=False) under a DDP that starts its own processes: the "
+                "trained weights come back to this process's module, which has no pruning masks, so they "
+                "could not be loaded after training. Keep make_pruning_permanent=True, or launch with "
+                "torchrun (`torchrun --nproc-per-node=2 your_script.py`).")
         self._logs_here = trainer.is_global_zero
         self._parameters_to_prune = self.filter_parameters_to_prune(
             self.sanitize_parameters_to_prune(module, self._parameters_to_prune, self._parameter_names))

@@ -21,14 +21,14 @@ import inspect
 import math
 import os
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.autograd.profiler import record_function
 
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
+from callbacks.profiler import ignore_cycle_warning
 from callbacks.profilers import Profiler
 
 STEP_FUNCTIONS = ("training_step", "validation_step", "test_step", "predict_step")
@@ -104,19 +104,22 @@ class PyTorchProfiler(Profiler):
                  table_kwargs: dict[str, Any] | None = None, **profiler_kwargs: Any) -> None:
         super().__init__(dirpath=dirpath, filename=filename)
         if emit_nvtx:
-            raise ValueError("PyTorchProfiler(emit_nvtx=True): Cadence does not emit NVTX ranges. Run trainer.fit inside "
-                             "`with torch.autograd.profiler.emit_nvtx():` under nsys instead.")
+            raise MisconfigurationException(
+                "PyTorchProfiler(emit_nvtx=True): Cadence does not emit NVTX ranges. Run trainer.fit inside "
+                "`with torch.autograd.profiler.emit_nvtx():` under nsys instead.")
         known = set(inspect.signature(torch.profiler.profile).parameters)
         unknown = sorted(set(profiler_kwargs) - known)
         if unknown:
-            raise ValueError(f"PyTorchProfiler({unknown[0]}=...): not an argument of torch.profiler.profile; it takes "
-                             f"{', '.join(sorted(known))}.")
+            raise MisconfigurationException(
+                f"PyTorchProfiler({unknown[0]}=...): not an argument of torch.profiler.profile; it takes "
+                f"{', '.join(sorted(known))}.")
         activities = profiler_kwargs.get("activities")
         cuda = torch.cuda.is_available() if activities is None else torch.profiler.ProfilerActivity.CUDA in activities
         self._sort_by_key = sort_by_key or f"{'cuda' if cuda else 'cpu'}_time_total"
         if self._sort_by_key not in self.AVAILABLE_SORT_KEYS:
-            raise ValueError(f"PyTorchProfiler(sort_by_key={sort_by_key!r}): use one of "
-                             f"{', '.join(sorted(self.AVAILABLE_SORT_KEYS))}.")
+            raise MisconfigurationException(
+                f"PyTorchProfiler(sort_by_key={sort_by_key!r}): use one of "
+                f"{', '.join(sorted(self.AVAILABLE_SORT_KEYS))}.")
         table_kwargs = dict(table_kwargs or {})
         table_keys = set(inspect.signature(torch.autograd.profiler_util.EventList.table).parameters) - {"self"}
         for key in table_kwargs:  # Lightning's words first: scripts match them
@@ -129,8 +132,9 @@ class PyTorchProfiler(Profiler):
                                f"use keys of EventList.table: {', '.join(sorted(table_keys - {'sort_by', 'row_limit'}))}.")
         schedule = profiler_kwargs.pop("schedule", DEFAULT_SCHEDULE)  # given as None: record every step (Lightning's)
         if schedule is not None and (not callable(schedule) or not isinstance(schedule(0), torch.profiler.ProfilerAction)):
-            raise ValueError(f"PyTorchProfiler(schedule={schedule!r}): use torch.profiler.schedule(...), a function of "
-                             "the step number that returns a torch.profiler.ProfilerAction, or None to record every step.")
+            raise MisconfigurationException(
+                f"PyTorchProfiler(schedule={schedule!r}): use torch.profiler.schedule(...), a function of "
+                "the step number that returns a torch.profiler.ProfilerAction, or None to record every step.")
         self._schedule = None if schedule is None else StepSchedule(schedule)
         self._group_by_input_shapes = group_by_input_shapes and profiler_kwargs.get("record_shapes", False)
         self._export_to_chrome, self._row_limit = export_to_chrome, row_limit
@@ -150,6 +154,7 @@ class PyTorchProfiler(Profiler):
             self.profiler = torch.profiler.profile(schedule=schedule, on_trace_ready=self._on_trace_ready,
                                                    **self._profiler_kwargs)
             self.profiler.start()
+            ignore_cycle_warning()
             if self._record_module_names and self._module is not None:
                 self._module_hooks = _record_module_names(self._module)
         if action_name not in self._recording:
@@ -172,9 +177,7 @@ class PyTorchProfiler(Profiler):
             if self._schedule is not None:
                 self._schedule.kind = kind
             self._step_action = action_name
-            with warnings.catch_warnings():  # each window is written when it ends: that the next starts empty is the point
-                warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
-                self.profiler.step()
+            self.profiler.step()
 
     def _steps_of(self, kind: str) -> float:
         """How many ``kind`` steps the running stage takes (validation: with the sanity check's), as Lightning counts."""

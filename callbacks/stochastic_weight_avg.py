@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from torch.optim.swa_utils import SWALR
 
 from callbacks.base import Callback
-from callbacks.console import cadence_logger, warn
+from callbacks.console import cadence_logger, MisconfigurationException, warn
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -69,19 +69,24 @@ class StochasticWeightAveraging(Callback):
                  device: torch.device | str | None = torch.device("cpu")) -> None:
         if (isinstance(swa_epoch_start, int) and swa_epoch_start < 1) or (
                 isinstance(swa_epoch_start, float) and not 0 <= swa_epoch_start <= 1):
-            raise ValueError(f"StochasticWeightAveraging(swa_epoch_start={swa_epoch_start}): swa_epoch_start should be a "
-                             ">0 integer or a float between 0 and 1 (the fraction of max_epochs).")
+            raise MisconfigurationException(
+                f"StochasticWeightAveraging(swa_epoch_start={swa_epoch_start}): swa_epoch_start should be a "
+                ">0 integer or a float between 0 and 1 (the fraction of max_epochs).")
         wrong_float = isinstance(swa_lrs, float) and swa_lrs <= 0
         wrong_list = isinstance(swa_lrs, list) and not all(isinstance(lr, float) and lr > 0 for lr in swa_lrs)
         if not isinstance(swa_lrs, (float, list)) or wrong_float or wrong_list:
-            raise ValueError(f"StochasticWeightAveraging(swa_lrs={swa_lrs!r}): The `swa_lrs` should a positive float, or "
-                             "a list of positive floats (one per parameter group), e.g. 0.01.")
+            raise MisconfigurationException(
+                f"StochasticWeightAveraging(swa_lrs={swa_lrs!r}): The `swa_lrs` should a positive float, or "
+                "a list of positive floats (one per parameter group), e.g. 0.01.")
         if annealing_strategy not in ("cos", "linear"):
-            raise ValueError(f"StochasticWeightAveraging(annealing_strategy={annealing_strategy!r}): use \"cos\" or \"linear\".")
+            raise MisconfigurationException(
+                f"StochasticWeightAveraging(annealing_strategy={annealing_strategy!r}): use \"cos\" or \"linear\".")
         if avg_fn is not None and not callable(avg_fn):
-            raise ValueError("StochasticWeightAveraging: The `avg_fn` should be callable: avg_fn(averaged, current, n).")
+            raise MisconfigurationException(
+                "StochasticWeightAveraging: The `avg_fn` should be callable: avg_fn(averaged, current, n).")
         if device is not None and not isinstance(device, (torch.device, str)):
-            raise ValueError(f"StochasticWeightAveraging: device is expected to be a torch.device or a str. Found {device}")
+            raise MisconfigurationException(
+                f"StochasticWeightAveraging: device is expected to be a torch.device or a str. Found {device}")
         self.n_averaged: Tensor | None = None
         self._swa_epoch_start = swa_epoch_start
         self._swa_lrs = swa_lrs
@@ -115,21 +120,25 @@ class StochasticWeightAveraging(Callback):
 
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
         if not trainer.strategy.whole_state_on_rank_zero:
-            raise ValueError("StochasticWeightAveraging needs the whole model on each process; under strategy=\"fsdp\" "
-                             "each holds a shard (SWA does not currently support sharded models). Use strategy=\"ddp\".")
+            raise MisconfigurationException(
+                "StochasticWeightAveraging needs the whole model on each process; under strategy=\"fsdp\" "
+                "each holds a shard (SWA does not currently support sharded models). Use strategy=\"ddp\".")
         self._average_model = deepcopy(module)  # before the module moves to its device
 
     def on_fit_start(self, trainer: Trainer, module: TrainingModule) -> None:
         if len(trainer.optimizers) != 1:
-            raise ValueError(f"StochasticWeightAveraging: SWA currently works with 1 `optimizer`; configure_optimizers "
-                             f"returned {len(trainer.optimizers)}.")
+            raise MisconfigurationException(
+                f"StochasticWeightAveraging: SWA currently works with 1 `optimizer`; configure_optimizers "
+                f"returned {len(trainer.optimizers)}.")
         if len(trainer.lr_scheduler_configs) > 1:
-            raise ValueError("StochasticWeightAveraging: SWA currently not supported for more than 1 `lr_scheduler`; "
-                             f"configure_optimizers returned {len(trainer.lr_scheduler_configs)}.")
+            raise MisconfigurationException(
+                "StochasticWeightAveraging: SWA currently not supported for more than 1 `lr_scheduler`; "
+                f"configure_optimizers returned {len(trainer.lr_scheduler_configs)}.")
         if isinstance(self._swa_epoch_start, float):
             if trainer.max_epochs == -1:
-                raise ValueError("StochasticWeightAveraging: SWA with `swa_epoch_start` as a float is not supported when "
-                                 "`max_epochs=-1`. Please provide `swa_epoch_start` as an integer.")
+                raise MisconfigurationException(
+                    "StochasticWeightAveraging: SWA with `swa_epoch_start` as a float is not supported when "
+                    "`max_epochs=-1`. Please provide `swa_epoch_start` as an integer.")
             self._swa_epoch_start = int(trainer.max_epochs * self._swa_epoch_start)
         self._model_contains_batch_norm = self.pl_module_contains_batch_norm(module)
         self._max_epochs = trainer.max_epochs

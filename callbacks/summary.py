@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from callbacks.base import defines
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
 
 UNKNOWN_SIZE = "?"
 LEFTOVER_PARAMS_NAME = "other params"
@@ -113,8 +113,9 @@ class ModelSummary:
 
     def __init__(self, model: nn.Module, max_depth: int = 1) -> None:
         if not isinstance(max_depth, int) or max_depth < -1:
-            raise ValueError(f"ModelSummary(max_depth={max_depth!r}): `max_depth` can be -1, 0 or > 0, got {max_depth}. "
-                             "Use -1 for every level, 0 for the totals only, or the number of levels to list.")
+            raise MisconfigurationException(
+                f"ModelSummary(max_depth={max_depth!r}): `max_depth` can be -1, 0 or > 0, got {max_depth}. "
+                "Use -1 for every level, 0 for the totals only, or the number of levels to list.")
         self._model = model
         self._max_depth = max_depth
         self._flop_counter = FlopCounterMode(display=False, depth=max_depth + 1)  # the model itself is depth 0
@@ -310,7 +311,7 @@ def get_human_readable_count(number: int) -> str:
     """A count in thousands (K), millions (M), billions (B) or trillions (T), as the table writes it:
     ``123`` -> ``"123  "``, ``1234`` -> ``"1.2 K"``, ``2e6`` -> ``"2.0 M"``, ``5e15`` -> ``"5,000 T"``."""
     if number < 0:
-        raise ValueError(f"get_human_readable_count({number!r}): a count is never negative.")
+        raise MisconfigurationException(f"get_human_readable_count({number!r}): a count is never negative.")
     digits = int(math.floor(math.log10(number))) + 1 if number > 0 else 1
     group = min((digits + 2) // 3, 5) - 1  # 0: units, 1: K ... 4: T (no unit beyond trillions)
     unit = " KMBT"[group]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.async_logger import AsyncLogger
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
 from callbacks.logging import do_nothing, metric_number, plain_hparams
 from strategies.transfer import move_to_device
 
@@ -62,13 +62,14 @@ class TensorBoardLogger(AsyncLogger):
                  prefix: str = "", sub_dir: str | os.PathLike | None = None, **kwargs: Any) -> None:
         unknown = sorted(set(kwargs) - set(WRITER_ARGUMENTS))
         if unknown:
-            raise ValueError(f"TensorBoardLogger got {unknown}. It takes Lightning's save_dir, name, version, log_graph, "
-                             f"default_hp_metric, prefix and sub_dir, and passes on {list(WRITER_ARGUMENTS)} to SummaryWriter.")
+            raise MisconfigurationException(
+                f"TensorBoardLogger got {unknown}. It takes Lightning's save_dir, name, version, log_graph, "
+                f"default_hp_metric, prefix and sub_dir, and passes on {list(WRITER_ARGUMENTS)} to SummaryWriter.")
         for flag, value in (("log_graph", log_graph), ("default_hp_metric", default_hp_metric)):
             if not isinstance(value, bool):
-                raise ValueError(f"TensorBoardLogger({flag}={value!r}): use True or False.")
+                raise MisconfigurationException(f"TensorBoardLogger({flag}={value!r}): use True or False.")
         if sub_dir is not None and not isinstance(sub_dir, (str, os.PathLike)):
-            raise ValueError(f"TensorBoardLogger(sub_dir={sub_dir!r}): use a directory name, or None.")
+            raise MisconfigurationException(f"TensorBoardLogger(sub_dir={sub_dir!r}): use a directory name, or None.")
         super().__init__(save_dir, name, version, prefix)
         self._log_graph, self._default_hp_metric = log_graph, default_hp_metric
         self._sub_dir = os.fspath(sub_dir) if sub_dir is not None else None

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import Callback
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
 from callbacks.logging import Logger
 
 if TYPE_CHECKING:
@@ -48,11 +48,14 @@ class Throughput:
                  separator: str = "/", using_sparse_model: bool | None = None,
                  sparse_cuda_acceleration_factor: float = 2.0) -> None:
         if window_size < 2:
-            raise ValueError(f"Throughput(window_size={window_size}): the rates need two points; use 2 or more.")
+            raise MisconfigurationException(
+                f"Throughput(window_size={window_size}): the rates need two points; use 2 or more.")
         if world_size < 1:
-            raise ValueError(f"Throughput(world_size={world_size}): use the number of processes (1 or more).")
+            raise MisconfigurationException(
+                f"Throughput(world_size={world_size}): use the number of processes (1 or more).")
         if sparse_cuda_acceleration_factor < 1.0:
-            raise ValueError("Throughput: sparse acceleration factor cannot reduce peak FLOPs (use a factor >= 1).")
+            raise MisconfigurationException(
+                "Throughput: sparse acceleration factor cannot reduce peak FLOPs (use a factor >= 1).")
         if using_sparse_model and available_flops is not None:
             available_flops *= sparse_cuda_acceleration_factor
         self.available_flops, self.world_size, self.separator = available_flops, world_size, separator
@@ -66,12 +69,15 @@ class Throughput:
                flops: float | None = None) -> None:
         for name, window, value in (("time", self._time, time), ("batches", self._batches, batches)):
             if window and window[-1] >= value:
-                raise ValueError(f"Throughput.update: Expected the value to increase, last: {window[-1]}, current: "
-                                 f"{value} ({name} are running totals).")
+                raise MisconfigurationException(
+                    f"Throughput.update: Expected the value to increase, last: {window[-1]}, current: "
+                    f"{value} ({name} are running totals).")
         if samples < batches:
-            raise ValueError(f"Expected samples ({samples}) to be greater or equal than batches ({batches})")
+            raise MisconfigurationException(
+                f"Expected samples ({samples}) to be greater or equal than batches ({batches})")
         if lengths is not None and lengths < samples:
-            raise ValueError(f"Expected lengths ({lengths}) to be greater or equal than samples ({samples})")
+            raise MisconfigurationException(
+                f"Expected lengths ({lengths}) to be greater or equal than samples ({samples})")
         self._time.append(time)
         self._batches.append(batches)
         self._samples.append(samples)
@@ -137,8 +143,9 @@ class ThroughputMonitor(Callback):
     def __init__(self, batch_size_fn: Callable[[Any], int], length_fn: Callable[[Any], int] | None = None,
                  **kwargs: Any) -> None:
         if not callable(batch_size_fn) or (length_fn is not None and not callable(length_fn)):
-            raise ValueError("ThroughputMonitor(batch_size_fn=..., length_fn=...): pass functions of the batch, e.g. "
-                             "batch_size_fn=lambda batch: batch[0].size(0).")
+            raise MisconfigurationException(
+                "ThroughputMonitor(batch_size_fn=..., length_fn=...): pass functions of the batch, e.g. "
+                "batch_size_fn=lambda batch: batch[0].size(0).")
         unknown = sorted(set(kwargs) - _THROUGHPUT_ARGUMENTS)
         if unknown:
             raise TypeError(f"ThroughputMonitor got {unknown}: besides batch_size_fn and length_fn it takes Throughput's "

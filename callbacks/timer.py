@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
-from callbacks.console import info
+from callbacks.console import info, MisconfigurationException
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -36,21 +36,25 @@ def parse_duration(duration: Any, argument: str = "Timer(duration") -> datetime.
     elif isinstance(duration, str):
         match = re.fullmatch(r"(\d+):(\d\d):(\d\d):(\d\d)", duration.strip())
         if match is None:
-            raise ValueError(f"{argument}={duration!r}) is not a duration: a string is in the format DD:HH:MM:SS "
-                             "(\"00:12:00:00\" is 12 hours). Or use a dict such as {\"hours\": 12}, or a datetime.timedelta.")
+            raise MisconfigurationException(
+                f"{argument}={duration!r}) is not a duration: a string is in the format DD:HH:MM:SS "
+                "(\"00:12:00:00\" is 12 hours). Or use a dict such as {\"hours\": 12}, or a datetime.timedelta.")
         days, hours, minutes, seconds = (int(part) for part in match.groups())
         parsed = datetime.timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
     elif isinstance(duration, dict):
         try:
             parsed = datetime.timedelta(**duration)
         except TypeError as error:
-            raise ValueError(f"{argument}={duration!r}): {error}; the keys are datetime.timedelta's (weeks, "
-                             "days, hours, minutes, seconds, ...).") from None
+            raise MisconfigurationException(
+                f"{argument}={duration!r}): {error}; the keys are datetime.timedelta's (weeks, "
+                "days, hours, minutes, seconds, ...).") from None
     else:
-        raise ValueError(f"{argument}={duration!r}): use \"DD:HH:MM:SS\", a dict such as {{\"hours\": 12}}, or a "
-                         "datetime.timedelta.")
+        raise MisconfigurationException(
+            f"{argument}={duration!r}): use \"DD:HH:MM:SS\", a dict such as {{\"hours\": 12}}, or a "
+            "datetime.timedelta.")
     if parsed.total_seconds() < 0:
-        raise ValueError(f"{argument}={duration!r}) is a negative duration; use 0 (stop at the first check) or more.")
+        raise MisconfigurationException(
+            f"{argument}={duration!r}) is a negative duration; use 0 (stop at the first check) or more.")
     return parsed
 
 
@@ -73,7 +77,8 @@ class Timer(Callback):
     def __init__(self, duration: str | datetime.timedelta | dict[str, int] | None = None, interval: str = "step",
                  verbose: bool = True) -> None:
         if interval not in ("step", "epoch"):
-            raise ValueError(f'Unsupported parameter value Timer(interval={interval!r}): use "step" or "epoch".')
+            raise MisconfigurationException(
+                f'Unsupported parameter value Timer(interval={interval!r}): use "step" or "epoch".')
         self.duration = parse_duration(duration).total_seconds() if duration is not None else None
         self.interval, self.verbose = interval, verbose
         self._start: dict[str, float | None] = dict.fromkeys(STAGES)
@@ -162,5 +167,5 @@ class Timer(Callback):
 
 def _stage(stage: str) -> str:
     if stage not in STAGES:
-        raise ValueError(f"Timer: {stage!r} is not a stage; use one of {', '.join(STAGES)}.")
+        raise MisconfigurationException(f"Timer: {stage!r} is not a stage; use one of {', '.join(STAGES)}.")
     return stage

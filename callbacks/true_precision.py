@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from callbacks.console import MisconfigurationException
 from callbacks.base import Callback
 from strategies.transfer import apply_to_tensors
 
@@ -74,8 +75,9 @@ class TruePrecision(Callback):
 
     def __init__(self, dtype: str | int | torch.dtype = "bfloat16") -> None:
         if isinstance(dtype, bool) or not isinstance(dtype, (str, int, torch.dtype)) or dtype not in _DTYPES:
-            raise ValueError(f"TruePrecision(dtype={dtype!r}): use 'float64' ('64'), 'bfloat16' ('bf16') or "
-                             "'float16' ('fp16').")
+            raise MisconfigurationException(
+                f"TruePrecision(dtype={dtype!r}): use 'float64' ('64'), 'bfloat16' ('bf16') or "
+                "'float16' ('fp16').")
         self.dtype = _DTYPES[dtype]
         #: Lightning's precision string, which ``trainer.precision`` answers.
         self.precision = PRECISION_NAMES[self.dtype]
@@ -86,8 +88,9 @@ class TruePrecision(Callback):
     def check_device(self, device: torch.device) -> None:
         """Raise if ``device`` cannot hold this dtype (Apple GPUs have no float64)."""
         if device.type == "mps" and self.dtype == torch.float64:
-            raise ValueError(f"{self.precision!r} precision ({self!r}) needs float64, which Apple GPUs (mps) do not "
-                             "have. Train in float64 on the CPU (strategy='cpu'), or use precision='32-true' on mps.")
+            raise MisconfigurationException(
+                f"{self.precision!r} precision ({self!r}) needs float64, which Apple GPUs (mps) do not "
+                "have. Train in float64 on the CPU (strategy='cpu'), or use precision='32-true' on mps.")
 
     def setup(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
         self.check_device(trainer.strategy.device)

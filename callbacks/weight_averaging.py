@@ -30,7 +30,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_swa_avg_fn, get_swa_multi_avg_fn
 
 from callbacks.base import Callback
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -114,8 +114,9 @@ class WeightAveraging(Callback):
             raise TypeError(f"{type(self).__name__} got {unknown}: besides device and use_buffers it takes the "
                             "AveragedModel arguments avg_fn or multi_avg_fn.")
         if kwargs.get("avg_fn") is not None and kwargs.get("multi_avg_fn") is not None:
-            raise ValueError(f"{type(self).__name__}: pass avg_fn or multi_avg_fn, not both (Only one of avg_fn and "
-                             "multi_avg_fn should be provided).")
+            raise MisconfigurationException(
+                f"{type(self).__name__}: pass avg_fn or multi_avg_fn, not both (Only one of avg_fn and "
+                "multi_avg_fn should be provided).")
         self._device = torch.device(device) if isinstance(device, str) else device
         self._use_buffers = use_buffers
         self._kwargs = kwargs
@@ -134,8 +135,9 @@ class WeightAveraging(Callback):
         if stage != "fit":
             return
         if not trainer.strategy.whole_state_on_rank_zero:
-            raise ValueError(f"{type(self).__name__} needs the whole model on each process; under strategy=\"fsdp\" "
-                             "each holds a shard. Use strategy=\"ddp\" (or one device) to average weights.")
+            raise MisconfigurationException(
+                f"{type(self).__name__} needs the whole model on each process; under strategy=\"fsdp\" "
+                "each holds a shard. Use strategy=\"ddp\" (or one device) to average weights.")
         if type(module).configure_model is not _base_configure_model(module):
             warn(f"{type(self).__name__} with a module that overrides configure_model: the layers it makes are built "
                  "now, to be averaged, and averaging does not shard them, so memory may run out (You're using the "
@@ -255,7 +257,8 @@ class EMAWeightAveraging(WeightAveraging):
                  update_every_n_steps: int = 1, update_starting_at_step: int | None = None,
                  update_starting_at_epoch: int | None = None, **kwargs: Any) -> None:
         if not 0.0 <= decay <= 1.0:
-            raise ValueError(f"EMAWeightAveraging(decay={decay}): use a value in [0, 1] (0.999 is usual).")
+            raise MisconfigurationException(
+                f"EMAWeightAveraging(decay={decay}): use a value in [0, 1] (0.999 is usual).")
         super().__init__(device=device, use_buffers=use_buffers, **kwargs, avg_fn=EMAUpdate(decay))
         self.decay = decay
         self.update_every_n_steps = update_every_n_steps

@@ -13,6 +13,7 @@ _cadence_shadowing.check_packages()  # first: a user's trainer.py or strategies.
 import os
 from typing import TYPE_CHECKING, Any
 
+from callbacks.console import MisconfigurationException
 from strategies.accelerators import (
     STRATEGY_DEVICE_TYPES, check_agrees, check_num_nodes, device_count, parse_accelerator, parse_devices,
 )
@@ -60,7 +61,7 @@ def __getattr__(name: str) -> Any:
 
 def _single_device_count(devices: Any, strategy: str) -> None:
     if devices not in ("auto", 1, None) and not (isinstance(devices, list) and len(devices) == 1):
-        raise ValueError(
+        raise MisconfigurationException(
             f'Trainer(strategy="{strategy}", devices={devices!r}) runs one process on one device. '
             'Use devices=1 (or "auto"), or strategy="ddp" to train on several devices.'
         )
@@ -81,7 +82,7 @@ def resolve_strategy(strategy: Any, devices: Any = "auto", accelerator: Any = "a
         strategy.configure_devices(accelerator, devices, num_nodes)
         return strategy
     if not isinstance(strategy, str):
-        raise ValueError(
+        raise MisconfigurationException(
             f"Trainer(strategy={strategy!r}) is not a strategy. Use {STRATEGY_NAMES}."
         )
     name = strategy.strip().lower()
@@ -102,12 +103,13 @@ def resolve_strategy(strategy: Any, devices: Any = "auto", accelerator: Any = "a
         name = f"cuda:{devices[0]}"
     device_type = "cuda" if name.startswith("cuda:") else STRATEGY_DEVICE_TYPES.get(name)
     if device_type is None or (name.startswith("cuda:") and not name[5:].isdigit()):
-        raise ValueError(f'Trainer(strategy="{strategy}") is not a strategy. Use {STRATEGY_NAMES}.')
+        raise MisconfigurationException(f'Trainer(strategy="{strategy}") is not a strategy. Use {STRATEGY_NAMES}.')
     check_agrees(accelerator, f'"{strategy}"', device_type)
     _single_device_count(devices, strategy)
     if num_nodes > 1:
-        raise ValueError(f'Trainer(strategy="{strategy}", num_nodes={num_nodes}) runs one process; training on '
-                         'several machines needs strategy="ddp" under torchrun.')
+        raise MisconfigurationException(
+            f'Trainer(strategy="{strategy}", num_nodes={num_nodes}) runs one process; training on '
+            'several machines needs strategy="ddp" under torchrun.')
     return MPS() if name == "mps" else SingleDevice(name)
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from callbacks.console import MisconfigurationException
 from strategies.accelerators import check_agrees, device_count
 from strategies.checkpoint import read_checkpoint, save_atomic, snapshot, write_file
 from strategies.checkpoint.background import BackgroundWriter
@@ -98,7 +99,7 @@ class Strategy:
         ValueError naming both sides when they contradict it. Here: one process on one device."""
         check_agrees(accelerator, f"{type(self).__name__}({self.device})", self.device.type)
         if device_count(devices) not in (None, 1) or num_nodes != 1:
-            raise ValueError(
+            raise MisconfigurationException(
                 f"Trainer(devices={devices!r}, num_nodes={num_nodes}) with {type(self).__name__}, which runs one "
                 'process on one device. Use strategy="ddp" (or a strategies.DDP) for several.'
             )

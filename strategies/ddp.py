@@ -32,6 +32,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from callbacks.console import MisconfigurationException
 from strategies import forensics
 from strategies.base import Strategy
 from strategies.ddp_checks import check_arguments, check_backend_available, check_gpus_for, check_topology, settle_trainer_devices
@@ -102,7 +103,8 @@ class DDP(Strategy):
         self.static_graph = static_graph
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
-            raise ValueError(f"DDP(timeout={timeout!r}): use a number of seconds > 0 (or a datetime.timedelta).")
+            raise MisconfigurationException(
+                f"DDP(timeout={timeout!r}): use a number of seconds > 0 (or a datetime.timedelta).")
         self.timeout = datetime.timedelta(seconds=seconds)
         self.prefetch = prefetch
         self.ddp_arguments: dict[str, Any] = {}  # more DistributedDataParallel arguments (DDPStrategy's **kwargs)
@@ -423,7 +425,7 @@ class DDP(Strategy):
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         if op != "mean" and op not in _REDUCE_OPS:
-            raise ValueError(f'all_reduce(op="{op}"): use "mean", "sum", "max" or "min".')
+            raise MisconfigurationException(f'all_reduce(op="{op}"): use "mean", "sum", "max" or "min".')
         result = tensor.clone()  # the caller's tensor stays as it was
         group = self._group_for(result)
         self._collective("all_reduce", lambda: dist.all_reduce(result, _REDUCE_OPS.get(op, dist.ReduceOp.SUM), group=group))

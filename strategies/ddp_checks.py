@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from callbacks.console import MisconfigurationException
 from strategies.accelerators import check_agrees
 from strategies.process_group import check_gpus, check_port_free, launched_by_torchrun, local_cuda_index, local_world_size
 
@@ -28,21 +29,24 @@ def settle_trainer_devices(accelerator: str, devices: int | str | list[int], num
     DDP leaves open (cpu: gloo, gpu: nccl); its ``devices`` and ``num_nodes`` fill ``"auto"`` and 1.
     Contradictions are errors."""
     if accelerator == "mps":
-        raise ValueError('Trainer(accelerator="mps", strategy="ddp"): DDP does not run on Apple GPUs. Use '
-                         'accelerator="cpu" to run DDP on the CPU cores, or strategy="mps" for one process.')
+        raise MisconfigurationException(
+            'Trainer(accelerator="mps", strategy="ddp"): DDP does not run on Apple GPUs. Use '
+            'accelerator="cpu" to run DDP on the CPU cores, or strategy="mps" for one process.')
     shown = f"DDP(backend={backend!r})" if backend is not None else '"ddp"'
     check_agrees(accelerator, shown, {"nccl": "cuda", "gloo": "cpu"}.get(backend or ""))
     if backend is None and accelerator != "auto":
         backend = "gloo" if accelerator == "cpu" else "nccl"
     if devices != "auto":
         if own_devices not in ("auto", devices):
-            raise ValueError(f"Trainer(devices={devices!r}) and DDP(devices={own_devices!r}) disagree; set "
-                             "devices in one place.")
+            raise MisconfigurationException(
+                f"Trainer(devices={devices!r}) and DDP(devices={own_devices!r}) disagree; set "
+                "devices in one place.")
         own_devices = devices
     if num_nodes != 1:
         if own_num_nodes not in (1, num_nodes):
-            raise ValueError(f"Trainer(num_nodes={num_nodes}) and DDP(num_nodes={own_num_nodes}) disagree; set "
-                             "num_nodes in one place.")
+            raise MisconfigurationException(
+                f"Trainer(num_nodes={num_nodes}) and DDP(num_nodes={own_num_nodes}) disagree; set "
+                "num_nodes in one place.")
         own_num_nodes = num_nodes
     return backend, own_devices, own_num_nodes
 
@@ -50,24 +54,28 @@ def settle_trainer_devices(accelerator: str, devices: int | str | list[int], num
 def check_arguments(name: str, devices: int | str | list[int], num_nodes: int, start_method: str, backend: str) -> None:
     """``devices``, ``num_nodes``, ``start_method`` and the ``backend`` (resolved: never None) of ``name``."""
     if not dist.is_available():
-        raise ValueError("strategy=\"ddp\" needs torch.distributed, which this PyTorch build lacks. Use a single device.")
+        raise MisconfigurationException(
+            "strategy=\"ddp\" needs torch.distributed, which this PyTorch build lacks. Use a single device.")
     if isinstance(devices, list):
         if backend != "nccl":
-            raise ValueError(f"{name}(devices={devices}) lists GPU indices, but the backend is "
-                             f'"{backend}" (CPU processes). Pass a number of processes, e.g. devices={len(devices)}.')
+            raise MisconfigurationException(
+                f"{name}(devices={devices}) lists GPU indices, but the backend is "
+                f'"{backend}" (CPU processes). Pass a number of processes, e.g. devices={len(devices)}.')
     elif devices != "auto" and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
-        raise ValueError(f'{name}(devices={devices!r}): use an int >= 1 (processes on this machine) or "auto".')
+        raise MisconfigurationException(
+            f'{name}(devices={devices!r}): use an int >= 1 (processes on this machine) or "auto".')
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
-        raise ValueError(f"{name}(num_nodes={num_nodes!r}): use an int >= 1 (the number of machines).")
+        raise MisconfigurationException(f"{name}(num_nodes={num_nodes!r}): use an int >= 1 (the number of machines).")
     if start_method not in START_METHODS:
-        raise ValueError(f'{name}(start_method="{start_method}"): use one of {START_METHODS}.')
+        raise MisconfigurationException(f'{name}(start_method="{start_method}"): use one of {START_METHODS}.')
     if backend not in BACKENDS:
-        raise ValueError(f'{name}(backend="{backend}") is not a torch.distributed backend; use "nccl" (GPUs) or "gloo" (CPU).')
+        raise MisconfigurationException(
+            f'{name}(backend="{backend}") is not a torch.distributed backend; use "nccl" (GPUs) or "gloo" (CPU).')
 
 
 def check_backend_available(name: str, backend: str) -> None:
     if not dist.is_backend_available(backend):
-        raise ValueError(
+        raise MisconfigurationException(
             f'{name}(backend="{backend}") is not available in this PyTorch build (torch {torch.__version__}). '
             + ('Use backend="gloo".' if backend != "gloo" else "Install a PyTorch build with gloo.")
         )
@@ -80,7 +88,7 @@ def check_gpus_for(devices: int | str | list[int], num_processes: int, start_met
         check_gpus(max(devices) + 1 if isinstance(devices, list) else num_processes)
         if start_method == "fork":
             # Asking whether CUDA is available (above) already initialized it in this process.
-            raise ValueError(
+            raise MisconfigurationException(
                 'DDP(start_method="fork") cannot train on GPUs: a process forked after CUDA was initialized '
                 'cannot use CUDA ("Cannot re-initialize CUDA in forked subprocess"). Use start_method="spawn" '
                 '(the default) or "forkserver", or launch with torchrun.'
@@ -99,18 +107,18 @@ def check_topology(name: str, devices: int | str | list[int], num_nodes: int) ->
         started = local_world_size()  # None when a scheduler does not say
         nodes = int(os.environ["WORLD_SIZE"]) // started if started else None
         if num_nodes != 1 and nodes is not None and num_nodes != nodes:
-            raise ValueError(
+            raise MisconfigurationException(
                 f"num_nodes={num_nodes}, but torchrun started {nodes} machine(s) (WORLD_SIZE="
                 f"{os.environ['WORLD_SIZE']}, {started} per machine). Match --nnodes, or leave num_nodes at 1."
             )
         asked = len(devices) if isinstance(devices, list) else devices
         if started is not None and asked not in ("auto", started):
-            raise ValueError(
+            raise MisconfigurationException(
                 f"{name}(devices={devices}) but torchrun started {started} processes on this machine "
                 f'(--nproc-per-node). Use devices="auto" or devices={started}.'
             )
     elif num_nodes > 1:
-        raise ValueError(
+        raise MisconfigurationException(
             f"num_nodes={num_nodes} trains on {num_nodes} machines, which a spawned run cannot reach: "
             f"start the script on each machine with torchrun --nnodes={num_nodes} "
             "--nproc-per-node=N --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT (see docs/distributed.md)."

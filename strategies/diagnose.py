@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from callbacks.console import MisconfigurationException
+
 #: Default sizes in bytes: 4 KiB (latency) up to 64 MiB (bandwidth).
 DEFAULT_SIZES = (4 * 2**10, 64 * 2**10, 2**20, 16 * 2**20, 64 * 2**20)
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
@@ -36,7 +38,8 @@ def parse_size(text: str) -> int:
     digits = cleaned.rstrip("BKMGI")
     unit = cleaned[len(digits):]
     if not digits.isdigit() or unit not in _UNITS or int(digits) <= 0:
-        raise ValueError(f"size {text!r}: use a positive number of bytes with an optional unit, like 4096, 64K or 16M.")
+        raise MisconfigurationException(
+            f"size {text!r}: use a positive number of bytes with an optional unit, like 4096, 64K or 16M.")
     return int(digits) * _UNITS[unit]
 
 
@@ -121,9 +124,9 @@ def check_communication(devices: int | str = "auto", sizes: tuple[int, ...] = DE
     from strategies.ddp import DDP
 
     if not sizes or any(isinstance(size, bool) or not isinstance(size, int) or size <= 0 for size in sizes):
-        raise ValueError(f"check_communication(sizes={sizes!r}): use positive sizes in bytes.")
+        raise MisconfigurationException(f"check_communication(sizes={sizes!r}): use positive sizes in bytes.")
     if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1):
-        raise ValueError(f"check_communication(iterations={iterations!r}): use an int >= 1 or None.")
+        raise MisconfigurationException(f"check_communication(iterations={iterations!r}): use an int >= 1 or None.")
     strategy = DDP(devices=devices, backend=backend, timeout=timeout)
     strategy.validate()
     return strategy.launch(_measure, strategy, tuple(sizes), iterations)

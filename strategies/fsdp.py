@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from callbacks.console import MisconfigurationException
 from strategies.base import Strategy
 from strategies.checkpoint import read_checkpoint, remove_checkpoint, replace_atomic, save_atomic, staging_directory
 from strategies.checkpoint.background import BackgroundWriter
@@ -112,35 +113,42 @@ class FSDP(DDP):
 
         wrap = self.auto_wrap
         if wrap is not None and not (isinstance(wrap, (type, tuple, list)) or callable(wrap)):
-            raise ValueError(f"FSDP(auto_wrap={wrap!r}): use None (every direct child with parameters), {ACCEPTED}.")
+            raise MisconfigurationException(
+                f"FSDP(auto_wrap={wrap!r}): use None (every direct child with parameters), {ACCEPTED}.")
         reshard = self.reshard_after_forward
         if not isinstance(reshard, (bool, int)) or (not isinstance(reshard, bool) and reshard < 2):
-            raise ValueError(f"FSDP(reshard_after_forward={reshard!r}): use True, False, or an int >= 2 "
-                             "(reshard to groups of that many processes).")
+            raise MisconfigurationException(
+                f"FSDP(reshard_after_forward={reshard!r}): use True, False, or an int >= 2 "
+                "(reshard to groups of that many processes).")
         if self.mp_policy is not None and not isinstance(self.mp_policy, MixedPrecisionPolicy):
-            raise ValueError(f"FSDP(mixed_precision={self.mp_policy!r}): use a torch.distributed.fsdp.MixedPrecisionPolicy, "
-                             "e.g. MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32).")
+            raise MisconfigurationException(
+                f"FSDP(mixed_precision={self.mp_policy!r}): use a torch.distributed.fsdp.MixedPrecisionPolicy, "
+                "e.g. MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32).")
         if self.cpu_offload and self.resolved_backend != "nccl":
-            raise ValueError("FSDP(cpu_offload=True) keeps the shards on the CPU while GPUs compute; this run trains on "
-                             "the CPU already. Leave cpu_offload=False.")
+            raise MisconfigurationException(
+                "FSDP(cpu_offload=True) keeps the shards on the CPU while GPUs compute; this run trains on "
+                "the CPU already. Leave cpu_offload=False.")
         mesh = self.device_mesh
         if isinstance(mesh, DeviceMesh):
             if mesh.ndim not in (1, 2):
-                raise ValueError(f"FSDP(device_mesh=...) has {mesh.ndim} dimensions; use a 1-D mesh (sharding) or "
-                                 "a 2-D one (replicate, shard).")
+                raise MisconfigurationException(
+                    f"FSDP(device_mesh=...) has {mesh.ndim} dimensions; use a 1-D mesh (sharding) or "
+                    "a 2-D one (replicate, shard).")
         elif mesh is not None:
             if not (isinstance(mesh, tuple) and len(mesh) == 2 and all(isinstance(n, int) and not isinstance(n, bool)
                                                                        and n >= 1 for n in mesh)):
-                raise ValueError(f"FSDP(device_mesh={mesh!r}): use None, a pair (replicas, shard_size) of ints >= 1, "
-                                 "or a torch.distributed.device_mesh.DeviceMesh.")
+                raise MisconfigurationException(
+                    f"FSDP(device_mesh={mesh!r}): use None, a pair (replicas, shard_size) of ints >= 1, "
+                    "or a torch.distributed.device_mesh.DeviceMesh.")
             if self.devices != "auto" or launched_by_torchrun():
                 self._check_mesh_size(mesh)
 
     def _check_mesh_size(self, shape: tuple[int, int]) -> None:
         if shape[0] * shape[1] != self.world_size:
-            raise ValueError(f"FSDP(device_mesh={shape}) needs {shape[0] * shape[1]} processes ({shape[0]} replicas of "
-                             f"{shape[1]} shards), but this run has {self.world_size}. Use a shape whose product is "
-                             f"{self.world_size}.")
+            raise MisconfigurationException(
+                f"FSDP(device_mesh={shape}) needs {shape[0] * shape[1]} processes ({shape[0]} replicas of "
+                f"{shape[1]} shards), but this run has {self.world_size}. Use a shape whose product is "
+                f"{self.world_size}.")
 
     def describe(self) -> str:
         text = super().describe()
@@ -242,7 +250,7 @@ class FSDP(DDP):
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         if dtype == torch.float16:
-            raise ValueError(
+            raise MisconfigurationException(
                 "float16 under FSDP needs loss scaling that agrees across shards, which Cadence does not provide. "
                 'Use precision="bf16-mixed", or FSDP(mixed_precision=MixedPrecisionPolicy(param_dtype=torch.float16)) '
                 "at your own risk of underflowing gradients."
@@ -250,8 +258,9 @@ class FSDP(DDP):
         if self.mp_policy is None:
             self.mp_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         elif self.mp_policy.param_dtype != dtype:
-            raise ValueError(f"Trainer(precision=...) asks for {dtype}, but FSDP(mixed_precision=...) computes in "
-                             f"{self.mp_policy.param_dtype}. Pass one of the two.")
+            raise MisconfigurationException(
+                f"Trainer(precision=...) asks for {dtype}, but FSDP(mixed_precision=...) computes in "
+                f"{self.mp_policy.param_dtype}. Pass one of the two.")
         return True
 
     def compute_dtype(self) -> torch.dtype | None:
@@ -366,7 +375,8 @@ class FSDP(DDP):
         if not all(isinstance(key, int) for key in state_dict["state"]):  # by name: from a sharded checkpoint
             unknown = sorted(set(state_dict["state"]) - set(names))
             if unknown:
-                raise ValueError(f"it holds states of parameters the model does not have: {unknown[:8]}.")
+                raise MisconfigurationException(
+                    f"it holds states of parameters the model does not have: {unknown[:8]}.")
             state_dict = by_index(state_dict, names)
         parameters = dict(module.named_parameters())
         shards = {index: self._as_shards(values, dict.fromkeys(values, parameters[names[index]]))

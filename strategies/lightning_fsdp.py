@@ -28,6 +28,7 @@ import functools
 import warnings
 from typing import Any
 
+from callbacks.console import MisconfigurationException
 from strategies.ddp import DEFAULT_TIMEOUT_S
 from strategies.fsdp import FSDP
 from strategies.lightning_strategies import refuse_plugins
@@ -54,12 +55,14 @@ class FSDPStrategy(FSDP):
         for name, value in (("activation_checkpointing", activation_checkpointing),
                             ("activation_checkpointing_policy", activation_checkpointing_policy)):
             if value is not None:
-                raise ValueError(f"FSDPStrategy({name}=...): in Cadence activation checkpointing is a callback, "
-                                 "composed with any strategy: Trainer(callbacks=[callbacks.GradientCheckpointing("
-                                 "modules=Block)]) with your block class (or classes, or submodule names).")
+                raise MisconfigurationException(
+                    f"FSDPStrategy({name}=...): in Cadence activation checkpointing is a callback, "
+                    "composed with any strategy: Trainer(callbacks=[callbacks.GradientCheckpointing("
+                    "modules=Block)]) with your block class (or classes, or submodule names).")
         if state_dict_type not in ("full", "sharded"):
-            raise ValueError(f"FSDPStrategy(state_dict_type={state_dict_type!r}): use 'full' or 'sharded' (Cadence "
-                             "writes a sharded checkpoint directory either way).")
+            raise MisconfigurationException(
+                f"FSDPStrategy(state_dict_type={state_dict_type!r}): use 'full' or 'sharded' (Cadence "
+                "writes a sharded checkpoint directory either way).")
         if kwargs.pop("use_orig_params", True) is not True:
             _refuse_kwarg("use_orig_params", False)
         for name, value in kwargs.items():
@@ -73,25 +76,29 @@ class FSDPStrategy(FSDP):
 
 
 def _refuse_kwarg(name: str, value: Any) -> None:
-    raise ValueError(f"FSDPStrategy({name}={value!r}) is passed on to FSDP1's FullyShardedDataParallel in Lightning; "
-                     "Cadence shards with FSDP2 (torch.distributed.fsdp.fully_shard), which does not take it. Leave it "
-                     "out; FSDPStrategy's own arguments (auto_wrap_policy, sharding_strategy, mixed_precision, "
-                     "cpu_offload, device_mesh) carry over.")
+    raise MisconfigurationException(
+        f"FSDPStrategy({name}={value!r}) is passed on to FSDP1's FullyShardedDataParallel in Lightning; "
+        "Cadence shards with FSDP2 (torch.distributed.fsdp.fully_shard), which does not take it. Leave it "
+        "out; FSDPStrategy's own arguments (auto_wrap_policy, sharding_strategy, mixed_precision, "
+        "cpu_offload, device_mesh) carry over.")
 
 
 def _sharding(strategy: Any, device_mesh: Any) -> tuple[bool, Any]:
     """(reshard_after_forward, device_mesh) for Lightning's ``sharding_strategy`` (a name or the enum)."""
     name = strategy.upper() if isinstance(strategy, str) else getattr(strategy, "name", strategy)  # or the enum
     if name == "NO_SHARD":
-        raise ValueError("FSDPStrategy(sharding_strategy='NO_SHARD') keeps a whole copy on every process: that is "
-                         "data parallel training. Use strategies.DDPStrategy() (or strategy=\"ddp\").")
+        raise MisconfigurationException(
+            "FSDPStrategy(sharding_strategy='NO_SHARD') keeps a whole copy on every process: that is "
+            "data parallel training. Use strategies.DDPStrategy() (or strategy=\"ddp\").")
     if name not in SHARDING:
-        raise ValueError(f"FSDPStrategy(sharding_strategy={strategy!r}): use one of {sorted(SHARDING)} or 'NO_SHARD' "
-                         "(or torch.distributed.fsdp.ShardingStrategy's members).")
+        raise MisconfigurationException(
+            f"FSDPStrategy(sharding_strategy={strategy!r}): use one of {sorted(SHARDING)} or 'NO_SHARD' "
+            "(or torch.distributed.fsdp.ShardingStrategy's members).")
     if "HYBRID" in name and device_mesh is None:
-        raise ValueError(f"FSDPStrategy(sharding_strategy={name!r}) shards within groups of processes and replicates "
-                         "across them: pass the groups, device_mesh=(replicas, shard_size), e.g. (num_nodes, "
-                         "devices per node).")
+        raise MisconfigurationException(
+            f"FSDPStrategy(sharding_strategy={name!r}) shards within groups of processes and replicates "
+            "across them: pass the groups, device_mesh=(replicas, shard_size), e.g. (num_nodes, "
+            "devices per node).")
     return SHARDING[name], device_mesh
 
 
@@ -106,10 +113,11 @@ def _auto_wrap(policy: Any) -> Any:
         classes = policy.keywords.get("transformer_layer_cls")
     if classes is not None:
         return tuple(classes)
-    raise ValueError(f"FSDPStrategy(auto_wrap_policy={policy!r}): Cadence wraps blocks by class, not by an FSDP1 "
-                     "policy function (those decide bottom-up by parameter count). Pass the block classes, "
-                     "auto_wrap_policy={Block}, or use strategies.FSDP(auto_wrap=...) with submodule names or a "
-                     "predicate (name, module) -> bool.")
+    raise MisconfigurationException(
+        f"FSDPStrategy(auto_wrap_policy={policy!r}): Cadence wraps blocks by class, not by an FSDP1 "
+        "policy function (those decide bottom-up by parameter count). Pass the block classes, "
+        "auto_wrap_policy={Block}, or use strategies.FSDP(auto_wrap=...) with submodule names or a "
+        "predicate (name, module) -> bool.")
 
 
 def _mixed_precision(policy: Any) -> Any:
@@ -119,11 +127,13 @@ def _mixed_precision(policy: Any) -> Any:
     if policy is None or isinstance(policy, MixedPrecisionPolicy):
         return policy
     if not isinstance(policy, MixedPrecision):
-        raise ValueError(f"FSDPStrategy(mixed_precision={policy!r}): use torch.distributed.fsdp.MixedPrecision (as in "
-                         'Lightning) or MixedPrecisionPolicy, or leave it out and pass Trainer(precision="bf16-mixed").')
+        raise MisconfigurationException(
+            f"FSDPStrategy(mixed_precision={policy!r}): use torch.distributed.fsdp.MixedPrecision (as in "
+            'Lightning) or MixedPrecisionPolicy, or leave it out and pass Trainer(precision="bf16-mixed").')
     if policy.keep_low_precision_grads:
-        raise ValueError("FSDPStrategy(mixed_precision=MixedPrecision(keep_low_precision_grads=True)): FSDP2 keeps "
-                         "gradients in reduce_dtype; set reduce_dtype=param_dtype for low-precision gradients instead.")
+        raise MisconfigurationException(
+            "FSDPStrategy(mixed_precision=MixedPrecision(keep_low_precision_grads=True)): FSDP2 keeps "
+            "gradients in reduce_dtype; set reduce_dtype=param_dtype for low-precision gradients instead.")
     if policy.buffer_dtype is not None:
         warnings.warn(f"FSDPStrategy(mixed_precision=MixedPrecision(buffer_dtype={policy.buffer_dtype})): FSDP2 does "
                       "not cast buffers, so they stay in their own dtype (as a BatchNorm's statistics usually "
@@ -138,5 +148,6 @@ def _cpu_offload(value: Any) -> bool:
     offload = getattr(value, "offload_params", None)  # FSDP1's CPUOffload
     if isinstance(offload, bool):
         return offload
-    raise ValueError(f"FSDPStrategy(cpu_offload={value!r}): use True, False or "
-                     "torch.distributed.fsdp.CPUOffload(offload_params=...).")
+    raise MisconfigurationException(
+        f"FSDPStrategy(cpu_offload={value!r}): use True, False or "
+        "torch.distributed.fsdp.CPUOffload(offload_params=...).")

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from callbacks.console import MisconfigurationException
 from strategies.ddp import DDP, DEFAULT_TIMEOUT_S
 from strategies.single import SingleDevice
 
@@ -44,8 +45,9 @@ START_METHODS = ("popen", "spawn", "fork", "forkserver")
 def refuse_plugins(owner: str, **given: Any) -> None:
     for name, value in given.items():
         if value is not None:
-            raise ValueError(f"{owner}({name}=...) is one of Lightning's plugin objects; Cadence has none. "
-                             f"Use {PLUGINS[name]}.")
+            raise MisconfigurationException(
+                f"{owner}({name}=...) is one of Lightning's plugin objects; Cadence has none. "
+                f"Use {PLUGINS[name]}.")
 
 
 class DDPStrategy(DDP):
@@ -68,18 +70,21 @@ class DDPStrategy(DDP):
                        cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
                        precision_plugin=precision_plugin)
         if model_averaging_period is not None:
-            raise ValueError("DDPStrategy(model_averaging_period=...) (post-local SGD) is not in Cadence. "
-                             "Leave it out: every step all-reduces the gradients.")
+            raise MisconfigurationException(
+                "DDPStrategy(model_averaging_period=...) (post-local SGD) is not in Cadence. "
+                "Leave it out: every step all-reduces the gradients.")
         if ddp_comm_hook is None and (ddp_comm_state is not None or ddp_comm_wrapper is not None):
-            raise ValueError("DDPStrategy(ddp_comm_state=/ddp_comm_wrapper=) act on a communication hook: "
-                             "pass ddp_comm_hook= too (e.g. torch.distributed.algorithms.ddp_comm_hooks."
-                             "default_hooks.fp16_compress_hook).")
+            raise MisconfigurationException(
+                "DDPStrategy(ddp_comm_state=/ddp_comm_wrapper=) act on a communication hook: "
+                "pass ddp_comm_hook= too (e.g. torch.distributed.algorithms.ddp_comm_hooks."
+                "default_hooks.fp16_compress_hook).")
         if ddp_comm_hook is not None and not callable(ddp_comm_hook):
-            raise ValueError(f"DDPStrategy(ddp_comm_hook={ddp_comm_hook!r}) is not callable: pass a function "
-                             "hook(state, bucket) -> torch.futures.Future, as DistributedDataParallel."
-                             "register_comm_hook takes.")
+            raise MisconfigurationException(
+                f"DDPStrategy(ddp_comm_hook={ddp_comm_hook!r}) is not callable: pass a function "
+                "hook(state, bucket) -> torch.futures.Future, as DistributedDataParallel."
+                "register_comm_hook takes.")
         if start_method not in START_METHODS:
-            raise ValueError(f"DDPStrategy(start_method={start_method!r}): use one of {START_METHODS}.")
+            raise MisconfigurationException(f"DDPStrategy(start_method={start_method!r}): use one of {START_METHODS}.")
         own = {name: kwargs.pop(name) for name in ("find_unused_parameters", "gradient_as_bucket_view", "static_graph")
                if name in kwargs}
         check_ddp_arguments(kwargs)
@@ -94,13 +99,15 @@ def check_ddp_arguments(arguments: dict[str, Any]) -> None:
     accepted = set(inspect.signature(DistributedDataParallel.__init__).parameters) - {"self"}
     for name in arguments:
         if name in DECIDED:
-            raise ValueError(f"DDPStrategy({name}=...): {DECIDED[name]} decides it in Cadence; leave it out.")
+            raise MisconfigurationException(
+                f"DDPStrategy({name}=...): {DECIDED[name]} decides it in Cadence; leave it out.")
         if name not in accepted:
             close = difflib.get_close_matches(name, sorted(accepted - set(DECIDED)), n=1)
             hint = f"Did you mean {close[0]!r}? " if close else ""
-            raise ValueError(f"DDPStrategy({name}=...) is neither a DDPStrategy argument nor one of "
-                             f"torch.nn.parallel.DistributedDataParallel's, where Lightning passes the rest. {hint}"
-                             f"Those are: {', '.join(sorted(accepted - set(DECIDED)))}.")
+            raise MisconfigurationException(
+                f"DDPStrategy({name}=...) is neither a DDPStrategy argument nor one of "
+                f"torch.nn.parallel.DistributedDataParallel's, where Lightning passes the rest. {hint}"
+                f"Those are: {', '.join(sorted(accepted - set(DECIDED)))}.")
 
 
 class DeepSpeedStrategy:

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from callbacks.console import MisconfigurationException
+
 if TYPE_CHECKING:
     from strategies.ddp import DDP
 
@@ -189,9 +191,10 @@ def check_picklable(function: Callable[..., Any], args: tuple, count: int, strat
             continue
         where, error = _culprit(name, obj, error)
         if isinstance(error, _CannotSend):
-            raise ValueError(f"{strategy_name} starts {count} new processes and sends them the work, but `{where}` is {error}. "
-                             f"{error.fix}")
-        raise ValueError(
+            raise MisconfigurationException(
+                f"{strategy_name} starts {count} new processes and sends them the work, but `{where}` is {error}. "
+                f"{error.fix}")
+        raise MisconfigurationException(
             f"{strategy_name} starts {count} new processes and must pickle the work for them, but `{where}` cannot "
             f"be pickled ({error}). Define it at module level (not inside a function, and not a "
             "lambda) in a module the processes can import, or launch with torchrun, where each "

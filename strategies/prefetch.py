@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from callbacks.console import MisconfigurationException
 from strategies.transfer import tensors_in
 
 
@@ -113,9 +114,10 @@ def check_prefetch(prefetch: Any, device_type: str, owner: str) -> None:
         owner: the strategy's class name, for the message.
     """
     if prefetch is not None and not isinstance(prefetch, bool):
-        raise ValueError(f"{owner}(prefetch={prefetch!r}): use True, False or None (on for CUDA, off elsewhere).")
+        raise MisconfigurationException(
+            f"{owner}(prefetch={prefetch!r}): use True, False or None (on for CUDA, off elsewhere).")
     if prefetch and device_type != "cuda":
-        raise ValueError(
+        raise MisconfigurationException(
             f"{owner}(prefetch=True) copies the next batch to the GPU on a CUDA side stream, but this strategy "
             f"trains on {device_type}. Remove prefetch=True (batches there move as they are), or train on CUDA."
         )

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from callbacks.console import MisconfigurationException
+
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -31,7 +33,7 @@ def connect_stores(host: str, port: int, world_size: int, hosts_here: bool,
 def check_gpus(wanted: int) -> None:
     """Raise a ValueError unless ``wanted`` CUDA devices are visible (NCCL trains on GPUs)."""
     if not torch.cuda.is_available():
-        raise ValueError(
+        raise MisconfigurationException(
             f'DDP(backend="nccl") trains on CUDA GPUs, but PyTorch sees none (torch {torch.__version__}, '
             f"CUDA build: {torch.version.cuda or 'no'}). Use backend=\"gloo\" to train on the CPU, "
             "or run on a machine with NVIDIA GPUs."
@@ -39,7 +41,7 @@ def check_gpus(wanted: int) -> None:
     count = torch.cuda.device_count()
     if wanted > count:
         visible = ", ".join(f"cuda:{index}" for index in range(count))
-        raise ValueError(
+        raise MisconfigurationException(
             f"devices={wanted} asks for {wanted} CUDA devices; {count} is visible ({visible}). "
             f"Use devices={count} or check CUDA_VISIBLE_DEVICES."
         )
@@ -50,12 +52,13 @@ def check_port_free(host: str, port: str) -> None:
     try:
         number = int(port)
     except ValueError:
-        raise ValueError(f"MASTER_PORT={port!r} is not a port number. Unset it to let Cadence pick a free port.") from None
+        raise MisconfigurationException(
+            f"MASTER_PORT={port!r} is not a port number. Unset it to let Cadence pick a free port.") from None
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         try:
             probe.bind((host, number))
         except OSError as error:
-            raise ValueError(
+            raise MisconfigurationException(
                 f"MASTER_PORT={number} is already in use on {host} ({error.strerror}), so the DDP processes "
                 "cannot meet there. Unset MASTER_PORT to let Cadence pick a free port, or set it to a free one."
             ) from None
@@ -90,7 +93,7 @@ def local_cuda_index(local_rank: int, visible: int) -> int:
     if visible == 1:
         return 0
     shown = ", ".join(f"cuda:{index}" for index in range(visible)) or "none"
-    raise ValueError(
+    raise MisconfigurationException(
         f"This process has LOCAL_RANK={local_rank} but sees {visible} CUDA device(s) ({shown}), so it has no "
         "GPU of its own. Let each process see all of its machine's GPUs (it then uses cuda:LOCAL_RANK) or "
         "exactly one (CUDA_VISIBLE_DEVICES set per process); check CUDA_VISIBLE_DEVICES and LOCAL_RANK."

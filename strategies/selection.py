@@ -19,6 +19,8 @@ from typing import Any
 
 from torch import nn
 
+from callbacks.console import MisconfigurationException
+
 Selection = type | tuple | Sequence[str] | Callable[[str, nn.Module], bool]
 
 ACCEPTED = ("a module class or a tuple of classes, a list of submodule names (dotted paths), "
@@ -45,7 +47,8 @@ def select_submodules(model: nn.Module, modules: Any, owner: str) -> list[tuple[
         if matches(name, submodule):
             chosen.append((name, submodule))
     if not chosen:
-        raise ValueError(f"{owner} selects no submodule of {type(model).__name__}. {describe_children(model)}")
+        raise MisconfigurationException(
+            f"{owner} selects no submodule of {type(model).__name__}. {describe_children(model)}")
     return chosen
 
 
@@ -58,13 +61,14 @@ def _matcher(model: nn.Module, modules: Any, owner: str) -> Callable[[str, nn.Mo
         names = dict(model.named_modules())
         unknown = [name for name in modules if name not in names or not name]
         if unknown:
-            raise ValueError(f"{owner} names {unknown}, which {type(model).__name__} does not have. "
-                             f"{describe_children(model)}")
+            raise MisconfigurationException(
+                f"{owner} names {unknown}, which {type(model).__name__} does not have. "
+                f"{describe_children(model)}")
         wanted = set(modules)
         return lambda name, submodule: name in wanted
     if callable(modules) and not isinstance(modules, type):
         return lambda name, submodule: bool(modules(name, submodule))
-    raise ValueError(f"{owner} got {modules!r}; use {ACCEPTED}.")
+    raise MisconfigurationException(f"{owner} got {modules!r}; use {ACCEPTED}.")
 
 
 def describe_children(model: nn.Module) -> str:

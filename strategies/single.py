@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from callbacks.console import MisconfigurationException
 from strategies.base import Strategy
 from strategies.prefetch import check_prefetch
 from strategies.transfer import pinned_loader, return_to_host
@@ -46,7 +47,7 @@ def auto_device() -> torch.device:
 def check_cuda_index(index: int, argument: str) -> None:
     """Raise a ValueError naming what exists when ``cuda:index`` does not."""
     if not torch.cuda.is_available():
-        raise ValueError(
+        raise MisconfigurationException(
             f"{argument} asks for a CUDA device, but PyTorch sees none "
             f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}). "
             'Use strategy="cpu" or "auto", or install a CUDA build of PyTorch.'
@@ -54,7 +55,7 @@ def check_cuda_index(index: int, argument: str) -> None:
     count = torch.cuda.device_count()
     if index >= count:
         visible = ", ".join(f"cuda:{i}" for i in range(count))
-        raise ValueError(
+        raise MisconfigurationException(
             f"{argument} asks for cuda:{index}; {count} CUDA device(s) visible ({visible}). "
             "Use one of those or check CUDA_VISIBLE_DEVICES."
         )
@@ -90,7 +91,7 @@ class SingleDevice(Strategy):
         if self.device.type == "cuda":
             check_cuda_index(self.device.index, f'strategy="{self.device}"')
         elif self.device.type == "mps" and not mps_available():
-            raise ValueError(
+            raise MisconfigurationException(
                 'strategy="mps" asks for an Apple GPU, but torch.backends.mps.is_available() is '
                 'False. Use strategy="auto" or "cpu", or a PyTorch build with MPS on macOS 12.3+.'
             )

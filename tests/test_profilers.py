@@ -4,12 +4,16 @@ Trainer(profiler=...), trainer.profiler, what each records over a fit and where 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch.nn.functional as F
 from linear_regression import LinearRegression
+from processes import THIS_CHECKOUT
 from torch.utils.data import DataLoader
 
 from callbacks import (
@@ -208,3 +212,33 @@ def test_pytorch_profiler_refuses_what_it_cannot_do_with_the_way():
         PyTorchProfiler(table_kwargs={"row_limit": 3})
     with pytest.raises(ValueError, match=r"PyTorchProfiler\(schedule=3\): use torch.profiler.schedule"):
         PyTorchProfiler(schedule=3)
+
+
+WARNS_EACH_STEP = '''
+import warnings, torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from trainer import Trainer, TrainingModule
+
+class Warns(TrainingModule):
+    def __init__(self):
+        super().__init__(); self.layer = nn.Linear(4, 1)
+    def training_step(self, batch, batch_idx):
+        warnings.warn("shown once")
+        return self.layer(batch[0]).pow(2).mean()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+Trainer(max_epochs=2, profiler="pytorch", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, report=False).fit(Warns(), DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=4))
+'''
+
+
+def test_a_warning_from_one_line_is_shown_once_under_the_pytorch_profiler():
+    # Python shows a warning once per line (its default filter); Lightning's run shows this one once. Cadence's
+    # profiler silenced a torch warning with catch_warnings around every step, which made Python forget what it had
+    # shown: the user's warning came back at each of the 16 steps.
+    done = subprocess.run([sys.executable, "-c", WARNS_EACH_STEP], cwd=THIS_CHECKOUT, capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "PYTHONPATH": THIS_CHECKOUT, "PYTHONWARNINGS": ""})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("UserWarning: shown once") == 1

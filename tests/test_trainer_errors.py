@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from callbacks import Callback
-from trainer.utilities import MisconfigurationException
+from callbacks import Callback, ModelCheckpoint
 from linear_regression import LinearRegression
 from trainer import Trainer, TrainingModule
+from trainer.utilities import MisconfigurationException
 
 
 class Model(LinearRegression):
@@ -324,3 +324,30 @@ def test_a_manual_training_step_returning_a_number_is_refused(make_trainer, regr
     with pytest.raises(RuntimeError, match=r"training_step returned int at batch 0\. In manual optimization, "
                                            r"`training_step` must either return a Tensor or have no return"):
         make_trainer(max_epochs=1).fit(Manual(), regression_loader)
+
+
+class WithoutStep(LinearRegression):
+    training_step = None
+
+
+class ReturnsJunk(LinearRegression):
+    def configure_optimizers(self):
+        return 0.5
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda trainer, loader: Trainer(max_epochs=-5), "max_epochs"),
+    (lambda trainer, loader: Trainer(limit_train_batches=1.5), "limit_train_batches"),
+    (lambda trainer, loader: Trainer(gradient_clip_val="big"), "gradient_clip_val"),
+    (lambda trainer, loader: Trainer(strategy="ddp", devices=[0]), "lists GPU indices"),
+    (lambda trainer, loader: ModelCheckpoint(mode="best"), "mode"),
+    (lambda trainer, loader: trainer.fit(ReturnsJunk(), loader), "Unknown configuration for model optimizers"),
+    (lambda trainer, loader: trainer.test(LinearRegression(), loader), r"No `test_step\(\)` method defined"),
+    (lambda trainer, loader: trainer.fit(WithoutStep(), loader), r"No `training_step\(\)` method defined"),
+])
+def test_configuration_errors_are_lightnings_misconfiguration_exception_and_a_value_error(make_trainer,
+                                                                                         regression_loader, make, match):
+    # Lightning raises MisconfigurationException for these; code that catches it (or ValueError) catches Cadence's.
+    with pytest.raises(MisconfigurationException, match=match) as raised:
+        make(make_trainer(max_epochs=1), regression_loader)
+    assert isinstance(raised.value, ValueError)

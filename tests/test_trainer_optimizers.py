@@ -791,8 +791,10 @@ def test_scheduler_configs_that_the_loop_could_not_step_are_refused(make_trainer
     trainer.strategy._trainer = trainer  # as during a fit
     with pytest.raises(TypeError, match="LRSchedulerConfig objects"):
         trainer.strategy.lr_scheduler_configs = [step]
-    with pytest.raises(ValueError, match='interval is "step" or "epoch"'):
+    with pytest.raises(ValueError, match=r"lr_scheduler_configs: LRSchedulerConfig\(interval='batch'\); use \"step\" or "):
         trainer.strategy.lr_scheduler_configs = [LRSchedulerConfig(step, interval="batch")]
+    with pytest.raises(ValueError, match=r"LRSchedulerConfig\(frequency=0\); use a whole number >= 1"):
+        trainer.strategy.lr_scheduler_configs = [LRSchedulerConfig(step, frequency=0)]
 
 
 # --- trainer.strategy.optimizers (Lightning's setter; mathLab/PINA's SwitchOptimizer) ------------------

@@ -14,10 +14,14 @@ import torch
 
 from trainer.data import check_limit
 from trainer.guards import check_nonfinite_mode
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
 
 
-class ArgumentTypeError(ValueError, TypeError):
+class UndefinedHookError(MisconfigurationException, NotImplementedError):
+    """A hook the stage needs is None: Lightning's MisconfigurationException, a NotImplementedError as Cadence's was."""
+
+
+class ArgumentTypeError(MisconfigurationException, TypeError):
     """A Trainer argument of the wrong type: Lightning raises TypeError there, Cadence's checks ValueError."""
 
 
@@ -25,15 +29,17 @@ def check_positive_int(value: Any, name: str, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"Trainer({name}={value!r}): use an int >= 1{' or None' if allow_none else ''} "
-                         f"(`{name}` should be an integer.)")
+        raise MisconfigurationException(
+            f"Trainer({name}={value!r}): use an int >= 1{' or None' if allow_none else ''} "
+            f"(`{name}` should be an integer.)")
 
 
 def check_count(value: Any, name: str) -> None:
     """None or an int >= 0 (``min_epochs``, ``min_steps``, ``reload_dataloaders_every_n_epochs``)."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"Trainer({name}={value!r}): use an int >= 0{'' if name.startswith('reload') else ' or None'} "
-                         f"(`{name}` should be an int >= 0, got {value!r}).")
+        raise MisconfigurationException(
+            f"Trainer({name}={value!r}): use an int >= 0{'' if name.startswith('reload') else ' or None'} "
+            f"(`{name}` should be an int >= 0, got {value!r}).")
 
 
 def check_trainer_arguments(
@@ -48,17 +54,20 @@ def check_trainer_arguments(
     ``flags`` are the boolean arguments by name (``inference_mode``, ``sync_batchnorm``, ...).
     """
     if max_epochs is not None and (isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < -1):
-        raise ValueError(f"Trainer(max_epochs={max_epochs!r}): `max_epochs` must be a non-negative integer or -1 (no "
-                         "epoch limit), or None (1000 epochs, or no limit with max_steps). 0 trains nothing.")
+        raise MisconfigurationException(
+            f"Trainer(max_epochs={max_epochs!r}): `max_epochs` must be a non-negative integer or -1 (no "
+            "epoch limit), or None (1000 epochs, or no limit with max_steps). 0 trains nothing.")
     for name, value in (("min_epochs", min_epochs), ("min_steps", min_steps),
                         ("reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs)):
         check_count(value, name)
     for name, value in (flags or {}).items():
         if not isinstance(value, bool) and not (name == "benchmark" and value is None):
-            raise ValueError(f"Trainer({name}={value!r}): use True or False{' (or None)' if name == 'benchmark' else ''}.")
+            raise MisconfigurationException(
+                f"Trainer({name}={value!r}): use True or False{' (or None)' if name == 'benchmark' else ''}.")
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < -1:
-        raise ValueError(f"Trainer(max_steps={max_steps!r}): `max_steps` must be a non-negative integer or -1 (no "
-                         "limit). 0 trains nothing.")
+        raise MisconfigurationException(
+            f"Trainer(max_steps={max_steps!r}): `max_steps` must be a non-negative integer or -1 (no "
+            "limit). 0 trains nothing.")
     check_positive_int(accumulate_grad_batches, "accumulate_grad_batches")
     check_positive_int(log_every_n_steps, "log_every_n_steps")
     check_positive_int(check_val_every_n_epoch, "check_val_every_n_epoch", allow_none=True)
@@ -68,24 +77,27 @@ def check_trainer_arguments(
                                 f"Trainer(gradient_clip_val={gradient_clip_val!r}): use a positive number, or 0 or "
                                 "None to clip nothing.")
     if gradient_clip_val is not None and gradient_clip_val < 0:
-        raise ValueError(f"Trainer(gradient_clip_val={gradient_clip_val!r}): use a positive number or None "
-                         "(0 clips nothing, as None).")
+        raise MisconfigurationException(
+            f"Trainer(gradient_clip_val={gradient_clip_val!r}): use a positive number or None "
+            "(0 clips nothing, as None).")
     if gradient_clip_algorithm is not None and str(gradient_clip_algorithm).lower() not in ("norm", "value"):
-        raise ValueError(f'Trainer(gradient_clip_algorithm="{gradient_clip_algorithm}"): use "norm" or "value" '
-                         f"(`gradient_clip_algorithm` {gradient_clip_algorithm} is invalid).")
+        raise MisconfigurationException(
+            f'Trainer(gradient_clip_algorithm="{gradient_clip_algorithm}"): use "norm" or "value" '
+            f"(`gradient_clip_algorithm` {gradient_clip_algorithm} is invalid).")
     if isinstance(val_check_interval, (str, dict, datetime.timedelta)):
-        raise ValueError(f"Trainer(val_check_interval={val_check_interval!r}): Lightning's time-based validation (a "
-                         "'DD:HH:MM:SS' string, a datetime.timedelta or a dict of timedelta arguments) is not supported "
-                         "by Cadence, which validates by batches: use an int >= 1 (every that many training batches) "
-                         "or a float in (0.0, 1.0] (a share of each epoch).")
+        raise MisconfigurationException(
+            f"Trainer(val_check_interval={val_check_interval!r}): Lightning's time-based validation (a "
+            "'DD:HH:MM:SS' string, a datetime.timedelta or a dict of timedelta arguments) is not supported "
+            "by Cadence, which validates by batches: use an int >= 1 (every that many training batches) "
+            "or a float in (0.0, 1.0] (a share of each epoch).")
     if (isinstance(val_check_interval, bool) or not isinstance(val_check_interval, (int, float))
             or val_check_interval <= 0 or (isinstance(val_check_interval, float) and val_check_interval > 1.0)):
-        raise ValueError(
+        raise MisconfigurationException(
             f"Trainer(val_check_interval={val_check_interval!r}): you passed invalid value {val_check_interval!r}; "
             "use a float in (0.0, 1.0] (a share of the epoch) or an int >= 1 (a number of training batches)."
         )
     if check_val_every_n_epoch is None and isinstance(val_check_interval, float):
-        raise ValueError(
+        raise MisconfigurationException(
             f"Trainer(check_val_every_n_epoch=None, val_check_interval={val_check_interval}): `val_check_interval` should "
             "be an integer or a time-based duration (str 'DD:HH:MM:SS', datetime.timedelta, or dict kwargs for timedelta) "
             "when `check_val_every_n_epoch=None`. Cadence has no time-based validation: use an int val_check_interval "
@@ -94,7 +106,8 @@ def check_trainer_arguments(
     for stage, value in limits.items():
         check_limit(value, "limit_val_batches" if stage == "validate" else f"limit_{stage}_batches")
     if isinstance(num_sanity_val_steps, bool) or not isinstance(num_sanity_val_steps, int) or num_sanity_val_steps < -1:
-        raise ValueError(f"Trainer(num_sanity_val_steps={num_sanity_val_steps!r}): use an int >= 0, or -1 for all.")
+        raise MisconfigurationException(
+            f"Trainer(num_sanity_val_steps={num_sanity_val_steps!r}): use an int >= 0, or -1 for all.")
     check_nonfinite_mode(on_nonfinite_loss)
 
 
@@ -210,7 +223,7 @@ def require_training_module(module: Any, stage: str) -> None:
             lightnings = {"predict_step": "`predict_step` cannot be None to run `Trainer.predict`",
                           "forward": "`Trainer.predict` requires `forward` method to run"}.get(
                 hook, f"No `{hook}()` method defined" + ("" if stage == "fit" else f" to run `Trainer.{stage}`"))
-            raise NotImplementedError(f"{lightnings}. {type(module).__name__}.{hook} is None: {stage} needs it; define "
+            raise UndefinedHookError(f"{lightnings}. {type(module).__name__}.{hook} is None: {stage} needs it; define "
                                       f"{hook} in the module's class, or do not set it to None.")
 
 

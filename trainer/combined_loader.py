@@ -23,6 +23,8 @@ import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from callbacks.console import MisconfigurationException
+
 MODES = ("min_size", "max_size_cycle", "max_size", "sequential")
 
 
@@ -103,7 +105,7 @@ class CombinedLoader(Iterable):
 
     def __init__(self, iterables: Any, mode: str = "min_size") -> None:
         if mode not in MODES:
-            raise ValueError(f"Unsupported mode {mode!r}, please select one of: {list(MODES)}.")
+            raise MisconfigurationException(f"Unsupported mode {mode!r}, please select one of: {list(MODES)}.")
         self._iterables = iterables
         self._flattened, self._spec = flatten(iterables)
         self._mode = mode
@@ -127,8 +129,9 @@ class CombinedLoader(Iterable):
     @flattened.setter
     def flattened(self, flattened: list[Any]) -> None:
         if len(flattened) != len(self._flattened):
-            raise ValueError(f"Mismatch in flattened length ({len(flattened)}) and existing length "
-                             f"({len(self._flattened)}): set as many loaders as the CombinedLoader holds.")
+            raise MisconfigurationException(
+                f"Mismatch in flattened length ({len(flattened)}) and existing length "
+                f"({len(self._flattened)}): set as many loaders as the CombinedLoader holds.")
         self._iterables = unflatten(flattened, self._spec)
         self._flattened = list(flattened)
 
@@ -152,8 +155,9 @@ class CombinedLoader(Iterable):
         if isinstance(limits, (int, float)):
             limits = [limits] * len(self._flattened)
         elif isinstance(limits, list) and len(limits) != len(self._flattened):
-            raise ValueError(f"Mismatch in number of limits ({len(limits)}) and number of iterables "
-                             f"({len(self._flattened)}): give one limit per loader, or one for all.")
+            raise MisconfigurationException(
+                f"Mismatch in number of limits ({len(limits)}) and number of iterables "
+                f"({len(self._flattened)}): give one limit per loader, or one for all.")
         self._limits = limits
 
     def __iter__(self) -> CombinedLoader:
@@ -217,8 +221,9 @@ class _ModeIterator(Iterator[tuple[Any, int, int]]):
 
     def __init__(self, iterables: list[Any], limits: list[int | float] | None) -> None:
         if limits is not None and len(limits) != len(iterables):
-            raise ValueError(f"Mismatch in number of limits ({len(limits)}) and number of iterables "
-                             f"({len(iterables)})")
+            raise MisconfigurationException(
+                f"Mismatch in number of limits ({len(limits)}) and number of iterables "
+                f"({len(iterables)})")
         self.iterables, self.limits = iterables, limits
         self.iterators = [iter(iterable) for iterable in iterables]
         self._idx = 0
@@ -268,8 +273,9 @@ class _Sequential(_ModeIterator):
     def __init__(self, iterables: list[Any], limits: list[int | float] | None) -> None:
         self.iterables, self.limits, self._idx = iterables, limits, 0
         if limits is not None and len(limits) != len(iterables):
-            raise ValueError(f"Mismatch in number of limits ({len(limits)}) and number of iterables "
-                             f"({len(iterables)})")
+            raise MisconfigurationException(
+                f"Mismatch in number of limits ({len(limits)}) and number of iterables "
+                f"({len(iterables)})")
         self._iterator_idx = 0
         self.iterators = [iter(iterables[0])] if iterables else []  # one loader's workers at a time
 

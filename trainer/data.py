@@ -36,16 +36,18 @@ def check_limit(value: Any, argument: str) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"Trainer({argument}={value!r}): you passed invalid value {value!r}; it must be a float in "
-                         "[0.0, 1.0], an int >= 0, or None.")
+        raise MisconfigurationException(
+            f"Trainer({argument}={value!r}): you passed invalid value {value!r}; it must be a float in "
+            "[0.0, 1.0], an int >= 0, or None.")
     if isinstance(value, float) and not 0.0 <= value <= 1.0:
-        raise ValueError(
+        raise MisconfigurationException(
             f"Trainer({argument}={value}): you passed invalid value {value}, a fraction outside [0.0, 1.0]. Use a "
             f"float in that range for a share of the batches, or an int for a number of batches."
         )
     if isinstance(value, int) and value < 0:
-        raise ValueError(f"Trainer({argument}={value}): you passed invalid value {value}, a negative one; use an "
-                         "int >= 0 or a float in [0.0, 1.0].")
+        raise MisconfigurationException(
+            f"Trainer({argument}={value}): you passed invalid value {value}, a negative one; use an "
+            "int >= 0 or a float in [0.0, 1.0].")
 
 
 def explain_ones(given: dict[str, Any]) -> None:
@@ -75,7 +77,8 @@ def limited_length(length: int | None, limit: Any, kind: str = "*") -> int | Non
         if length is None:
             if limit == 1.0:
                 return None
-            raise ValueError(  # Lightning's words first
+            raise MisconfigurationException(
+                  # Lightning's words first
                 f"When using an `IterableDataset`, `Trainer(limit_{kind}_batches)` must be `1.0` or an int: "
                 f"limit_{kind}_batches={limit} is a fraction, but the loader has no length. An int specifies "
                 f"`num_{kind}_batches` to use."
@@ -101,7 +104,7 @@ def default_max_epochs(max_epochs: int | None, max_steps: int, loader: Any, warn
     (-1: no epoch limit, as in Lightning; a time limit or should_stop ends the run)."""
     if max_epochs is None and max_steps == -1:
         if loader_length(loader) is None:
-            raise ValueError(
+            raise MisconfigurationException(
                 "The training loader has no length (an IterableDataset) and neither max_epochs nor "
                 "max_steps is set, so training would never end. Pass Trainer(max_steps=N) or max_epochs=N."
             )
@@ -159,12 +162,14 @@ def prepare_loader(loader: Any, stage: str, *, shuffle: bool, strategy: Any, see
         if changes:
             loader = rebuild_dataloader(loader, **changes)
     if loader_length(loader) == 0:
-        raise ValueError(f"The {stage} DataLoader is empty (len 0). Check the dataset and batch_size/drop_last.")
+        raise MisconfigurationException(
+            f"The {stage} DataLoader is empty (len 0). Check the dataset and batch_size/drop_last.")
     # Prediction shards in blocks, so that the ranks' outputs put end to end keep the dataset's order.
     if shard:
         loader = strategy.setup_dataloader(loader, shuffle=shuffle, contiguous=stage == "predict")
     length = loader_length(loader)
     count = limited_length(length, limit, {"validate": "val"}.get(stage, stage))
     if count == 0 and stage == "train":
-        raise ValueError(f"Trainer(limit_train_batches={limit}) leaves no batch to train on; use a value > 0.")
+        raise MisconfigurationException(
+            f"Trainer(limit_train_batches={limit}) leaves no batch to train on; use a value > 0.")
     return loader, math.inf if count is None else count

@@ -26,7 +26,7 @@ from trainer.arguments import require_training_module
 from trainer.combined_loader import LOADER, MODES as COMBINED_MODES, CombinedLoader, flatten
 from trainer.datamodule import DataModule, overrides
 from trainer.stage_metrics import refusing
-from callbacks.console import PossibleUserWarning, warn
+from callbacks.console import MisconfigurationException, PossibleUserWarning, warn
 
 #: The loader kinds, the hook that makes each, and the stages' kinds.
 HOOKS = {"train": "train_dataloader", "val": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
@@ -34,8 +34,12 @@ STAGE_KIND = {"validate": "val", "test": "test", "predict": "predict"}
 STEPS = {"validate": "validation_step", "test": "test_step"}
 
 
-class NoLoaderError(ValueError, TypeError):
+class NoLoaderError(MisconfigurationException, TypeError):
     """A stage got no loader and has no hook to make one (a TypeError in Lightning)."""
+
+
+class NoStepError(MisconfigurationException, TypeError):
+    """The stage's step is not defined: Lightning's MisconfigurationException, a TypeError as Cadence's was."""
 
 
 @dataclasses.dataclass
@@ -90,16 +94,18 @@ class DataSource:
         if loaders is None and kind == "val":
             return []
         if loaders is None:
-            raise ValueError(f"{where} returned None; return a DataLoader (or another iterable of batches).")
+            raise MisconfigurationException(
+                f"{where} returned None; return a DataLoader (or another iterable of batches).")
         return loader_list(loaders, where, several=kind != "train")
 
     def refuse_sequential_training(self) -> None:
         """fit's loader is a ``CombinedLoader(mode="sequential")``: Lightning's refusal (after it counted its batches)."""
         owner = self.hook_owner("train")
         where = f"{type(owner).__name__}.{HOOKS['train']}()" if owner is not None else self.argument_text("train")
-        raise ValueError(f"`_FitLoop` does not support the `CombinedLoader(mode=\"sequential\")` mode. The available "
-                         f"modes are: {[mode for mode in COMBINED_MODES if mode != 'sequential']}. Training takes a "
-                         f"batch of each loader of {where} at each step: use one of those modes.")
+        raise MisconfigurationException(
+            f"`_FitLoop` does not support the `CombinedLoader(mode=\"sequential\")` mode. The available "
+            f"modes are: {[mode for mode in COMBINED_MODES if mode != 'sequential']}. Training takes a "
+            f"batch of each loader of {where} at each step: use one of those modes.")
 
     def argument_text(self, kind: str) -> str:
         """How errors name where ``kind`` loaders were passed: "Trainer.fit(val_dataloaders=...)"."""
@@ -114,8 +120,9 @@ def reloadable(data: DataSource | None, stage: str | None) -> None:
                            "hook (on_fit_start, on_train_epoch_start, on_test_start, ...).")
     kind = "train" if stage == "fit" else STAGE_KIND[stage]
     if not data.from_hook(kind):
-        raise ValueError(f"Trainer.reload_dataloaders() cannot remake loaders passed as {data.argument_text(kind)}. "
-                         f"Return them from {HOOKS[kind]}() of the module or of a DataModule.")
+        raise MisconfigurationException(
+            f"Trainer.reload_dataloaders() cannot remake loaders passed as {data.argument_text(kind)}. "
+            f"Return them from {HOOKS[kind]}() of the module or of a DataModule.")
 
 
 def collect_data(stage: str, module: Any, loaders: Any, val_loaders: Any, datamodule: Any,
@@ -131,20 +138,23 @@ def collect_data(stage: str, module: Any, loaders: Any, val_loaders: Any, datamo
         validates: fit validates at all (``limit_val_batches`` is not 0).
     """
     if stage not in ("fit", *STAGE_KIND):  # Trainer.run_search's method
-        raise ValueError(f"Trainer.run_search(method={stage!r}): use 'fit', 'validate', 'test' or 'predict'.")
+        raise MisconfigurationException(
+            f"Trainer.run_search(method={stage!r}): use 'fit', 'validate', 'test' or 'predict'.")
     require_training_module(module, stage)
     argument = "train_dataloaders" if stage == "fit" else "dataloaders"
     if isinstance(loaders, DataModule):  # fit(model, dm), test(model, dm): Lightning takes these too
         if datamodule is not None:
-            raise ValueError(f"Trainer.{stage} got a DataModule as {argument} and another as datamodule; pass one.")
+            raise MisconfigurationException(
+                f"Trainer.{stage} got a DataModule as {argument} and another as datamodule; pass one.")
         loaders, datamodule = None, loaders
     if datamodule is not None:
         if not isinstance(datamodule, DataModule):
             raise TypeError(f"Trainer.{stage}(datamodule=...) takes a trainer.DataModule; got "
                             f"{type(datamodule).__name__}. Subclass DataModule, or pass loaders as {argument}.")
         if loaders is not None or val_loaders is not None:
-            raise ValueError(f"Trainer.{stage} got both loaders and a datamodule; pass the loaders, or let the "
-                             "datamodule's *_dataloader hooks make them.")
+            raise MisconfigurationException(
+                f"Trainer.{stage} got both loaders and a datamodule; pass the loaders, or let the "
+                "datamodule's *_dataloader hooks make them.")
     kind = STAGE_KIND.get(stage, "train")
     if (stage != "fit" and datamodule is None and loaders is None and not overrides(module, HOOKS[kind])
             and previous_datamodule is not None):
@@ -181,7 +191,7 @@ def _check_steps(stage: str, module: Any) -> None:
                 "to move batches yourself, override transfer_batch_to_device; to use several batches in one step, have "
                 "the loader yield them together (a larger batch_size or a batch_sampler), or use accumulate_grad_batches.")
     if stage in STEPS and not overrides(module, STEPS[stage]):
-        raise TypeError(f"No `{STEPS[stage]}()` method defined to run `Trainer.{stage}`: "  # Lightning's words first
+        raise NoStepError(f"No `{STEPS[stage]}()` method defined to run `Trainer.{stage}`: "  # Lightning's words first
                         f"Trainer.{stage} runs {name}.{STEPS[stage]}(batch, batch_idx), which {name} does not "
                         f"define. Define it and log metrics with self.log.")
     if stage == "predict" and not overrides(module, "predict_step") and type(module).forward is torch.nn.Module.forward:
@@ -228,7 +238,7 @@ def loader_list(value: Any, where: str, several: bool) -> list[Any]:
     if isinstance(value, (list, tuple, collections.abc.Mapping)) and not value:
         if several:
             return []  # no validation (or nothing to test: the stage says so)
-        raise ValueError(f"{where} got an empty {type(value).__name__}; pass one DataLoader.")
+        raise MisconfigurationException(f"{where} got an empty {type(value).__name__}; pass one DataLoader.")
     loaders, structure = flatten(value)  # a list of numbers is one loader; a list of tensors, one of batches
     if structure is LOADER or not all(_is_loader(item) or isinstance(item, (list, tuple, collections.abc.Mapping))
                                       for item in loaders):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from callbacks.console import MisconfigurationException
 from strategies.transfer import move_to_device
 
 if TYPE_CHECKING:
@@ -31,9 +32,10 @@ def example_inputs(module: TrainingModule, given: Any, what: str) -> Any:
     if given is None:
         given = module.example_input_array
         if given is None:
-            raise ValueError(f"{type(module).__name__}.{what} needs an input to trace the model with: pass it, or set "
-                             "model.example_input_array (Lightning's message: requires either `example_inputs` or "
-                             "`model.example_input_array` to be defined).")
+            raise MisconfigurationException(
+                f"{type(module).__name__}.{what} needs an input to trace the model with: pass it, or set "
+                "model.example_input_array (Lightning's message: requires either `example_inputs` or "
+                "`model.example_input_array` to be defined).")
     return move_to_device(given, module.device)
 
 
@@ -55,7 +57,8 @@ def to_torchscript(module: TrainingModule, file_path: str | os.PathLike | None, 
         scripted = torch.jit.trace(module.eval(), example_inputs(module, example, "to_torchscript(method='trace')"),
                                    **kwargs)
     else:
-        raise ValueError(f"to_torchscript(method={method!r}): the 'method' parameter only supports 'script' or 'trace'.")
+        raise MisconfigurationException(
+            f"to_torchscript(method={method!r}): the 'method' parameter only supports 'script' or 'trace'.")
     module.train(mode)
     if file_path is not None:
         torch.jit.save(scripted, os.fspath(file_path))

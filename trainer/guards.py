@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from callbacks.console import warn as warn_at_users_line
+from callbacks.console import MisconfigurationException, warn as warn_at_users_line
 
 NONFINITE_LOSS_MODES = ("raise", "skip", "ignore")
 
@@ -42,7 +42,7 @@ RecordedLoss = tuple[torch.Tensor, int, int]
 
 def check_nonfinite_mode(mode: Any) -> None:
     if mode not in NONFINITE_LOSS_MODES:
-        raise ValueError(
+        raise MisconfigurationException(
             f"Trainer(on_nonfinite_loss={mode!r}): use 'raise' (stop with an error, the default), "
             "'skip' (drop the step; one host sync per step) or 'ignore'."
         )

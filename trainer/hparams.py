@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
 from trainer.utilities import is_picklable
 
 
@@ -151,7 +151,7 @@ def chosen_hyperparameters(obj: Any, args: tuple[Any, ...], ignore: Sequence[str
         return as_dict(objects[0], type(obj).__name__)
     unknown = [name for name in args if isinstance(name, str) and name not in values]
     if unknown or objects:
-        raise ValueError(
+        raise MisconfigurationException(
             f"save_hyperparameters{tuple(args)!r}: pass names of {type(obj).__name__}.__init__'s arguments (it takes "
             f"{list(values)}{'; not ' + str(unknown) if unknown else ''}), or one dict or Namespace.")
     return {name: values[name] for name in args}
@@ -190,12 +190,14 @@ def as_dict(hparams: Any, owner: str) -> dict[str, Any]:
     if isinstance(hparams, Mapping):
         return dict(hparams)
     if isinstance(hparams, (bool, int, float, str)):
-        raise ValueError(f"{owner}.save_hyperparameters({hparams!r}): Primitives (<class 'bool'>, <class 'int'>, "
-                         "<class 'float'>, <class 'str'>) are not allowed as the hyperparameters object. Pass the "
-                         "argument's name as a string (save_hyperparameters(\"arg1\")), or a dict.")
-    raise ValueError(f"{owner}.save_hyperparameters({hparams!r}): one object is kept as the hyperparameters when it "
-                     f"is a dict or an argparse.Namespace, not a {type(hparams).__name__}. Pass argument names as "
-                     "strings, or a dict.")
+        raise MisconfigurationException(
+            f"{owner}.save_hyperparameters({hparams!r}): Primitives (<class 'bool'>, <class 'int'>, "
+            "<class 'float'>, <class 'str'>) are not allowed as the hyperparameters object. Pass the "
+            "argument's name as a string (save_hyperparameters(\"arg1\")), or a dict.")
+    raise MisconfigurationException(
+        f"{owner}.save_hyperparameters({hparams!r}): one object is kept as the hyperparameters when it "
+        f"is a dict or an argparse.Namespace, not a {type(hparams).__name__}. Pass argument names as "
+        "strings, or a dict.")
 
 
 def parse_class_init_keys(cls: type) -> tuple[str, str | None, str | None]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies import checkpoint as checkpoint_io
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
 from trainer.hparams import HParams
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def init_arguments(cls: type, state: dict[str, Any], overrides: dict[str, Any], 
     inexact = [] if hparams_file is not None else state.get(f"{key}_inexact", [])
     described = [name for name in inexact if name in saved and name not in overrides]
     if described:
-        raise ValueError(
+        raise MisconfigurationException(
             f"Checkpoint {path} could keep the hyperparameters {described} only as descriptions "
             f"({', '.join(f'{name}={saved[name]!r}' for name in described)}): a checkpoint holds plain data. "
             f"Pass them again: {usage(described)}."
@@ -134,7 +134,8 @@ def init_arguments(cls: type, state: dict[str, Any], overrides: dict[str, Any], 
             where = (f"Checkpoint {path} holds the hyperparameters {sorted(saved)}, not {missing} (left out with "
                      "save_hyperparameters(ignore=...)?)")
             fix = ""
-        raise ValueError(f"{where}, and {cls.__name__}.__init__ needs {missing}. Pass them: {usage(missing)}{fix}.")
+        raise MisconfigurationException(
+            f"{where}, and {cls.__name__}.__init__ needs {missing}. Pass them: {usage(missing)}{fix}.")
     return arguments
 
 
@@ -147,15 +148,17 @@ def _read_hparams_file(path: str | os.PathLike) -> dict[str, Any]:
 
     path = Path(path)
     if path.suffix.lower() not in (".yaml", ".yml"):
-        raise ValueError(f"load_from_checkpoint(hparams_file={str(path)!r}): a .yaml file is read (the hparams.yaml "
-                         "a logger writes); .csv hyperparameter files are not. Pass the hparams.yaml.")
+        raise MisconfigurationException(
+            f"load_from_checkpoint(hparams_file={str(path)!r}): a .yaml file is read (the hparams.yaml "
+            "a logger writes); .csv hyperparameter files are not. Pass the hparams.yaml.")
     with open(path) as file:
         hparams = yaml.safe_load(file)
     if hparams is None:
         return {}
     if not isinstance(hparams, dict):
-        raise ValueError(f"load_from_checkpoint(hparams_file={str(path)!r}): the file holds a "
-                         f"{type(hparams).__name__}, not a mapping of hyperparameter names to values.")
+        raise MisconfigurationException(
+            f"load_from_checkpoint(hparams_file={str(path)!r}): the file holds a "
+            f"{type(hparams).__name__}, not a mapping of hyperparameter names to values.")
     return hparams
 
 

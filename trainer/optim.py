@@ -1,4 +1,5 @@
-"""Reading what ``configure_optimizers`` returned into optimizers and scheduler configs.
+"""Reading what ``configure_optimizers`` returned into optimizers and scheduler configs (each scheduler's:
+trainer/scheduler_config.py).
 
 Accepted, as in Lightning: an optimizer; a list or tuple of optimizers; ``(optimizers,
 schedulers)``; a dict ``{"optimizer": opt, "lr_scheduler": sched | {"scheduler": sched,
@@ -10,111 +11,18 @@ from __future__ import annotations
 import warnings
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
+from trainer.scheduler_config import SchedulerConfig, known_keys, parse_scheduler_config
 
 ACCEPTED = (
     "Return an optimizer, a list of optimizers, (optimizers, schedulers), or "
     '{"optimizer": ..., "lr_scheduler": ...}.'
 )
 UNKNOWN = "Unknown configuration for model optimizers: "  # Lightning's words, which its tests match
-
-
-@dataclass
-class SchedulerConfig:
-    """One LR scheduler and when the loop steps it (Lightning's ``LRSchedulerConfig``, which
-    ``trainer.lr_scheduler_configs`` holds; instances compare equal field by field, as Lightning's)."""
-
-    scheduler: Any
-    interval: str = "epoch"
-    frequency: int = 1
-    monitor: str | None = None
-    strict: bool = True  # False: a missing monitored metric skips the step with a warning (Lightning's)
-    name: str | None = None  # the name LearningRateMonitor logs its rates under (Lightning's)
-    step_with: Any = field(default=None, compare=False)  # the module's lr_scheduler_step override, called instead of scheduler.step()
-
-    @property
-    def needs_metric(self) -> bool:
-        return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-
-    reduce_on_plateau = needs_metric  # Lightning's field name; configs that say otherwise are refused where made
-
-
-def _scheduler_config(item: Any, where: str, monitor: str | None = None, manual: bool = False) -> SchedulerConfig:
-    if manual:  # the module steps its schedulers itself: what says when the loop steps one is ignored, as Lightning
-        return _manual_scheduler_config(item, where)
-    if isinstance(item, Mapping):
-        plateau = isinstance(item.get("scheduler"), torch.optim.lr_scheduler.ReduceLROnPlateau)
-        item = _known_keys(item, "lr scheduler dict", _SCHEDULER_KEYS, "HINT: remove them from the output of "
-                           f"`configure_optimizers`. They are ignored (the lr_scheduler dict {where}).")
-        if "scheduler" not in item:
-            raise ValueError('The lr scheduler dict must have the key "scheduler" with its item being an lr scheduler: '
-                             f"configure_optimizers: the lr_scheduler dict {where} has {sorted(item)}.")
-        if item.get("reduce_on_plateau", plateau) != plateau:  # Lightning's flag: step(metric) on any scheduler
-            raise ValueError(f"configure_optimizers: reduce_on_plateau={item['reduce_on_plateau']!r} {where}: Cadence "
-                             "steps a torch ReduceLROnPlateau with its monitored metric and any other scheduler "
-                             "without; leave the key out.")
-        config = SchedulerConfig(item["scheduler"], item.get("interval", "epoch"), item.get("frequency", 1),
-                                 item.get("monitor"), bool(item.get("strict", True)), item.get("name"))
-    else:  # a bare scheduler watches the dict's top-level "monitor", as in Lightning
-        config = SchedulerConfig(item, monitor=monitor)
-    if not hasattr(config.scheduler, "state_dict") or not hasattr(config.scheduler, "load_state_dict"):
-        name = type(config.scheduler).__name__  # Lightning's words first; how it steps: scheduler_config.check_scheduler_api
-        raise ValueError(
-            f"The provided lr scheduler `{name}` is invalid. It should have `state_dict` and `load_state_dict` methods "
-            f"defined. configure_optimizers returned {name} as an LR scheduler {where}; use a torch.optim.lr_scheduler "
-            "object."
-        )
-    if config.interval not in ("step", "epoch"):
-        raise ValueError(f'The "interval" key in lr scheduler dict must be "step" or "epoch" but is '
-                         f'"{config.interval}": configure_optimizers: interval={config.interval!r} {where}; use "step" or "epoch".')
-    if not isinstance(config.frequency, int) or config.frequency < 1:
-        raise ValueError(f"configure_optimizers: frequency={config.frequency!r} {where}; use a whole number >= 1.")
-    if config.needs_metric and not config.monitor:
-        raise ValueError(
-            "`configure_optimizers` must include a monitor when a `ReduceLROnPlateau` scheduler is used: "
-            "configure_optimizers returned ReduceLROnPlateau without a metric to watch; return "
-            '{"optimizer": opt, "lr_scheduler": {"scheduler": sched, "monitor": "val/loss"}}.'
-        )
-    return config
-
-
-_SCHEDULER_KEYS = ("scheduler", "name", "interval", "frequency", "reduce_on_plateau", "monitor", "strict")
-
-
-def _known_keys(item: Mapping, what: str, known: tuple[str, ...], advice: str) -> Mapping:
-    """``item`` without the keys Lightning does not know, with Lightning's RuntimeWarning when there are some."""
-    extra = [key for key in item if key not in known]
-    if extra:
-        warn(f"Found unsupported keys in the {what}: {{{', '.join(map(repr, extra))}}}. {advice}", RuntimeWarning)
-    return {key: value for key, value in item.items() if key in known}
-
-
-def _manual_scheduler_config(item: Any, where: str) -> SchedulerConfig:
-    """Manual optimization (Lightning's ``_configure_schedulers_manual_opt``): any scheduler with a state
-    (the module steps it: ReduceLROnPlateau needs no monitor, a non-PyTorch one is fine); ``monitor`` and
-    ``strict`` are ignored with Lightning's warning."""
-    if isinstance(item, Mapping):
-        ignored = [key for key in item if key in ("reduce_on_plateau", "monitor", "strict")]
-        if ignored:
-            warnings.warn(f"The lr scheduler dict contains the key(s) {ignored}, but the keys will be ignored. You need "
-                          "to call `lr_scheduler.step()` manually in manual optimization.", RuntimeWarning, stacklevel=4)
-        unknown = set(item) - {"scheduler", "interval", "frequency", "name", *ignored}
-        if "scheduler" not in item or unknown:
-            raise ValueError(f"configure_optimizers: the lr_scheduler dict {where} needs a 'scheduler' key and takes "
-                             f"only scheduler, interval, frequency, monitor, name, strict (got {sorted(item)}).")
-        config = SchedulerConfig(item["scheduler"], item.get("interval", "epoch"), item.get("frequency", 1),
-                                 name=item.get("name"))
-    else:
-        config = SchedulerConfig(item)
-    if not hasattr(config.scheduler, "state_dict") or not hasattr(config.scheduler, "load_state_dict"):
-        raise ValueError(f"configure_optimizers returned {type(config.scheduler).__name__} as an LR scheduler {where}: "
-                         "it needs state_dict and load_state_dict, so that checkpoints keep its state.")
-    return config
 
 
 class NoOptimizer(torch.optim.Optimizer):
@@ -133,8 +41,9 @@ class NoOptimizer(torch.optim.Optimizer):
 
 def _optimizer(item: Any) -> torch.optim.Optimizer:
     if not isinstance(item, torch.optim.Optimizer):
-        raise ValueError(f"{UNKNOWN}configure_optimizers returned {type(item).__name__} where an optimizer was expected. "
-                         f"{ACCEPTED}")
+        raise MisconfigurationException(
+            f"{UNKNOWN}configure_optimizers returned {type(item).__name__} where an optimizer was expected. "
+            f"{ACCEPTED}")
     return item
 
 
@@ -145,9 +54,10 @@ def parse_optimizers(returned: Any, manual: bool = False) -> tuple[list[torch.op
     for config in schedulers:
         optimizer = getattr(config.scheduler, "optimizer", None)
         if optimizer is not None and not any(optimizer is each for each in optimizers):
-            raise ValueError(f"configure_optimizers: the {type(config.scheduler).__name__} scheduler is attached with an "
-                             "optimizer that wasn't returned (its learning rate would change nothing that trains); "
-                             "make the scheduler from an optimizer you return.")
+            raise MisconfigurationException(
+                f"configure_optimizers: the {type(config.scheduler).__name__} scheduler is attached with an "
+                "optimizer that wasn't returned (its learning rate would change nothing that trains); "
+                "make the scheduler from an optimizer you return.")
     return optimizers, schedulers
 
 
@@ -161,23 +71,29 @@ def _parse_optimizers(returned: Any, manual: bool) -> tuple[list[torch.optim.Opt
     if isinstance(returned, Mapping):
         returned = [returned]
     if not isinstance(returned, Sequence) or isinstance(returned, str) or not returned:
-        raise ValueError(f"{UNKNOWN}configure_optimizers returned {returned!r}. {ACCEPTED}")
+        raise MisconfigurationException(f"{UNKNOWN}configure_optimizers returned {returned!r}. {ACCEPTED}")
     if all(isinstance(item, Mapping) for item in returned):
         optimizers, schedulers = [], []
         for index, item in enumerate(returned):
             if "optimizer" not in item:
-                raise ValueError(f"configure_optimizers: dict {index} has no 'optimizer' key. {ACCEPTED}")
-            item = _known_keys(item, "optimizer configuration", ("optimizer", "lr_scheduler", "monitor"),
+                raise MisconfigurationException(
+                    f"configure_optimizers: dict {index} has no 'optimizer' key. {ACCEPTED}")
+            item = known_keys(item, "optimizer configuration", ("optimizer", "lr_scheduler", "monitor"),
                                f"They are ignored (dict {index} returned by `configure_optimizers`).")
             optimizers.append(_optimizer(item["optimizer"]))
             if item.get("lr_scheduler") is not None:
-                schedulers.append(_scheduler_config(item["lr_scheduler"], f"in dict {index}", item.get("monitor"), manual))
+                schedulers.append(parse_scheduler_config(item["lr_scheduler"], f"in dict {index}", item.get("monitor"), manual))
         return optimizers, schedulers
     if len(returned) == 2 and isinstance(returned[0], (list, tuple)):
         optimizers = [_optimizer(item) for item in returned[0]]
         scheduler_items = returned[1] if isinstance(returned[1], (list, tuple)) else [returned[1]]
-        return optimizers, [_scheduler_config(item, f"at {i}", manual=manual) for i, item in enumerate(scheduler_items)]
+        return optimizers, [parse_scheduler_config(item, f"at {i}", manual=manual) for i, item in enumerate(scheduler_items)]
     return [_optimizer(item) for item in returned], []
+
+
+class MissingMonitorError(MisconfigurationException, RuntimeError):
+    """A ReduceLROnPlateau's monitored metric was not logged: Lightning's MisconfigurationException, a RuntimeError as
+    Cadence's was."""
 
 
 def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, metrics: Any,
@@ -205,7 +121,7 @@ def step_schedulers(configs: list[SchedulerConfig], interval: str, count: int, m
                               f"{config.monitor!r}, which was not logged.", RuntimeWarning, stacklevel=2)
                 continue
             if config.monitor not in metrics:
-                raise RuntimeError(  # Lightning's words first
+                raise MissingMonitorError(  # Lightning's words first
                     f"ReduceLROnPlateau conditioned on metric {config.monitor} which is not available. Available metrics "
                     f"are: {sorted(metrics)}. ReduceLROnPlateau watches {config.monitor!r}, which was not logged: log "
                     "it with self.log or fix 'monitor'."
@@ -237,7 +153,8 @@ def single_owner(owners: list[Any], seam: str) -> Any:
     """The one callback among ``owners`` (those that set the ``seam`` flag), or None; two are an error."""
     if len(owners) > 1:
         names = " and ".join(type(owner).__name__ for owner in owners)
-        raise ValueError(f"{names} both set {seam}=True; one callback may own that seam. Remove one of them.")
+        raise MisconfigurationException(
+            f"{names} both set {seam}=True; one callback may own that seam. Remove one of them.")
     return owners[0] if owners else None
 
 
@@ -291,23 +208,28 @@ def clip_optimizer_gradients(trainer: Any, optimizer: Any, value: Any, algorithm
     if value is None:
         value = trainer.gradient_clip_val
     elif trainer.gradient_clip_val is not None and value != trainer.gradient_clip_val:
-        raise ValueError(f"You have set `Trainer(gradient_clip_val={trainer.gradient_clip_val!r})` and have passed "
-                         f"`clip_gradients(gradient_clip_val={value!r})`. Please use only one of them.")
+        raise MisconfigurationException(
+            f"You have set `Trainer(gradient_clip_val={trainer.gradient_clip_val!r})` and have passed "
+            f"`clip_gradients(gradient_clip_val={value!r})`. Please use only one of them.")
     if algorithm is None:
         algorithm = trainer.gradient_clip_algorithm or "norm"
     elif trainer.gradient_clip_algorithm is not None and algorithm != trainer.gradient_clip_algorithm:
-        raise ValueError(f"You have set `Trainer(gradient_clip_algorithm={trainer.gradient_clip_algorithm!r})` and "
-                         f"have passed `clip_gradients(gradient_clip_algorithm={algorithm!r}) Please use only one of them.")
+        raise MisconfigurationException(
+            f"You have set `Trainer(gradient_clip_algorithm={trainer.gradient_clip_algorithm!r})` and "
+            f"have passed `clip_gradients(gradient_clip_algorithm={algorithm!r}) Please use only one of them.")
     if algorithm not in CLIP_ALGORITHMS:
-        raise ValueError(f'clip_gradients(gradient_clip_algorithm={algorithm!r}): use "norm" or "value".')
+        raise MisconfigurationException(
+            f'clip_gradients(gradient_clip_algorithm={algorithm!r}): use "norm" or "value".')
     if isinstance(value, bool) or not isinstance(value, (int, float, type(None))) or (value is not None and value < 0):
-        raise ValueError(f"clip_gradients(gradient_clip_val={value!r}): use a positive number, or 0 or None to clip "
-                         "nothing.")
+        raise MisconfigurationException(
+            f"clip_gradients(gradient_clip_val={value!r}): use a positive number, or 0 or None to clip "
+            "nothing.")
     if not value:  # None or 0: nothing is clipped, as in Lightning
         return
     optimizer = optimizer.optimizer if isinstance(optimizer, OptimizerView) else optimizer
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ValueError(f"clip_gradients got {type(optimizer).__name__}; pass an optimizer from self.optimizers().")
+        raise MisconfigurationException(
+            f"clip_gradients got {type(optimizer).__name__}; pass an optimizer from self.optimizers().")
     owner = step_owner(trainer.callbacks)
     if owner is not None:
         owner.unscale_gradients(trainer, trainer.module, optimizer)

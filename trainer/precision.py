@@ -18,7 +18,7 @@ import torch
 
 from callbacks import AMP, Callback, TruePrecision
 from strategies import Strategy
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
 
 #: Accepted values -> the AMP dtype (None: full float32), or the TruePrecision's (Lightning's name).
 #: As in Lightning, "16", 16 and "bf16" are old spellings of the mixed ones; 32 and "32" of
@@ -42,16 +42,18 @@ def add_precision_callback(precision: Any, strategy: Strategy, callbacks: list[C
     """
     explicit = [callback for callback in callbacks if isinstance(callback, (AMP, TruePrecision))]
     if len(explicit) > 1:
-        raise ValueError(f"callbacks=[{explicit[0]!r}, {explicit[1]!r}] both set the precision. Keep one of them.")
+        raise MisconfigurationException(
+            f"callbacks=[{explicit[0]!r}, {explicit[1]!r}] both set the precision. Keep one of them.")
     if precision is None:
         if explicit and isinstance(explicit[0], TruePrecision):
             _check_true_precision(explicit[0], f"callbacks=[{explicit[0]!r}]", strategy)
         return callbacks
     accepted = ", ".join(repr(value) for value in PRECISIONS)
     if isinstance(precision, bool) or not isinstance(precision, (str, int)) or precision not in PRECISIONS:
-        raise ValueError(f"Trainer(precision={precision!r}) is not supported. Use one of {accepted}, or None.")
+        raise MisconfigurationException(
+            f"Trainer(precision={precision!r}) is not supported. Use one of {accepted}, or None.")
     if explicit:
-        raise ValueError(
+        raise MisconfigurationException(
             f"Trainer(precision={precision!r}) and callbacks=[{explicit[0]!r}] both set the precision. "
             "Keep one: drop precision=..., or drop the callback."
         )
@@ -75,7 +77,7 @@ def _check_true_precision(true_precision: TruePrecision, given: str, strategy: S
     """Raise before training if ``strategy`` cannot run ``true_precision`` (``given`` names it as the user wrote it)."""
     fsdp = sys.modules.get("strategies.fsdp")  # loaded if the strategy is an FSDP
     if fsdp is not None and isinstance(strategy, fsdp.FSDP):
-        raise ValueError(
+        raise MisconfigurationException(
             f"{given} keeps the weights in {str(true_precision.dtype).removeprefix('torch.')}, which Cadence does not "
             "build under FSDP. Use precision='bf16-mixed' (FSDP's MixedPrecisionPolicy: bfloat16 compute, float32 "
             "shards), or a single-device or DDP strategy."

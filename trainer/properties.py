@@ -21,7 +21,7 @@ import torch
 
 import callbacks as callbacks_package
 from callbacks.base import defines
-from callbacks.console import warn
+from callbacks.console import MisconfigurationException, warn
 from trainer.log_dir import preview_log_dir
 from trainer.stage_loaders import estimated_stepping_batches
 from trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
@@ -253,7 +253,7 @@ class TrainerProperties:
         ``empty_init=True`` (Lightning skips the weights' initialization) is refused.
         """
         if empty_init:
-            raise ValueError(
+            raise MisconfigurationException(
                 "trainer.init_module(empty_init=True) skips initializing the weights, which Cadence does not do. "
                 "Leave empty_init out (a checkpoint loaded afterwards replaces the initialized weights), or build "
                 "large layers in configure_model, which FSDP runs on the meta device.")

@@ -18,7 +18,7 @@ import torch
 from callbacks import Callback
 from trainer.data_source import collect_data, reloadable
 from trainer.hooks import step_hooks
-from trainer.optim import SchedulerConfig
+from trainer.scheduler_config import SchedulerConfig
 from trainer.setup import replaced_optimizers
 from trainer.trial import Snapshot, fresh_loop_state
 

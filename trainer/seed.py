@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch.utils.data import RandomSampler
 
+from callbacks.console import MisconfigurationException
+
 
 def seed_everything(seed: int | None = None, workers: bool = False, verbose: bool = True) -> int:
     """Seed Python's ``random``, NumPy and torch (CPU and every CUDA device), as Lightning's function does.
@@ -41,8 +43,9 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
         elif given.strip().isdigit():
             seed = int(given)
         else:
-            raise ValueError(f"Invalid seed specified via PL_GLOBAL_SEED: {given!r}. Set it to an int in "
-                             "[0, 2**32 - 1], or pass seed_everything(seed=...).")
+            raise MisconfigurationException(
+                f"Invalid seed specified via PL_GLOBAL_SEED: {given!r}. Set it to an int in "
+                "[0, 2**32 - 1], or pass seed_everything(seed=...).")
     seed_generators(seed)
     if verbose:
         rank = os.environ.get("RANK", "")
@@ -56,7 +59,7 @@ def seed_generators(seed: int) -> int:
     """Seed Python, NumPy and torch with ``seed`` (checked), saying nothing: ``Trainer(seed=...)``
     at the start of each stage. Returns the seed."""
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32:
-        raise ValueError(f"seed_everything(seed={seed!r}): use an int in [0, 2**32 - 1].")
+        raise MisconfigurationException(f"seed_everything(seed={seed!r}): use an int in [0, 2**32 - 1].")
     seed = int(seed)
     random.seed(seed)
     np.random.seed(seed)

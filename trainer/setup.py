@@ -24,11 +24,12 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from callbacks.console import MisconfigurationException
 from trainer.arguments import loss_of, manual_step_output
 from trainer.hooks import StepHooks
 from trainer.datamodule import overrides
-from trainer.optim import SchedulerConfig, parse_optimizers, single_owner, step_owner, trainer_clipping
-from trainer.scheduler_config import check_scheduler_api
+from trainer.optim import parse_optimizers, single_owner, step_owner, trainer_clipping
+from trainer.scheduler_config import SchedulerConfig, check_scheduler_api
 from trainer.stage_metrics import refused_in
 
 import torch
@@ -144,11 +145,12 @@ def plan_optimization(trainer: Any, module: TrainingModule, model: torch.nn.Modu
             clip = trainer_clipping(optimizers[0], trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
     else:
         if trainer.gradient_clip_val:  # Lightning's checks, in its order and words
-            raise ValueError(_manual_refusal("clipping", "gradient_clip_val", trainer.gradient_clip_val))
+            raise MisconfigurationException(_manual_refusal("clipping", "gradient_clip_val", trainer.gradient_clip_val))
         if trainer.accumulate_grad_batches != 1:
-            raise ValueError(_manual_refusal("accumulation", "accumulate_grad_batches", trainer.accumulate_grad_batches))
+            raise MisconfigurationException(
+                _manual_refusal("accumulation", "accumulate_grad_batches", trainer.accumulate_grad_batches))
         if trainer.on_nonfinite_loss == "skip":
-            raise ValueError(
+            raise MisconfigurationException(
                 "Trainer(on_nonfinite_loss='skip') skips optimizer steps the Trainer takes; with "
                 "self.automatic_optimization = False, check the loss in training_step instead."
             )
@@ -204,7 +206,7 @@ def _refuse_closure_steps(optimizers: list[torch.optim.Optimizer]) -> None:
     for optimizer in optimizers:
         closure = inspect.signature(optimizer.step).parameters.get("closure")
         if closure is not None and closure.default is inspect.Parameter.empty:
-            raise ValueError(
+            raise MisconfigurationException(
                 f"{type(optimizer).__name__}.step(closure) re-evaluates the loss, which Cadence's automatic "
                 "optimization does not do (it runs training_step and backward once per step). Use manual "
                 "optimization: `self.automatic_optimization = False`, then in training_step `opt = "
@@ -248,7 +250,7 @@ def training_forward(hooks: StepHooks, training_step: Callable[[Any, int], Any],
     return outputs, loss_of(outputs, batch_idx)
 
 
-class MultipleOptimizersError(RuntimeError, ValueError):
+class MultipleOptimizersError(RuntimeError, MisconfigurationException):
     """Several optimizers under automatic optimization, or Lightning 1.x's ``optimizer_idx``: a
     RuntimeError as Lightning's, and a ValueError as Cadence's refusal was."""
 

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import callbacks as callbacks_package
 import strategies as strategies_package
 from callbacks import Callback, ModelSummary, SyncBatchNorm, Timer, TorchFlags
-from callbacks.console import info, refuse_url
+from callbacks.console import info, MisconfigurationException, refuse_url
 from callbacks.timer import parse_duration
 from strategies import Strategy
 from trainer.arguments import check_trainer_arguments
@@ -170,8 +170,9 @@ def with_lightning_defaults(arguments: dict[str, Any]) -> dict[str, Any]:
         for name, what in BAREBONES_OFF.items():
             value = arguments[name]
             if value is not None and value is not False and not (isinstance(value, int) and value == 0):
-                raise ValueError(f"`Trainer(barebones=True, {name}={value!r})` was passed. {what} can impact raw speed "
-                                 f"so it is disabled in barebones mode: leave {name} out, or drop barebones=True.")
+                raise MisconfigurationException(
+                    f"`Trainer(barebones=True, {name}={value!r})` was passed. {what} can impact raw speed "
+                    f"so it is disabled in barebones mode: leave {name} out, or drop barebones=True.")
         arguments = arguments | {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
                                  "enable_model_summary": False, "num_sanity_val_steps": 0, "report": False,
                                  "log_every_n_steps": None}  # the loop's default: its checks run at log steps
@@ -214,7 +215,7 @@ def translate(*, max_epochs: Any, max_steps: Any, strategy: Any, devices: Any, p
                "use_distributed_sampler": use_distributed_sampler, "sync_batchnorm": sync_batchnorm},
     )
     if not isinstance(barebones, bool):
-        raise ValueError(f"Trainer(barebones={barebones!r}): use True or False.")
+        raise MisconfigurationException(f"Trainer(barebones={barebones!r}): use True or False.")
     refuse_url(default_root_dir, "Trainer(default_root_dir)")
     if barebones and os.environ.get("RANK", "0") == "0":
         print("Trainer(barebones=True): no checkpoints, loggers, self.log, progress bar, model summary, sanity check, "
@@ -277,8 +278,9 @@ def _fast_dev_run_batches(fast_dev_run: Any) -> int:
     if isinstance(fast_dev_run, bool):
         return int(fast_dev_run)
     if not isinstance(fast_dev_run, int) or fast_dev_run < 0:
-        raise ValueError(f"Trainer(fast_dev_run={fast_dev_run!r}): use True (one batch of each stage), False, or an "
-                         "int >= 0 (that many batches); a number of batches should be >= 0.")
+        raise MisconfigurationException(
+            f"Trainer(fast_dev_run={fast_dev_run!r}): use True (one batch of each stage), False, or an "
+            "int >= 0 (that many batches); a number of batches should be >= 0.")
     return fast_dev_run
 
 
@@ -293,8 +295,9 @@ def _without_loggers_and_checkpoints(callbacks: Any) -> Any:
 def _add_model_summary(callbacks: list[Callback], enabled: Any) -> None:
     given = [callback for callback in callbacks if isinstance(callback, ModelSummary)]
     if not isinstance(enabled, bool):
-        raise ValueError(f"Trainer(enable_model_summary={enabled!r}): use True or False.")
+        raise MisconfigurationException(f"Trainer(enable_model_summary={enabled!r}): use True or False.")
     if given and not enabled:
-        raise ValueError("Trainer(enable_model_summary=False) but callbacks holds a ModelSummary; remove one of them.")
+        raise MisconfigurationException(
+            "Trainer(enable_model_summary=False) but callbacks holds a ModelSummary; remove one of them.")
     if enabled and not given:
         callbacks.append(ModelSummary())

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader
 
-from callbacks.console import PossibleUserWarning, info, warn
+from callbacks.console import info, MisconfigurationException, PossibleUserWarning, warn
 from strategies.loaders import recording_batch_indices
 from strategies.transfer import move_to_device
 from trainer.batch_transfer import BatchTransfer, transferred
@@ -269,7 +269,7 @@ def validation_schedule(val_check_interval: int | float, check_val_every_n_epoch
         return None
     if isinstance(val_check_interval, int):
         if check_val_every_n_epoch is not None and val_check_interval > num_batches:
-            raise ValueError(
+            raise MisconfigurationException(
                 f"Trainer(val_check_interval={val_check_interval}) must be less than or equal to the number of the "
                 f"training batches ({num_batches} in an epoch), or validation would never run. Use a smaller int, "
                 "check_val_every_n_epoch=None to count batches across epochs, or limit_val_batches=0 for no validation."
@@ -278,7 +278,7 @@ def validation_schedule(val_check_interval: int | float, check_val_every_n_epoch
     if num_batches == math.inf:
         if val_check_interval == 1.0:
             return ValidationSchedule(math.inf)
-        raise ValueError(
+        raise MisconfigurationException(
             f"Trainer(val_check_interval={val_check_interval}) is a fraction of the epoch, but the training loader "
             "has no length. Use 1.0 (the end of each epoch), an int (every N training batches), or "
             "limit_train_batches=N to give the epoch a length."
@@ -301,7 +301,7 @@ def evaluation_loaders(trainer: Trainer, stage: str, loaders: list[Any]) -> tupl
     """Validate, test or predict's loaders, prepared, and their numbers of batches (the Trainer's
     ``num_val_batches``, ``num_test_batches`` or ``num_predict_batches``: :data:`NUM_BATCHES`)."""
     if not loaders:
-        raise ValueError(f"Trainer.{stage} got an empty list of loaders; pass at least one DataLoader.")
+        raise MisconfigurationException(f"Trainer.{stage} got an empty list of loaders; pass at least one DataLoader.")
     prepared = [prepare_stage_loader(trainer, loader, stage, False) for loader in loaders]
     trainer.metrics.restart_evaluation_steps(stage)  # each call's step rows count from 0, as Lightning's loops
     made = [recording_batch_indices(loader) if stage == "predict" else loader for loader, _ in prepared]  # Lightning's

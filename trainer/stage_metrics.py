@@ -350,8 +350,9 @@ def _scalar(name: str, value: Any) -> Any:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
     what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-    raise ValueError(f"The `.compute()` return of the metric logged as '{name}' must be a tensor (a scalar): it "
-                     f"computed {what}. Log each element under its own name.")
+    raise MisconfigurationException(
+        f"The `.compute()` return of the metric logged as '{name}' must be a tensor (a scalar): it "
+        f"computed {what}. Log each element under its own name.")
 
 
 class NoStage:

@@ -35,7 +35,7 @@ from trainer.resume import failed_before_batch_end
 from trainer.seed import capture_rng_state, restore_rng_state
 from trainer.stage_metrics import refusing
 from callbacks.base import defines
-from callbacks.console import info, warn
+from callbacks.console import info, MisconfigurationException, warn
 
 if TYPE_CHECKING:
     from strategies import Strategy
@@ -244,8 +244,9 @@ def write_checkpoint(trainer: Trainer, path: str | os.PathLike, progress: Progre
     stage, write a snapshot in that writer's thread (the strategy's ``save_checkpoint``). Returns its
     global step."""
     if storage_options is not None:
-        raise ValueError("Trainer.save_checkpoint(storage_options=...): Cadence writes local files only; leave it "
-                         "None and copy the file where it should go.")
+        raise MisconfigurationException(
+            "Trainer.save_checkpoint(storage_options=...): Cadence writes local files only; leave it "
+            "None and copy the file where it should go.")
     if trainer.module is None:  # no stage runs: the state the last fit ended with
         state = end_of_fit_checkpoint(trainer, end_of_fit, weights_only)
         if trainer.strategy.is_global_zero:  # the processes of a run have left their group: no barrier

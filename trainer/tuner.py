@@ -23,6 +23,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from callbacks.console import MisconfigurationException
 from callbacks import BatchSizeFinder, LearningRateFinder, LRFinder
 from callbacks.lr_finder import lr_attribute
 from callbacks.search import set_attribute
@@ -53,11 +54,13 @@ class Tuner:
         the hooks of the model or ``datamodule``, which read the attribute."""
         _check_configuration(train_dataloaders, val_dataloaders, dataloaders, method)
         if self._trainer.world_size > 1:
-            raise ValueError("Tuning the batch size is currently not supported with distributed strategies: find it "
-                             "with one device (Trainer(devices=1)), then pass it to the distributed run.")
+            raise MisconfigurationException(
+                "Tuning the batch size is currently not supported with distributed strategies: find it "
+                "with one device (Trainer(devices=1)), then pass it to the distributed run.")
         if any(isinstance(callback, BatchSizeFinder) for callback in self._trainer.callbacks):
-            raise ValueError("Trainer is already configured with a `BatchSizeFinder` callback. Please remove it if you "
-                             "want to use the Tuner.")
+            raise MisconfigurationException(
+                "Trainer is already configured with a `BatchSizeFinder` callback. Please remove it if you "
+                "want to use the Tuner.")
         finder = BatchSizeFinder(mode=mode, steps_per_trial=steps_per_trial, init_val=init_val, max_trials=max_trials,
                                  batch_arg_name=batch_arg_name, margin=margin, max_val=max_val)
         if method == "fit":  # before the train loader's hook reads it; evaluation checks its loaders first (Lightning)
@@ -79,12 +82,14 @@ class Tuner:
         ``update_attr``, the suggestion becomes the model's ``lr``/``learning_rate`` (or
         ``attr_name``). See ``callbacks.LearningRateFinder`` for the arguments."""
         if method != "fit":
-            raise ValueError(f"Tuner.lr_find(method={method!r}): method='fit' is the only valid configuration to run "
-                             "lr finder.")
+            raise MisconfigurationException(
+                f"Tuner.lr_find(method={method!r}): method='fit' is the only valid configuration to run "
+                "lr finder.")
         _check_configuration(train_dataloaders, val_dataloaders, dataloaders, method)
         if any(isinstance(callback, LearningRateFinder) for callback in self._trainer.callbacks):
-            raise ValueError("Trainer is already configured with a `LearningRateFinder` callback. Please remove it if "
-                             "you want to use the Tuner.")
+            raise MisconfigurationException(
+                "Trainer is already configured with a `LearningRateFinder` callback. Please remove it if "
+                "you want to use the Tuner.")
         if update_attr:
             lr_attribute(model, attr_name)  # fails now, before anything is set up, if there is none
         finder = LearningRateFinder(min_lr=min_lr, max_lr=max_lr, num_training_steps=num_training, mode=mode,
@@ -139,10 +144,12 @@ def _datamodule_in(loaders: Any) -> DataModule | None:
 
 def _check_configuration(train_dataloaders: Any, val_dataloaders: Any, dataloaders: Any, method: str) -> None:
     if method not in METHODS:
-        raise ValueError(f"method {method!r} is invalid. Should be one of {METHODS}.")
+        raise MisconfigurationException(f"method {method!r} is invalid. Should be one of {METHODS}.")
     if method == "fit" and dataloaders is not None:
-        raise ValueError("In tuner with method='fit', `dataloaders` argument should be None, please consider setting "
-                         "`train_dataloaders` and `val_dataloaders` instead.")
+        raise MisconfigurationException(
+            "In tuner with method='fit', `dataloaders` argument should be None, please consider setting "
+            "`train_dataloaders` and `val_dataloaders` instead.")
     if method != "fit" and (train_dataloaders is not None or val_dataloaders is not None):
-        raise ValueError(f"In tuner with `method`={method!r}, `train_dataloaders` and `val_dataloaders` arguments "
-                         "should be None, please consider setting `dataloaders` instead.")
+        raise MisconfigurationException(
+            f"In tuner with `method`={method!r}, `train_dataloaders` and `val_dataloaders` arguments "
+            "should be None, please consider setting `dataloaders` instead.")

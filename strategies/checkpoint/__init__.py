@@ -44,6 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from callbacks.console import MisconfigurationException
 from strategies.checkpoint.files import (
     check_plain, corrupted, link_checkpoint, read_file, recover_interrupted_replace, remove_checkpoint,
     replace_atomic, save_atomic, snapshot, staging_directory, symlink_checkpoint, write_file,
@@ -118,9 +119,11 @@ def convert_checkpoint(source: str | os.PathLike, target: str | os.PathLike) -> 
     """
     target = Path(target)
     if target.exists() and target.resolve() == Path(source).resolve():
-        raise ValueError(f"convert_checkpoint({str(source)!r}, {str(target)!r}): the target is the source; "
-                         "name a new file, e.g. model.ckpt.")
+        raise MisconfigurationException(
+            f"convert_checkpoint({str(source)!r}, {str(target)!r}): the target is the source; "
+            "name a new file, e.g. model.ckpt.")
     if target.is_dir():
-        raise ValueError(f"convert_checkpoint: the target {target} is a directory; name the file to write, "
-                         f"e.g. {target / 'model.ckpt'}.")
+        raise MisconfigurationException(
+            f"convert_checkpoint: the target {target} is a directory; name the file to write, "
+            f"e.g. {target / 'model.ckpt'}.")
     return save_atomic(read_checkpoint(source), target)

@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from callbacks.console import MisconfigurationException
+
 if TYPE_CHECKING:
     from strategies.checkpoint.background import HostBuffers
 
@@ -327,7 +329,7 @@ def read_file(path: Path, map_location: Any = "cpu", what: str = "Checkpoint", m
     except pickle.UnpicklingError as error:
         unsafe = re.search(r"GLOBAL ([\w.]+)", str(error))
         if unsafe:
-            raise ValueError(
+            raise MisconfigurationException(
                 f"Refusing to load {what.lower()} {path}: it contains a pickled {unsafe.group(1)}, which "
                 "would run code when loaded. Cadence loads only tensors and plain data "
                 "(torch.load(weights_only=True)), whatever weights_only= the Trainer's stages or "

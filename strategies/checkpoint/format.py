@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from callbacks.console import MisconfigurationException
+
 #: Bumped when the layout of a checkpoint changes, so an old reader can refuse a newer file.
 FORMAT_VERSION = 1
 
@@ -80,12 +82,12 @@ def check_format(state: Any, path: Path, weights: bool = True) -> None:
     ``weights`` is False: a sharded checkpoint's state file, read without its shards)."""
     if not isinstance(state, dict) or (weights and "state_dict" not in state):
         what = f"a dict with keys {sorted(map(str, state))[:8]}" if isinstance(state, dict) else type(state).__name__
-        raise ValueError(
+        raise MisconfigurationException(
             f"{path} is not a Cadence checkpoint: it has no 'state_dict' (it holds {what}). To start "
             "from bare weights, load them with model.load_state_dict(...) and call fit without ckpt_path."
         )
     if state.get("format", FORMAT_VERSION) > FORMAT_VERSION:
-        raise ValueError(
+        raise MisconfigurationException(
             f"Checkpoint {path} has format {state['format']}, newer than this Cadence reads "
             f"({FORMAT_VERSION}); it was written by Cadence {state.get('versions', {}).get('cadence')}. "
             "Upgrade torchcadence."
@@ -96,14 +98,14 @@ def check_resumable(state: dict[str, Any], path: Path) -> None:
     """Raise unless ``state`` holds the training state that ``fit(ckpt_path=...)`` continues from."""
     missing = [key for key in TRAINING_STATE_KEYS if key not in state]
     if missing and state.get("weights_only"):
-        raise ValueError(
+        raise MisconfigurationException(
             f"Checkpoint {path} holds weights only (written with ModelCheckpoint(save_weights_only=True) or "
             "save_checkpoint(path, weights_only=True)): no optimizer, scheduler or loop state, so fit cannot resume "
             "from it. To train on from these weights, build the module with YourModule.load_from_checkpoint(path) "
             "and call fit without ckpt_path; to resume, use a checkpoint saved without save_weights_only."
         )
     if missing:
-        raise ValueError(
+        raise MisconfigurationException(
             f"Checkpoint {path} holds weights but not the training state ({', '.join(missing)} "
             "missing), so fit cannot resume from it. To start a new run from these weights, load "
             "them with model.load_state_dict(...) and call fit without ckpt_path."
@@ -129,7 +131,7 @@ def check_weights(module: torch.nn.Module, state: dict[str, Any], path: Path, st
         warnings.warn(f"Loaded {path} into {type(module).__name__} with strict=False: missing keys {_few(missing)}, "
                       f"unexpected keys {_few(unexpected)} (left as they are).", stacklevel=4)
     elif missing or unexpected:
-        raise ValueError(
+        raise MisconfigurationException(
             f"Checkpoint {path} does not fit {type(module).__name__}: missing keys {_few(missing)}, "
             f"unexpected keys {_few(unexpected)}. Load it into the model class (and configuration) "
             "that wrote it."
@@ -139,7 +141,7 @@ def check_weights(module: torch.nn.Module, state: dict[str, Any], path: Path, st
                   if key in weights and isinstance(value, torch.Tensor) and isinstance(weights[key], torch.Tensor)
                   and weights[key].shape != value.shape]
     if mismatched:
-        raise ValueError(
+        raise MisconfigurationException(
             f"Checkpoint {path} does not fit {type(module).__name__}: shapes differ for "
             f"{_few(mismatched)}. Build the model with the hyperparameters that wrote it "
             f"({state.get('hyper_parameters', {})})."
@@ -153,7 +155,7 @@ def load_optimizers(optimizers: list[torch.optim.Optimizer], schedulers: list[An
     for what, objects, states in (("optimizers", optimizers, state["optimizer_states"]),
                                   ("LR schedulers", schedulers, state["lr_schedulers"])):
         if len(objects) != len(states):
-            raise ValueError(
+            raise MisconfigurationException(
                 f"Checkpoint {path} has {len(states)} {what}, but configure_optimizers returned "
                 f"{len(objects)}. Resume with the configure_optimizers that wrote it."
             )
@@ -164,7 +166,7 @@ def load_optimizers(optimizers: list[torch.optim.Optimizer], schedulers: list[An
             else:
                 load_state(optimizer, optimizer_state)
         except (ValueError, KeyError, RuntimeError) as error:
-            raise ValueError(
+            raise MisconfigurationException(
                 f"Checkpoint {path}: optimizer {index} ({type(optimizer).__name__}) does not fit: {error} "
                 "Resume with the model and configure_optimizers that wrote it."
             ) from error

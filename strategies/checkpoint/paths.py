@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from callbacks.console import refuse_url
+from callbacks.console import MisconfigurationException, refuse_url
 from strategies.checkpoint.files import recover_interrupted_replace
 from strategies.checkpoint.sharded import check_complete, is_sharded_checkpoint
 
@@ -105,18 +105,21 @@ def _refuse_lightning_sources(ckpt_path: Any, stage: str) -> None:
     registry, through the litmodels package), which Cadence does not have, refused with the Cadence way."""
     text = str(ckpt_path)
     if text == "hpc":
-        raise ValueError(f'Trainer.{stage}(ckpt_path="hpc") loads Lightning\'s SLURM requeue checkpoint (hpc_ckpt_N.ckpt), '
-                         "which Cadence does not write: on SIGTERM or SIGUSR1 it saves last.ckpt and stops. Pass "
-                         'ckpt_path="last" (in the requeued job too) or a path.')
+        raise MisconfigurationException(
+            f'Trainer.{stage}(ckpt_path="hpc") loads Lightning\'s SLURM requeue checkpoint (hpc_ckpt_N.ckpt), '
+            "which Cadence does not write: on SIGTERM or SIGUSR1 it saves last.ckpt and stops. Pass "
+            'ckpt_path="last" (in the requeued job too) or a path.')
     if text.lower() == "registry" or text.lower().startswith("registry:"):
-        raise ValueError(f"Trainer.{stage}(ckpt_path={text!r}) downloads from Lightning's model registry (litmodels); "
-                         "Cadence reads local checkpoint files only. Download the checkpoint and pass its path.")
+        raise MisconfigurationException(
+            f"Trainer.{stage}(ckpt_path={text!r}) downloads from Lightning's model registry (litmodels); "
+            "Cadence reads local checkpoint files only. Download the checkpoint and pass its path.")
 
 
 def _best(stage: str, best: str | None) -> Path:
     if best is None:
-        raise ValueError(f'Trainer.{stage}(ckpt_path="best") loads the best checkpoint of a callbacks.ModelCheckpoint, '
-                         'and this Trainer has none. Pass ckpt_path="last" or a path.')
+        raise MisconfigurationException(
+            f'Trainer.{stage}(ckpt_path="best") loads the best checkpoint of a callbacks.ModelCheckpoint, '
+            'and this Trainer has none. Pass ckpt_path="last" or a path.')
     if not best:
         raise FileNotFoundError(f'Trainer.{stage}(ckpt_path="best"): the ModelCheckpoint has saved no ranked checkpoint '
                                 'yet (no fit ran with it, or save_top_k=0). Pass ckpt_path="last" or a path.')

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from callbacks.console import MisconfigurationException
 from strategies.checkpoint.files import corrupted, remove_checkpoint, replace_atomic, write_file
 
 #: The file of a sharded checkpoint that holds its plain data.
@@ -51,7 +52,7 @@ def check_complete(path: Path) -> None:
     only), so it runs before any process starts."""
     missing = [name for name in (STATE_FILE, METADATA_FILE) if not (path / name).is_file()]
     if missing:
-        raise ValueError(
+        raise MisconfigurationException(
             f"Checkpoint {path} is incomplete: it has no {' and no '.join(missing)}. A sharded checkpoint is "
             "renamed into place only after every rank wrote its shards, so this directory was copied or "
             "edited partially. Use an earlier checkpoint, or copy the whole directory again."
@@ -62,7 +63,7 @@ def check_complete(path: Path) -> None:
         size = shard.stat().st_size if shard.is_file() else None
         if size is None or size < needed:
             found = "is missing" if size is None else f"has {size} bytes where the index needs {needed}"
-            raise ValueError(
+            raise MisconfigurationException(
                 f"Checkpoint {path} is incomplete: its shard {entry.relative_path} {found}. Use an earlier "
                 "checkpoint, or copy the whole directory again."
             )
@@ -93,8 +94,9 @@ def read_metadata(path: Path) -> Any:
             return _MetadataUnpickler(file).load()
     except pickle.UnpicklingError as error:
         if "not part of a checkpoint index" in str(error):
-            raise ValueError(f"Refusing to load checkpoint {path}: {error}, which would run code when loaded. "
-                             "Cadence loads only tensors and plain data.") from error
+            raise MisconfigurationException(
+                f"Refusing to load checkpoint {path}: {error}, which would run code when loaded. "
+                "Cadence loads only tensors and plain data.") from error
         raise corrupted(path, error) from error
     except (OSError, EOFError, AttributeError, ValueError, TypeError, IndexError) as error:
         raise corrupted(path, error) from error
@@ -242,7 +244,7 @@ def parameter_names(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     for group in optimizer.param_groups:
         for parameter in group["params"]:
             if id(parameter) not in names:
-                raise ValueError(
+                raise MisconfigurationException(
                     f"{type(optimizer).__name__} steps a parameter of shape {tuple(parameter.shape)} that is not in "
                     f"{type(module).__name__}; checkpoints name optimizer states by parameter name. Build the "
                     "optimizer in configure_optimizers from self.parameters()."

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from callbacks.console import MisconfigurationException
 
-class ConfigError(ValueError):
+
+class ConfigError(MisconfigurationException):
     """A problem with the configuration, about ``key`` (``"trainer.callbacks[0].init_args"``)."""
 
     def __init__(self, message: str, key: str | None = None) -> None:

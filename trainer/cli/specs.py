@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any, Callable
 
+from callbacks.console import MisconfigurationException
 from callbacks.refused import Refused
 from trainer.cli.config_files import ConfigError
 
@@ -65,7 +66,7 @@ class Spec:
         return {"class_path": self.class_path, "init_args": init_args}
 
 
-class BuildError(ValueError):
+class BuildError(MisconfigurationException):
     """An object of the run refused the values it was given (its own one-line message)."""
 
 

@@ -19,8 +19,8 @@
   could be false positives, and the function that silences them (``POSSIBLE_USER_WARNINGS=0`` or ``off``
   in the environment when ``trainer`` is imported does the same, as Lightning's).
 - ``_TunerExitException`` (``lightning.pytorch.utilities.exceptions``'), caught around ``Tuner.lr_find`` by user code.
-- ``MisconfigurationException`` (``lightning.pytorch.utilities.exceptions``'), which projects raise for their own
-  configuration errors: a ValueError, as the configuration errors Cadence raises are (``except ValueError``).
+- ``MisconfigurationException`` (``lightning.pytorch.utilities.exceptions``'): a ValueError, and what Cadence raises
+  for a wrong setup (every ValueError of its own), as Lightning does; projects raise it for their own errors too.
 """
 
 from __future__ import annotations
@@ -123,8 +123,9 @@ def grad_norm(module: nn.Module, norm_type: float | int | str, group_separator: 
     in ``on_before_optimizer_step``. Parameters without a gradient are left out."""
     norm_type = float(norm_type)
     if norm_type <= 0:
-        raise ValueError(f"`norm_type` must be a positive number or 'inf' (infinity norm). Got {norm_type}: "
-                         f"grad_norm(norm_type={norm_type}): use a positive number or 'inf' (the largest value).")
+        raise MisconfigurationException(
+            f"`norm_type` must be a positive number or 'inf' (infinity norm). Got {norm_type}: "
+            f"grad_norm(norm_type={norm_type}): use a positive number or 'inf' (the largest value).")
     norms = {f"grad_{norm_type}_norm{group_separator}{name}": parameter.grad.detach().norm(norm_type)
              for name, parameter in module.named_parameters() if parameter.grad is not None}
     if norms:
@@ -179,8 +180,9 @@ class LightningEnum(str, enum.Enum):
             if (source in ("key", "any") and member.name.lower() == value.lower()) or \
                     (source in ("value", "any") and member.value.lower() == value.lower()):
                 return member
-        raise ValueError(f"{cls.__name__}: no member named {value!r}; use one of "
-                         f"{', '.join(member.value for member in cls)}.")
+        raise MisconfigurationException(
+            f"{cls.__name__}: no member named {value!r}; use one of "
+            f"{', '.join(member.value for member in cls)}.")
 
     def __eq__(self, other: object) -> bool:
         other = other.value if isinstance(other, enum.Enum) else str(other)
@@ -240,7 +242,8 @@ def suggested_max_num_workers(local_world_size: int) -> int:
     """DataLoader workers per process: the CPUs this process may use, shared by ``local_world_size``
     processes, less one each for the process itself (at least 1)."""
     if local_world_size < 1:
-        raise ValueError(f"suggested_max_num_workers(local_world_size={local_world_size}): use an int >= 1.")
+        raise MisconfigurationException(
+            f"suggested_max_num_workers(local_world_size={local_world_size}): use an int >= 1.")
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cpus // local_world_size - 1)
 
@@ -326,7 +329,7 @@ def extract_batch_size(batch: Any) -> int:
                  "which.")
             break
     if size is None:
-        raise ValueError(
+        raise MisconfigurationException(
             f"self.log found no tensor in the batch ({type(batch).__name__}) to tell its size, which weighs "
             "the value in the epoch mean. Pass self.log(..., batch_size=n), or make the batch hold tensors.")
     return size

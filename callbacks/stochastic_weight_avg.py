@@ -204,7 +204,7 @@ class StochasticWeightAveraging(Callback):
         was_training = module.training
         module.train()
         count = trainer.num_training_batches
-        with torch.no_grad():
+        with torch.no_grad(), trainer.metrics.unrecorded():  # its self.log calls record nothing (not an epoch)
             for batch_idx, batch in enumerate(trainer.train_dataloader):
                 if batch_idx >= count:
                     break

@@ -47,3 +47,15 @@ def test_all_gather_in_one_process_returns_tensors_of_the_collection_unchanged_i
     gathered = Exportable().all_gather({"loss": 0.5, "parts": [torch.ones(2), torch.zeros(3, 1)]})
     assert torch.equal(gathered["loss"], torch.tensor(0.5))
     assert [tuple(t.shape) for t in gathered["parts"]] == [(2,), (3, 1)]
+
+
+def test_to_tensorrt_is_refused_with_lightnings_words_and_the_way_to_do_it(monkeypatch):
+    module = LinearRegression()
+    # torch_tensorrt is not installed here: Lightning's ModuleNotFoundError, in its words, then how.
+    with pytest.raises(ModuleNotFoundError, match=r"`LinearRegression.to_tensorrt` requires `torch_tensorrt` to be "
+                                                  r"installed\. .*torch_tensorrt.compile\(module.eval\(\)"):
+        module.to_tensorrt("model.trt")
+    # Installed, Cadence still does not export: the same way, never a silent no-op.
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "torch_tensorrt" else None)
+    with pytest.raises(NotImplementedError, match=r"to_tensorrt` is Lightning's: call torch_tensorrt.compile"):
+        module.to_tensorrt("model.trt", input_sample=torch.randn(1, 4))

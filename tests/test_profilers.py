@@ -234,11 +234,11 @@ Trainer(max_epochs=2, profiler="pytorch", logger=False, enable_checkpointing=Fal
 '''
 
 
-def test_a_warning_from_one_line_is_shown_once_under_the_pytorch_profiler():
+def test_a_warning_from_one_line_is_shown_once_under_the_pytorch_profiler(tmp_path):
     # Python shows a warning once per line (its default filter); Lightning's run shows this one once. Cadence's
     # profiler silenced a torch warning with catch_warnings around every step, which made Python forget what it had
     # shown: the user's warning came back at each of the 16 steps.
-    done = subprocess.run([sys.executable, "-c", WARNS_EACH_STEP], cwd=THIS_CHECKOUT, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", WARNS_EACH_STEP], cwd=tmp_path, capture_output=True, text=True,  # its traces
                           timeout=240, env={**os.environ, "PYTHONPATH": THIS_CHECKOUT, "PYTHONWARNINGS": ""})
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("UserWarning: shown once") == 1

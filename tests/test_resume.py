@@ -184,6 +184,41 @@ def test_an_iterable_dataset_resumes_by_reading_and_dropping_the_trained_batches
     assert trainer.global_step == 8
 
 
+class StatefulStream:
+    """An iterable that keeps its place (Lightning's stateful loader protocol: state_dict/load_state_dict)."""
+
+    def __init__(self) -> None:
+        self.position, self.loaded = 0, None
+        data = Counted()
+        self.batches = [(data.x[i:i + 8], data.y[i:i + 8]) for i in range(0, 64, 8)]
+
+    def __iter__(self):
+        while self.position < len(self.batches):
+            self.position += 1
+            yield self.batches[self.position - 1]
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loaded, self.position = dict(state), state["position"]
+
+
+def test_a_stateful_iterable_resumes_from_its_own_state_without_refetching(make_trainer, tmp_path, recwarn):
+    path = tmp_path / "step3.ckpt"
+    make_trainer(max_epochs=1, callbacks=[SaveAtStep(path, 3)]).fit(fresh_model(), StatefulStream())
+    data, trainer = StatefulStream(), make_trainer(max_epochs=1)
+    trainer.fit(fresh_model(), data, ckpt_path=path)
+    # As Lightning 2.6.5: the checkpoint's state is loaded and the iterable goes on from it; no batch is fetched
+    # again to be dropped, and no "not resumable" warning.
+    assert data.loaded == {"position": 3}
+    assert trainer.global_step == 8
+    assert not [w for w in recwarn if "not resumable" in str(w.message)]
+
+
 def test_a_ddp_run_resumes_mid_epoch_exactly_with_each_ranks_rng(tmp_path):
     # Two gloo ranks, each with its own shard of the shuffle and its own dropout masks.
     def fit(callbacks=(), ckpt_path=None) -> Dropout:

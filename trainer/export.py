@@ -77,6 +77,17 @@ def to_onnx(module: TrainingModule, file_path: Any, input_sample: Any, kwargs: d
     return result
 
 
+def refuse_tensorrt(module: TrainingModule) -> None:
+    """Lightning's ``to_tensorrt`` (``torch_tensorrt.compile`` of the module, then ``torch_tensorrt.save``): its words
+    when the package is missing, and in every case the way to do it without Cadence in between."""
+    how = ("call torch_tensorrt.compile(module.eval(), ir=\"default\", inputs=[example_input]) and "
+           "torch_tensorrt.save(...) on this module directly (Cadence does not export to TensorRT itself).")
+    if importlib.util.find_spec("torch_tensorrt") is None:
+        raise ModuleNotFoundError(f"`{type(module).__name__}.to_tensorrt` requires `torch_tensorrt` to be installed. "
+                                  f"Install it (pip install torch-tensorrt), then {how}")
+    raise NotImplementedError(f"`{type(module).__name__}.to_tensorrt` is Lightning's: {how}")
+
+
 def all_gather(module: TrainingModule, data: Any, group: Any, sync_grads: bool) -> Any:
     """``data`` (numbers, tensors, or dicts/lists/tuples of them) gathered from every process by the
     running strategy: each tensor gets a first dimension of the world size (none with one process)."""

@@ -120,6 +120,10 @@ class TrainingModule(HyperparametersMixin, DataHooks, ModelHooks, nn.Module):
         needs the ``onnx`` package."""
         return export.to_onnx(self, file_path, input_sample, kwargs)
 
+    def to_tensorrt(self, *args: Any, **kwargs: Any) -> Any:
+        """Refused: Cadence does not export to TensorRT itself (``torch_tensorrt.compile`` does; see trainer/export.py)."""
+        export.refuse_tensorrt(self)
+
     def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
         """``data`` (tensors, numbers, or collections of them) from every process, each tensor with a
         new first dimension of the world size (none with one process). Every process must call it."""

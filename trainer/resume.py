@@ -25,7 +25,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from strategies.loaders import remaining_batches
 
-from trainer.data import rebuild_dataloader
+from trainer.data import loader_length, rebuild_dataloader
 from trainer.seed import capture_rng_state, restore_rng_state
 from callbacks.console import PossibleUserWarning, warn
 
@@ -128,6 +128,23 @@ def resharded(sampler: ResumableBatchSampler | None, skip: int, written_by: int,
     return max(0, (length if length is not None else len(batches)) - len(batches)), batches
 
 
+def loader_states(loader: Any, read_ahead: bool) -> list[Any] | None:
+    """The ``state_dict()`` of each iterable of the training ``loader`` that has ``state_dict`` and
+    ``load_state_dict`` (a stateful iterable, torchdata's StatefulDataLoader), None for the others; None
+    when none has one. A checkpoint keeps them: a resumed run loads them instead of fetching and dropping
+    the batches already trained, as Lightning does. None too when the loop has ``read_ahead`` (the CUDA
+    copy of the next batch, a loader without a length): the states would be a batch past the step."""
+    if loader is None or read_ahead or loader_length(loader) is None:
+        return None
+    states = [each.state_dict() if callable(getattr(each, "state_dict", None)) and callable(
+        getattr(each, "load_state_dict", None)) else None for each in _iterables(loader)]
+    return states if any(state is not None for state in states) else None
+
+
+def _iterables(loader: Any) -> list[Any]:
+    return list(loader.flattened) if type(loader).__name__ == "CombinedLoader" else [loader]
+
+
 def resume_iterator(loader: Any, sampler: ResumableBatchSampler | None, skip: int, rng: dict,
                     batches: list | None = None) -> Iterator[Any]:
     """An iterator over ``loader`` that starts after its first ``skip`` batches of the epoch.
@@ -142,6 +159,13 @@ def resume_iterator(loader: Any, sampler: ResumableBatchSampler | None, skip: in
     if sampler is not None and rng.get("epoch_start") is not None:
         sampler.replay(rng["epoch_start"], skip, rng["now"], batches)
         return iter(loader)
+    states, iterables = rng.get("loaders"), _iterables(loader)
+    if states is not None and len(states) == len(iterables) and None not in states:
+        for iterable, state in zip(iterables, states):  # as Lightning: each continues where its state says
+            iterable.load_state_dict(state)
+        iterator = iter(loader)
+        restore_rng_state(rng["now"])
+        return iterator
     what = ("several loaders combined (a CombinedLoader)" if type(loader).__name__ == "CombinedLoader" else
             f"a {type(loader).__name__} without a batch sampler (an IterableDataset, batch_size=None, or not a "
             "DataLoader)")

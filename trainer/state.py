@@ -31,7 +31,7 @@ from strategies import checkpoint as checkpoint_io
 from trainer.datamodule import overrides
 from trainer.loading import restore_datamodule_state
 from trainer.optim import ends_accumulation_window, step_schedulers
-from trainer.resume import failed_before_batch_end
+from trainer.resume import failed_before_batch_end, loader_states
 from trainer.seed import capture_rng_state, restore_rng_state
 from trainer.stage_metrics import refusing
 from callbacks.base import defines
@@ -108,6 +108,8 @@ def training_state(trainer: Trainer, progress: Progress) -> dict[str, Any]:
     rng = trainer.strategy.all_gather_object({
         "now": {**capture_rng_state(), "generators": sampler.generator_states() if sampler is not None else []},
         "epoch_start": sampler.epoch_start_rng if sampler is not None else None,
+        "loaders": loader_states(progress.iterated, trainer.strategy.device.type == "cuda" and getattr(
+            trainer.strategy, "prefetch", None) is not False) if sampler is None else None,  # stateful iterables' own
     })
     return {
         "optimizer_states": [trainer.strategy.optimizer_state_dict(trainer.module, optimizer)

@@ -293,3 +293,43 @@ def test_what_the_stage_start_hooks_draw_comes_after_the_first_iterator_as_in_li
     expected.orders["test"] = [int(i) for indices, *_ in iterator for i in indices]
     assert module.draws == expected.draws
     assert module.orders == expected.orders
+
+
+class ReadsStepsInConfigureOptimizers(DrawsInHooks):
+    """configure_optimizers reads trainer.estimated_stepping_batches (as for OneCycleLR); on_fit_start draws."""
+
+    def configure_optimizers(self):
+        self.steps = self.trainer.estimated_stepping_batches
+        return super().configure_optimizers()
+
+    def on_fit_start(self):
+        self._draw("fit_start")
+
+
+@pytest.mark.parametrize("second_fit", [False])  # a second fit reads the first fit's count (left: report probe9)
+def test_estimated_stepping_batches_makes_the_training_iterator_where_lightnings_fit_loop_makes_it(make_trainer,
+                                                                                                   second_fit):
+    torch.manual_seed(3)
+    module = ReadsStepsInConfigureOptimizers()
+    trainer = make_trainer(max_epochs=2, num_sanity_val_steps=1, check_val_every_n_epoch=50, enable_model_summary=False)
+    trainer.fit(module)
+    if second_fit:
+        trainer.max_epochs = 3
+        trainer.fit(module)
+    # Lightning 2.6.5: reading estimated_stepping_batches sets up the fit loop's data, its first iterator included,
+    # before on_fit_start; after the (isolated) sanity check, the fit loop keeps it. A fit past epoch 0 makes the
+    # epoch's own after on_train_epoch_start, as always.
+    torch.manual_seed(3)
+    expected = ReadsStepsInConfigureOptimizers()
+    for first, last in [(0, 2), (2, 3)] if second_fit else [(0, 2)]:
+        loader = expected.train_dataloader()
+        iterator = iter(loader)
+        expected._draw("fit_start")
+        expected._draw("train_start")
+        for epoch in range(first, last):
+            expected._draw(f"epoch {epoch}")
+            if epoch > 0:
+                iterator = iter(loader)
+            expected.orders[epoch] = [int(i) for indices, *_ in iterator for i in indices]
+    assert module.draws == expected.draws
+    assert module.orders == expected.orders

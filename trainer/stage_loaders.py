@@ -342,17 +342,23 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
     return transferred(batches if limit != math.inf else _one_ahead(batches, progress), transfer)
 
 
-def lightnings_setup_iterator(loader: Any, epoch: int, progress: Progress) -> None:
+def lightnings_setup_iterator(loader: Any, epoch: int, progress: Progress, early: bool = False) -> None:
     """The training iterator Lightning's fit loop makes when it sets up its data: before ``on_train_start`` (after
     the sanity check, before the val loaders it makes for the progress bar) and, at a
     ``reload_dataloaders_every_n_epochs`` epoch, before ``on_train_epoch_start``. Its draws (a base seed; with
     workers, the sampler's order for their prefetched batches) come before what those hooks draw, as in Lightning.
     Epoch 0 trains on it; a later epoch makes its own after ``on_train_epoch_start`` and this one is thrown away
-    (:func:`_lightnings_first_iterator`). An epoch that resumes a checkpoint makes only its own (trainer/resume.py)."""
-    resumed, progress.premade = progress.resumed, None  # none left from a fit stopped before its first batch
+    (:func:`_lightnings_first_iterator`). An epoch that resumes a checkpoint makes only its own (trainer/resume.py).
+    ``early``: ``trainer.estimated_stepping_batches`` (read in ``configure_optimizers``) made the loader, and Lightning
+    sets up its data there; the call after the sanity check keeps that iterator, unless the fit resumes a checkpoint
+    (whose RNG states replace what it drew)."""
+    made_early, progress.made_early = progress.made_early, None
+    if not early and loader is not None and made_early is loader and progress.resumed is None:
+        return
+    resumed, progress.premade = None if early else progress.resumed, None  # none left from a fit stopped early
     if loader is None or (resumed is not None and resumed.epoch == epoch):
         return
-    progress.iterated = loader  # train_batches makes no other first iterator
+    progress.iterated, progress.made_early = loader, loader if early else None  # train_batches makes no other first one
     if epoch > 0:
         _lightnings_first_iterator(loader)
     else:

@@ -191,7 +191,9 @@ class StochasticWeightAveraging(Callback):
         if not finished or self._average_model is None or not self._initialized:
             return
         self.transfer_weights(self._average_model, module)
-        if self._model_contains_batch_norm:
+        # Lightning updates BatchNorm in an extra epoch, which a stop (early stopping, max_steps) at the last one skips.
+        stopped = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
+        if self._model_contains_batch_norm and not stopped:
             self.reset_batch_norm_and_save_state(module)
             try:
                 self._batch_norm_pass(trainer, module)
@@ -204,7 +206,7 @@ class StochasticWeightAveraging(Callback):
         was_training = module.training
         module.train()
         count = trainer.num_training_batches
-        with torch.no_grad():
+        with torch.no_grad(), trainer.metrics.unrecorded():  # its self.log calls record nothing (not an epoch)
             for batch_idx, batch in enumerate(trainer.train_dataloader):
                 if batch_idx >= count:
                     break

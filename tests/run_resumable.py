@@ -138,7 +138,7 @@ class ReadyAtStep(Callback):
 
 
 class SignalWhenWorkersStart(Callback):
-    """At the start of epoch ``epoch`` (rank zero), once the training loader's workers are started
+    """When epoch ``epoch``'s iterator is made (rank zero), once the training loader's workers are started
     and before they can have imported torch (start method "spawn"), send signal ``number`` from
     another process (``kill``), as a scheduler or a terminal does: to this whole process group
     (``group``), or to this process and the workers."""
@@ -146,8 +146,16 @@ class SignalWhenWorkersStart(Callback):
     def __init__(self, number: int, epoch: int, group: bool) -> None:
         self.number, self.epoch, self.group = number, epoch, group
 
-    def on_train_epoch_start(self, trainer, module):
-        if trainer.current_epoch == self.epoch and trainer.is_global_zero:
+    def on_fit_start(self, trainer, module):  # epoch 0's workers start before on_train_start, as in Lightning's loop
+        if self.epoch == trainer.current_epoch == 0:
+            self._watch(trainer)
+
+    def on_train_epoch_start(self, trainer, module):  # a later epoch's start after it
+        if trainer.current_epoch == self.epoch > 0:
+            self._watch(trainer)
+
+    def _watch(self, trainer) -> None:
+        if trainer.is_global_zero:
             before = {process.pid for process in multiprocessing.active_children()}
             threading.Thread(target=self._send, args=(before,), daemon=True).start()
 

@@ -219,3 +219,117 @@ def test_a_second_fit_and_reloads_draw_each_epochs_order_as_lightning_does(make_
     expected_module = RecordsOrder(workers, persistent)  # the same draws before training
     fresh = {0, 2} | (set(range(4)) if reload_every else set())
     assert module.orders == _lightnings_orders(expected_module, fresh, 4)
+
+
+class DrawsInHooks(RecordsOrder):
+    """Draws from the global RNG in the hooks around the first iterator, as fixed noise for sample images or a
+    random probe batch would (on_train_start, on_train_epoch_start, on_test_start, on_test_epoch_start)."""
+
+    def __init__(self, workers: int = 0) -> None:
+        super().__init__(workers)
+        self.draws = {}
+
+    def _draw(self, name):
+        self.draws[name] = torch.randn(2).tolist()
+
+    def on_train_start(self):
+        self._draw("train_start")
+
+    def on_train_epoch_start(self):
+        self._draw(f"epoch {self.current_epoch}")
+
+    def val_dataloader(self):  # only the sanity check runs it
+        x, y = regression_samples(8)
+        return DataLoader(TensorDataset(x, y), batch_size=4)
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def test_dataloader(self):
+        return self.train_dataloader()
+
+    def test_step(self, batch, batch_idx):
+        self.orders.setdefault("test", []).extend(batch[0].tolist())
+
+    def on_test_start(self):
+        self._draw("test_start")
+
+    def on_test_epoch_start(self):
+        self._draw("test_epoch_start")
+
+
+class DrawsInTheSanityCheck(Callback):
+    def on_sanity_check_start(self, trainer, module):
+        torch.randn(5)
+
+    def on_sanity_check_end(self, trainer, module):
+        torch.randn(5)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_what_the_stage_start_hooks_draw_comes_after_the_first_iterator_as_in_lightning(make_trainer, workers):
+    torch.manual_seed(3)
+    module = DrawsInHooks(workers)
+    trainer = make_trainer(max_epochs=3, num_sanity_val_steps=1, check_val_every_n_epoch=50, enable_model_summary=False,
+                           callbacks=[DrawsInTheSanityCheck()])
+    trainer.fit(module)
+    trainer.test(module)
+    # Lightning 2.6.5's rule: the sanity check runs with the RNG isolated (its hooks included); the fit loop makes
+    # the training iterator when it sets up its data, before on_train_start, and epoch 0 trains on it; later epochs
+    # make theirs after on_train_epoch_start. The evaluation loop makes its iterator before on_test_start.
+    torch.manual_seed(3)
+    expected = DrawsInHooks(workers)
+    loader = expected.train_dataloader()
+    iterator = iter(loader)
+    expected._draw("train_start")
+    for epoch in range(3):
+        expected._draw(f"epoch {epoch}")
+        if epoch > 0:
+            iterator = iter(loader)
+        expected.orders[epoch] = [int(i) for indices, *_ in iterator for i in indices]
+    iterator = iter(expected.test_dataloader())
+    expected._draw("test_start")
+    expected._draw("test_epoch_start")
+    expected.orders["test"] = [int(i) for indices, *_ in iterator for i in indices]
+    assert module.draws == expected.draws
+    assert module.orders == expected.orders
+
+
+class ReadsStepsInConfigureOptimizers(DrawsInHooks):
+    """configure_optimizers reads trainer.estimated_stepping_batches (as for OneCycleLR); on_fit_start draws."""
+
+    def configure_optimizers(self):
+        self.steps = self.trainer.estimated_stepping_batches
+        return super().configure_optimizers()
+
+    def on_fit_start(self):
+        self._draw("fit_start")
+
+
+@pytest.mark.parametrize("second_fit", [False])  # a second fit reads the first fit's count (left: report probe9)
+def test_estimated_stepping_batches_makes_the_training_iterator_where_lightnings_fit_loop_makes_it(make_trainer,
+                                                                                                   second_fit):
+    torch.manual_seed(3)
+    module = ReadsStepsInConfigureOptimizers()
+    trainer = make_trainer(max_epochs=2, num_sanity_val_steps=1, check_val_every_n_epoch=50, enable_model_summary=False)
+    trainer.fit(module)
+    if second_fit:
+        trainer.max_epochs = 3
+        trainer.fit(module)
+    # Lightning 2.6.5: reading estimated_stepping_batches sets up the fit loop's data, its first iterator included,
+    # before on_fit_start; after the (isolated) sanity check, the fit loop keeps it. A fit past epoch 0 makes the
+    # epoch's own after on_train_epoch_start, as always.
+    torch.manual_seed(3)
+    expected = ReadsStepsInConfigureOptimizers()
+    for first, last in [(0, 2), (2, 3)] if second_fit else [(0, 2)]:
+        loader = expected.train_dataloader()
+        iterator = iter(loader)
+        expected._draw("fit_start")
+        expected._draw("train_start")
+        for epoch in range(first, last):
+            expected._draw(f"epoch {epoch}")
+            if epoch > 0:
+                iterator = iter(loader)
+            expected.orders[epoch] = [int(i) for indices, *_ in iterator for i in indices]
+    assert module.draws == expected.draws
+    assert module.orders == expected.orders

@@ -8,7 +8,7 @@ import torch
 from linear_regression import LinearRegression
 from torch import nn
 
-from callbacks import ModelCheckpoint, StochasticWeightAveraging
+from callbacks import Callback, ModelCheckpoint, StochasticWeightAveraging
 
 
 class Normalized(LinearRegression):
@@ -72,3 +72,44 @@ def test_bad_swa_arguments_say_what_to_pass(make_trainer, regression_loader):
     module.automatic_optimization = False
     with pytest.raises(ValueError, match=r"SWA currently works with 1 `optimizer`; configure_optimizers returned 2"):
         make_trainer(max_epochs=1, callbacks=[StochasticWeightAveraging(swa_lrs=0.1)]).fit(module, regression_loader)
+
+
+def test_swa_batch_norm_pass_runs_a_training_step_that_logs(make_trainer, regression_loader):
+    # A training_step that calls self.log (most do): Lightning runs the BatchNorm pass as an extra training epoch,
+    # where logging is allowed; Cadence's pass after training must neither raise nor change the run's values.
+    class Logs(Normalized):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("train_loss", loss, on_epoch=True)
+            return loss
+
+    class Before(Callback):  # its on_train_end runs before SWA's (the callbacks' order)
+        def on_train_end(self, trainer, module):
+            self.values = {name: value.clone() for name, value in trainer.callback_metrics.items()}
+
+    torch.manual_seed(0)
+    module, before = Logs(), Before()
+    trainer = make_trainer(max_epochs=4, callbacks=[before, StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=3)])
+    trainer.fit(module, regression_loader)
+    batch_means = torch.stack([x.mean(0) for x, _ in regression_loader])
+    torch.testing.assert_close(module.norm.running_mean, batch_means.mean(0))  # the pass ran
+    assert trainer.callback_metrics.keys() == before.values.keys() == {"train_loss", "train_loss_step", "train_loss_epoch"}
+    assert all(torch.equal(trainer.callback_metrics[name], value) for name, value in before.values.items())  # logged nothing
+
+
+def test_a_stop_at_swas_last_epoch_skips_the_batch_norm_update_as_lightnings_extra_epoch(make_trainer, regression_loader):
+    # Lightning updates BatchNorm in an epoch it adds after the last one; EarlyStopping (or max_steps) ending
+    # training at the last epoch skips it: the average is transferred, the running statistics stay training's.
+    class StopsAtTheEnd(Callback):
+        def on_train_epoch_end(self, trainer, module):
+            trainer.should_stop = trainer.current_epoch == 3
+
+        def on_train_end(self, trainer, module):
+            self.running_mean = module.norm.running_mean.clone()
+
+    torch.manual_seed(0)
+    module, stops = Normalized(), StopsAtTheEnd()
+    swa = StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=3, annealing_epochs=1, annealing_strategy="linear")
+    make_trainer(max_epochs=4, callbacks=[stops, swa]).fit(module, regression_loader)
+    torch.testing.assert_close(module.layer.weight.detach(), (module.weights[2] + module.weights[3]) / 2)
+    assert torch.equal(module.norm.running_mean, stops.running_mean)

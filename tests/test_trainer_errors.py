@@ -35,6 +35,9 @@ class Evaluated(Model):
     def test_step(self, batch, batch_idx):
         self.log("test/loss", F.mse_loss(self.layer(batch[0]), batch[1]))
 
+    def predict_step(self, batch, batch_idx):
+        return self.layer(batch[0])
+
 
 # --- what training_step returns ------------------------------------------------------------
 @pytest.mark.parametrize(
@@ -265,9 +268,29 @@ def test_a_gradient_clip_val_that_is_not_a_number_is_a_type_error_in_lightnings_
 
 
 def test_a_share_of_the_epoch_below_one_batch_reports_the_share_given(make_trainer, regression_loader):
-    with pytest.raises(ValueError, match=r"Trainer\(limit_train_batches=0.1\) of 8 training batches is less than one "
-                                         r"batch \(0.1 \* 8 < 1\). Use limit_train_batches=0.125 or more"):
+    # Lightning 2.6.5's words (_parse_num_batches), 1 / 8 the least share that works.
+    with pytest.raises(ValueError, match=r"You requested to check 0.1 of the `train_dataloader` but 0.1 \* 8 < 1. Please "
+                                         r"increase the `limit_train_batches` argument. Try at least `limit_train_batches=0.125`"):
         make_trainer(max_epochs=1, limit_train_batches=0.1).fit(Model(), regression_loader)
+
+
+@pytest.mark.parametrize("stage, limit", [("fit", "limit_val_batches"), ("validate", "limit_val_batches"),
+                                          ("test", "limit_test_batches"), ("predict", "limit_predict_batches"),
+                                          ("fit", "overfit_batches")])
+def test_a_share_of_an_evaluation_loader_below_one_batch_is_refused_as_lightning_refuses_it(
+        make_trainer, regression_loader, stage, limit):
+    # Lightning 2.6.5 raises for every stage's loader (overfit_batches sets limit_val_batches too); running no
+    # validation at all instead would be a run that finishes with other numbers than Lightning's.
+    kind = "val" if limit == "overfit_batches" else limit.split("_")[1]
+    match = (rf"You requested to check 0.1 of the `{kind}_dataloader` but 0.1 \* 8 < 1. Please increase the "
+             rf"`limit_{kind}_batches` argument. Try at least `limit_{kind}_batches=0.125`")
+    trainer = make_trainer(max_epochs=1, num_sanity_val_steps=0, **{limit: 0.1})
+    train = DataLoader(regression_loader.dataset, batch_size=1)  # 64 batches: 0.1 of them trains
+    with pytest.raises(MisconfigurationException, match=match):
+        if stage == "fit":
+            trainer.fit(Evaluated(), train, regression_loader)
+        else:
+            getattr(trainer, stage)(Evaluated(), regression_loader)
 
 
 def test_a_fractional_limit_on_an_endless_loader_is_an_error(make_trainer):

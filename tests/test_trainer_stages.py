@@ -222,7 +222,7 @@ def test_limit_batches_cut_each_epoch(make_trainer, regression_loader, limit_tra
     assert trainer.num_training_batches == trained
 
 
-@pytest.mark.parametrize("limit_val_batches", [0, 0.0, 0.01])
+@pytest.mark.parametrize("limit_val_batches", [0, 0.0])  # a share below one batch (0.01 of 8) is Lightning's error
 def test_limit_val_batches_that_leaves_no_batch_turns_validation_off_hooks_and_all(make_trainer, regression_loader,
                                                                                    limit_val_batches):
     started = []

@@ -83,6 +83,11 @@ def limited_length(length: int | None, limit: Any, kind: str = "*") -> int | Non
                 f"limit_{kind}_batches={limit} is a fraction, but the loader has no length. An int specifies "
                 f"`num_{kind}_batches` to use."
             )
+        if 0.0 < limit < 1.0 and length and int(length * limit) == 0:  # as Lightning, in every stage
+            raise MisconfigurationException(  # Lightning's words, then the other way
+                f"You requested to check {limit} of the `{kind}_dataloader` but {limit} * {length} < 1. Please increase "
+                f"the `limit_{kind}_batches` argument. Try at least `limit_{kind}_batches={1.0 / length}`, "
+                f"or an int number of batches.")
         return int(length * limit) if limit < 1.0 else length
     return limit if length is None else min(length, limit)
 
@@ -165,11 +170,6 @@ def prepare_loader(loader: Any, stage: str, *, shuffle: bool, strategy: Any, see
     length = loader_length(loader)
     count = limited_length(length, limit, {"validate": "val"}.get(stage, stage))
     if count == 0 and stage == "train":
-        if isinstance(limit, float) and limit > 0:  # as Lightning, name the share given and the least that works
-            raise MisconfigurationException(
-                f"Trainer(limit_train_batches={limit}) of {length} training batches is less than one batch "
-                f"({limit} * {length} < 1). Use limit_train_batches={math.ceil(10_000 / length) / 10_000} or more, "
-                "or an int number of batches.")
         raise MisconfigurationException(
             f"Trainer(limit_train_batches={limit}) leaves no batch to train on; use a value > 0.")
     return loader, math.inf if count is None else count

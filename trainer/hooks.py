@@ -14,6 +14,7 @@ import functools
 import inspect
 import types
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -22,7 +23,6 @@ from callbacks import Callback, PassThroughProfiler, profiler_of
 from trainer.batch_transfer import batch_transfer
 from trainer.module import TrainingModule
 from trainer.optim import StepOptimizer
-from trainer.stage_loaders import timed_fetches
 from callbacks.base import defines
 from callbacks.console import PossibleUserWarning, warn
 
@@ -58,7 +58,7 @@ class StepHooks:
     module_optimizer_step: Any  # the module's optimizer_step override, or None
     module_optimizer_zero_grad: Any  # the module's optimizer_zero_grad override, or None
     transfer: Any = None  # the batch transfer hooks (trainer/batch_transfer.py), or None: none is defined
-    fetch: Any = None  # a profiler's timing of each batch fetch (stage_loaders.timed_fetches), or None: none runs
+    fetch: Any = None  # a profiler's timing of each batch fetch (timed_fetches), or None: none runs
     # Plain attributes, read every step: whether any hook around backward / zero_grad / the step runs.
     around_backward: bool = dataclasses.field(init=False)
     around_zero_grad: bool = dataclasses.field(init=False)
@@ -172,7 +172,7 @@ class EvaluationHooks:
     step_takes_dataloader_idx: bool = False  # pass dataloader_idx to the step (several loaders)
     model_eval: Any = None  # before the start hooks: eval mode (or the module's on_<stage>_model_eval)
     model_train: Any = None  # after the end hooks: each submodule's mode back (or on_<stage>_model_train)
-    fetch: Any = None  # a profiler's timing of each batch fetch (stage_loaders.timed_fetches), or None: none runs
+    fetch: Any = None  # a profiler's timing of each batch fetch (timed_fetches), or None: none runs
 
 
 def evaluation_hooks(stage: str, trainer: Any, callbacks: list[Callback], module: TrainingModule,
@@ -225,6 +225,20 @@ _LOADER_KIND = {"validation_step": "val", "test_step": "test", "predict_step": "
 #: Lightning's profiler action for each loop's batch fetch (its _DataFetcher's).
 _FETCH_ACTION = {"validate": "[_EvaluationLoop].val_next", "test": "[_EvaluationLoop].test_next",
                  "predict": "[_PredictionLoop].predict_next"}
+
+
+def timed_fetches(profiler: Any, action: str, iterator: Iterator[Any]) -> Iterator[Any]:
+    """``iterator`` with each ``next`` timed by ``profiler`` as ``action`` (the last, which ends it, too), as
+    Lightning's data fetcher times them."""
+    while True:
+        profiler.start(action)
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        finally:
+            profiler.stop(action)
+        yield item
 
 
 def fetch_timing(callbacks: list[Callback], action: str) -> Any:

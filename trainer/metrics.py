@@ -7,6 +7,8 @@ the copy is read at the *next* log step (or stage end), long finished by then: t
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -98,6 +100,16 @@ class MetricStore:
     def stop(self) -> None:
         """No stage runs: ``self.log`` (a unit test calling ``training_step`` after fit) records nothing."""
         self.current = NO_STAGE
+
+    @contextlib.contextmanager
+    def unrecorded(self) -> Iterator[None]:
+        """``self.log`` records nothing meanwhile: steps a callback runs outside the loop (SWA's BatchNorm pass
+        after training, where Lightning runs an extra epoch) neither raise nor add to the run's values."""
+        current, self.current = self.current, NO_STAGE
+        try:
+            yield
+        finally:
+            self.current = current
 
     def end_phase(self) -> None:
         """A phase where Lightning lets ``self.log`` record ends: it is refused until the next one starts."""

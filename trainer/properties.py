@@ -23,7 +23,7 @@ import callbacks as callbacks_package
 from callbacks.base import defines
 from callbacks.console import MisconfigurationException, warn
 from trainer.log_dir import preview_log_dir
-from trainer.stage_loaders import estimated_stepping_batches
+from trainer.stage_loaders import estimated_stepping_batches, lightnings_setup_iterator
 from trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 
 if TYPE_CHECKING:
@@ -272,6 +272,7 @@ class TrainerProperties:
         if self.stage == "fit" and self._data is not None and self._fit_loaders is None \
                 and math.isinf(self.num_training_batches):
             self._make_loaders("fit", self._data, ("train",))
+            lightnings_setup_iterator(self._fit_loaders.train, self.current_epoch, self._progress, early=True)  # Lightning's
         return estimated_stepping_batches(self.num_training_batches, self.accumulate_grad_batches, self.max_epochs,
                                           self.max_steps)
 

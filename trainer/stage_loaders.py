@@ -318,8 +318,8 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
     progress.epoch_batches = limit
     resumed = progress.resumed
     if loader is not progress.iterated and epoch > 0 and (resumed is None or resumed.epoch != epoch):
-        _lightnings_first_iterator(loader)
-    progress.iterated = loader
+        _lightnings_first_iterator(loader)  # a loader made since the fit loop set up its data (a search in a hook)
+    progress.iterated, premade, progress.premade = loader, progress.premade, None
     skip = resumed.batches_done if resumed is not None and resumed.epoch == epoch else 0
     rest = None
     if skip:  # a checkpoint of another number of processes: the samples trained carry over (trainer/resume.py)
@@ -329,8 +329,9 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
     # Resuming mid-epoch redraws the epoch's order from the RNG state it began with and skips
     # the batches already trained as indices; nothing is fetched twice (trainer/resume.py).
     # Workers start here with the stop signals held until they can ignore them (trainer/preemption.py).
-    iterator = _start(loader, (lambda loader: resume_iterator(loader, progress.sampler, skip, resumed.rng, rest))
-                      if skip or rest else iter)
+    iterator = (premade[1] if premade is not None and premade[0] is loader and not (skip or rest) else
+                _start(loader, (lambda loader: resume_iterator(loader, progress.sampler, skip, resumed.rng, rest))
+                       if skip or rest else iter))
     batches = enumerate(iterator if fetch is None else fetch(iterator), start=skip)  # hot loop: C iterators only
     if limit < (loader_length(loader) or math.inf) or (isinstance(loader, CombinedLoader) and limit != math.inf):
         # islice stops after the last batch without fetching another. Otherwise the loader runs
@@ -339,6 +340,37 @@ def train_batches(loader: Any, epoch: int, limit: int | float, progress: Progres
         # A CombinedLoader stops where its length (under its limits) says, as in Lightning.
         return transferred(itertools.islice(batches, limit - skip), transfer)
     return transferred(batches if limit != math.inf else _one_ahead(batches, progress), transfer)
+
+
+def lightnings_setup_iterator(loader: Any, epoch: int, progress: Progress, early: bool = False) -> None:
+    """The training iterator Lightning's fit loop makes when it sets up its data: before ``on_train_start`` (after
+    the sanity check, before the val loaders it makes for the progress bar) and, at a
+    ``reload_dataloaders_every_n_epochs`` epoch, before ``on_train_epoch_start``. Its draws (a base seed; with
+    workers, the sampler's order for their prefetched batches) come before what those hooks draw, as in Lightning.
+    Epoch 0 trains on it; a later epoch makes its own after ``on_train_epoch_start`` and this one is thrown away
+    (:func:`_lightnings_first_iterator`). An epoch that resumes a checkpoint makes only its own (trainer/resume.py).
+    ``early``: ``trainer.estimated_stepping_batches`` (read in ``configure_optimizers``) made the loader, and Lightning
+    sets up its data there; the call after the sanity check keeps that iterator, unless the fit resumes a checkpoint
+    (whose RNG states replace what it drew)."""
+    made_early, progress.made_early = progress.made_early, None
+    if not early and loader is not None and made_early is loader and progress.resumed is None:
+        return
+    resumed, progress.premade = None if early else progress.resumed, None  # none left from a fit stopped early
+    if loader is None or (resumed is not None and resumed.epoch == epoch):
+        return
+    progress.iterated, progress.made_early = loader, loader if early else None  # train_batches makes no other first one
+    if epoch > 0:
+        _lightnings_first_iterator(loader)
+    else:
+        progress.premade = (loader, _start(loader))
+
+
+def first_evaluation_batches(loaders: list[Any], limits: list[int | float], transfer: BatchTransfer | None,
+                             epoch: int | None, fetch: Any = None) -> tuple[Any, Iterator[tuple[int, Any]]] | None:
+    """The first loader's batches, made before the ``on_{stage}_start`` hooks: Lightning's evaluation loop makes
+    that iterator (its base seed drawn; with workers, started) when it resets, before them, so that what they
+    draw comes after it, as in Lightning. ``(loader, batches)`` for :func:`evaluation_batches`' caller."""
+    return (loaders[0], evaluation_batches(loaders[0], limits[0], transfer, 0, epoch, fetch)) if loaders else None
 
 
 def _lightnings_first_iterator(loader: Any) -> None:
@@ -376,20 +408,6 @@ def evaluation_batches(loader: Any, limit: int | float, transfer: BatchTransfer 
         set_sampler_epoch(each, epoch)
     batches = enumerate(_start(loader) if fetch is None else fetch(_start(loader)))
     return transferred(batches if limit == math.inf else itertools.islice(batches, int(limit)), transfer, dataloader_idx)
-
-
-def timed_fetches(profiler: Any, action: str, iterator: Iterator[Any]) -> Iterator[Any]:
-    """``iterator`` with each ``next`` timed by ``profiler`` as ``action`` (the last, which ends it, too), as
-    Lightning's data fetcher times them."""
-    while True:
-        profiler.start(action)
-        try:
-            item = next(iterator)
-        except StopIteration:
-            return
-        finally:
-            profiler.stop(action)
-        yield item
 
 
 _NEVER = object()  # what no __next__ returns: iter(next, _NEVER) ends only at StopIteration

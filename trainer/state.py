@@ -60,6 +60,8 @@ class Progress:
     sampler: ResumableBatchSampler | None = None  # the training loader's; it records each epoch's RNG
     resumed: Resumed | None = None  # where a restored run continues, until its first epoch ends
     iterated: Any = None  # the training loader an epoch last iterated: one made since is new (stage_loaders.train_batches)
+    premade: Any = None  # (loader, iterator): the one Lightning makes before on_train_start, for epoch 0 (stage_loaders)
+    made_early: Any = None  # the training loader whose first iterator estimated_stepping_batches made (stage_loaders)
     # The running epoch's number of batches: its limit, or over a loader without a length, its count once
     # the batch before the last is running (stage_loaders.train_batches reads such a loader one batch ahead).
     epoch_batches: int | float = math.inf

@@ -39,7 +39,7 @@ from trainer.setup import StagePlan, plan_evaluation, plan_optimization, setup_m
 from trainer.shorthands import defaults_from_env_vars, reject_unknown_arguments, translate, with_lightning_defaults
 from trainer.stage import call_exception_hooks, enter_stage, prepare_launch, setup_stage, teardown_stage
 from trainer.stage_loaders import (
-    NUM_BATCHES, FitLoaders, evaluation_batches, evaluation_loaders, gather_predictions, limit_reached,
+    NUM_BATCHES, FitLoaders, evaluation_batches, evaluation_loaders, first_evaluation_batches, lightnings_setup_iterator, gather_predictions, limit_reached,
     load_fit_data, one_or_list, reload_due, resumed_fit_loaders, say_fit_stopped, say_min_not_met, say_trained_nothing, shown_counts, train_batches, val_reload_due, validates_in, validation_schedule,
 )
 from trainer.state import (
@@ -277,6 +277,7 @@ class Trainer(TrainerProperties, SearchSeams):
         if self._finished():  # a second fit to the same limit, a resume from the end, limit_train_batches=0: as Lightning's, no training hooks
             say_trained_nothing(limit_reached(self.max_epochs, self.max_steps, self.current_epoch, self.global_step, self.limits["train"]), self.is_global_zero)
         else:
+            lightnings_setup_iterator(self._fit_loaders.train, self.current_epoch, self._progress)  # its draws first, as Lightning's
             if self._fit_loaders.val_pending and validates_in(self.current_epoch, self.check_val_every_n_epoch):
                 self._make_loaders("fit", data, ("val",))  # as Lightning's, for on_train_start (the progress bar)
             if self.is_global_zero:  # Lightning's warning: fit keeps the user's train/eval modes
@@ -291,6 +292,7 @@ class Trainer(TrainerProperties, SearchSeams):
                 if reload_due(self.reload_dataloaders_every_n_epochs, self.current_epoch, loaded_at, data):
                     self._make_loaders("fit", data, ("train",))  # the val loaders when validation is next due
                     loaded_at = self.current_epoch
+                    lightnings_setup_iterator(self._fit_loaders.train, self.current_epoch, self._progress)  # before on_train_epoch_start
                 self._run_train_epoch()
             say_fit_stopped(self.max_epochs, self.max_steps, self.current_epoch, self.global_step, self.is_global_zero)
             for callback in self.callbacks:
@@ -522,8 +524,8 @@ class Trainer(TrainerProperties, SearchSeams):
                     callback.on_sanity_check_start(self, self.module)
                 steps = math.inf if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
                 self._evaluation_loop("validate", self._fit_loaders.val, [min(steps, count) for count in self._fit_loaders.val_limits])
-            for callback in self.callbacks:
-                callback.on_sanity_check_end(self, self.module)
+                for callback in self.callbacks:  # as Lightning's, within the isolated RNG: what it draws is undone
+                    callback.on_sanity_check_end(self, self.module)
             self.metrics.end_sanity_check()  # its values are not the run's (as in Lightning); self.log trains again
         finally:
             self.sanity_checking = False
@@ -552,13 +554,14 @@ class Trainer(TrainerProperties, SearchSeams):
         hooks.model_eval()
         self.metrics.start_evaluation()
         with self.strategy.evaluation_context(self.inference_mode and self.stage != "fit"):  # no_grad under FSDP
+            first = first_evaluation_batches(loaders, limits, self._plan.hooks.transfer, self.current_epoch, hooks.fetch)  # before the hooks, as Lightning's
             for hook in hooks.start:
                 hook()
             if stage == self.stage:  # validate, test, predict: a search in on_<stage>_start may have made new loaders
                 loaders, limits = self._evaluation_loaders
             for hook in hooks.epoch_start:
                 hook()
-            predictions = self._evaluation_batches(stage, hooks, loaders, limits, several)
+            predictions = self._evaluation_batches(stage, hooks, loaders, limits, several, first)
             self.metrics.read_epoch_end(self.metrics.evaluation)  # this epoch's values, for the hooks reading callback_metrics
             for hook in hooks.epoch_end:
                 hook()
@@ -573,15 +576,14 @@ class Trainer(TrainerProperties, SearchSeams):
         predictions = gather_predictions(predictions, self.strategy)  # every rank's, in the dataset's order
         return predictions if several else predictions[0]
 
-    def _evaluation_batches(self, stage: str, hooks: Any, loaders: list[Any], limits: list[int | float],
-                            several: bool) -> list[list[Any]]:
+    def _evaluation_batches(self, stage: str, hooks: Any, loaders: list[Any], limits: list[int | float], several: bool, first: Any) -> list[list[Any]]:
         predictions: list[list[Any]] = []
         for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
             self.metrics.evaluation.set_loader(dataloader_idx if several else None)  # metric keys get its suffix
             step_index = (dataloader_idx,) if hooks.step_takes_dataloader_idx else ()
             hook_index = (dataloader_idx,) if several else ()
             predictions.append([])
-            batches = evaluation_batches(loader, limit, self._plan.hooks.transfer, dataloader_idx, self.current_epoch, hooks.fetch)
+            batches = first[1] if dataloader_idx == 0 and first and first[0] is loader else evaluation_batches(loader, limit, self._plan.hooks.transfer, dataloader_idx, self.current_epoch, hooks.fetch)
             for batch_idx, batch in self.strategy.batches_on_device(batches):
                 self.metrics.evaluation.batch = batch  # its size weighs epoch means
                 for hook in hooks.batch_start:

@@ -6,19 +6,18 @@ next free one), every logger of a run writes into one directory, ``trainer.log_d
 checkpoints go too. A run resumed from a checkpoint in ``<...>/version_<N>/checkpoints/`` keeps
 logging into ``version_<N>``.
 
-The logged values are handed to the logger's own thread, which does the file I/O, so a slow
-disk never stalls training; ``teardown`` and ``on_exception`` hand over the rest and wait for it,
-so no logged line is lost. The thread lives only while it writes (``strategies/background.py``
-says why): between two hand-overs the process runs on one thread, as a hand-written loop does.
+The logged values are queued for the logger's own thread, which does the file I/O, so a slow
+disk never stalls training; ``teardown`` and ``on_exception`` drain the queue, so no logged line
+is lost.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +26,6 @@ import torch
 from callbacks.console import MisconfigurationException, refuse_url, warn
 from callbacks.logging import (Logger, hyperparameters_to_log, logger_metrics, metric_number, saved_hyperparameters,
                                write_hparams)
-from strategies.background import BackgroundJobs
 
 if TYPE_CHECKING:
     from trainer import Trainer, TrainingModule
@@ -37,15 +35,14 @@ class AsyncLogger(Logger):
     """Base of the file loggers: Lightning's directory scheme and one writer thread per logger.
 
     Subclasses implement ``open(directory, resume_step)``, ``write(metrics, step)``,
-    ``flush()`` and ``close()``, which run on the writer thread (one at a time, in order); ``write_hyperparams(params)``
+    ``flush()`` and ``close()``, which run on the writer thread; ``write_hyperparams(params)``
     and ``write_final(params, metrics)`` (at the end of ``fit``) when they keep hyperparameters.
 
-    Log steps reach the thread in batches, at most one hand-over a second: each hand-over starts
+    Log steps reach the thread in batches, at most one hand-over a second: each hand-over wakes
     the thread, which then takes the interpreter lock from the training loop, and on a 2-core VM
     that switch measured 0.75 ms per log step (15 us a step at log_every_n_steps=50;
-    benchmarks/RESULTS.md). The thread ends once it has written the batch, so the loop does not
-    pay for a second thread between hand-overs. Values reach the files at most a second later;
-    ``finalize`` (teardown, on_exception) hands over the rest and waits, so no line is lost.
+    benchmarks/RESULTS.md). Values reach the files at most a second later; ``finalize``
+    (teardown, on_exception) hands over the rest, so no line is lost.
 
     Args:
         save_dir: the directory that holds the experiments; default: the Trainer's
@@ -87,8 +84,9 @@ class AsyncLogger(Logger):
         self._rank_zero = True
         self._pending: list[tuple[Callable[..., None], tuple]] = []  # not yet handed to the thread
         self._handed_over_at = time.monotonic()
-        self._jobs: BackgroundJobs | None = None  # the writer: between _start and finalize
-        self._error: BaseException | None = None  # of a write on the writer thread; later writes are dropped
+        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
         self._written: set[Path] = set()  # directories this logger wrote in this process
         self._last_step = 0
         self._opened = threading.Event()  # the writer thread has opened its files (experiment waits for it)
@@ -209,27 +207,29 @@ class AsyncLogger(Logger):
         """Hand what was logged to the writer thread now (used without a Trainer: and wait until
         it is in the files, as Lightning's loggers write in ``save``)."""
         self._hand_over(force=True)
-        if not self._attached and self._jobs is not None:
-            self._jobs.wait()
-            self._raise_error()
+        if not self._attached and self._thread is not None:
+            written = threading.Event()
+            self._pending.append((lambda: (self.flush(), written.set()), ()))
+            self._hand_over(force=True)
+            written.wait()
 
     def _write_alone(self) -> None:
         """A logger used without a Trainer (Lightning code logging by hand) creates its directory and
         files at its first call, as Lightning's do; with a Trainer, its stage starts the writer."""
-        if self._jobs is None and not self._attached and self._save_dir is not None and self._rank_zero:
+        if self._thread is None and not self._attached and self._save_dir is not None and self._rank_zero:
             self._start(Path(self.log_dir), resume_step=None)
             self._opened.wait()
 
     def finalize(self, status: str = "success") -> None:
         """Write everything logged, close the files, stop the thread. Works without a Trainer too."""
-        if self._jobs is None and self._pending and self._save_dir is not None and self._rank_zero:
+        if self._thread is None and self._pending and self._save_dir is not None and self._rank_zero:
             self._start(Path(self.log_dir), resume_step=None)  # used on its own: write now
-        if self._jobs is None:
+        if self._thread is None:
             return
         self._hand_over(force=True)
-        self._jobs.submit("close", self._close_files)
-        self._jobs.wait()
-        self._jobs = None
+        self._queue.put(None)
+        self._thread.join()
+        self._thread = self._queue = None
         if self._error is not None:
             warn(f"{type(self).__name__} could not write to {self.log_dir}: {self._error}")
 
@@ -271,7 +271,7 @@ class AsyncLogger(Logger):
             self._hand_over(force=True)
 
     def teardown(self, trainer: Trainer, module: TrainingModule, stage: str) -> None:
-        if self._rank_zero and stage == "fit" and self._jobs is not None and self._error is None:
+        if self._rank_zero and stage == "fit" and self._thread is not None and self._error is None:
             final = self._prefixed({key: float(value) for key, value in trainer.callback_metrics.items()})
             self._add(self.write_final, dict(self.hparams), final)
         if self._attached:  # not after on_exception: finalize("failed") was the run's, as in Lightning
@@ -284,66 +284,57 @@ class AsyncLogger(Logger):
 
     # --- the writer thread -----------------------------------------------------------------
     def _add(self, write: Callable[..., None], *args: Any) -> None:
-        self._raise_error()
+        if self._error is not None:  # the writer thread failed: say so on the training thread
+            raise RuntimeError(f"{type(self).__name__} could not write to {self.log_dir}: {self._error}") from self._error
         self._pending.append((write, args))
         self._hand_over(force=False)
 
-    def _raise_error(self) -> None:
-        if self._error is not None:  # the writer thread failed: say so on the training thread
-            raise RuntimeError(f"{type(self).__name__} could not write to {self.log_dir}: {self._error}") from self._error
-
     def _hand_over(self, force: bool) -> None:
-        if self._jobs is None or not self._pending:
+        if self._queue is None or not self._pending:
             return
         now = time.monotonic()
         if force or now - self._handed_over_at >= self.handover_seconds:
-            self._jobs.submit("write", partial(self._guarded, self._write_batch, self._pending))
+            self._queue.put(self._pending)
             self._pending, self._handed_over_at = [], now
 
     def _start(self, directory: Path, resume_step: int | None) -> None:
         """Start the writer thread on ``directory``. ``resume_step``: fit starts at this global
         step (a directory this logger did not write itself is then continued up to that step
         when it is > 0, or overwritten when it is 0); None: append (validate, test, predict)."""
-        if self._jobs is not None:
+        if self._thread is not None:
             return
         if directory in self._written:
             resume_step = None  # our own files from an earlier stage of this run: append
         self._written.add(directory)
-        self._error = None
+        self._queue, self._error = queue.Queue(), None
         self._opened.clear()
-        self._jobs = BackgroundJobs(f"cadence-{type(self).__name__}", daemon=True)
-        self._jobs.submit("open", partial(self._guarded, self._open_files, directory, resume_step, dict(self.hparams)))
+        self._thread = threading.Thread(target=self._drain, args=(directory, resume_step, dict(self.hparams)),
+                                        name=f"cadence-{type(self).__name__}", daemon=True)
+        self._thread.start()
         self._hand_over(force=True)
 
-    # The writer thread's jobs, each run by _guarded: an error is reported on the training thread at
-    # the next log call (and by finalize); the writes after it are dropped, the files still closed.
-    def _guarded(self, job: Callable[..., None], *args: Any) -> None:
-        if self._error is not None:
-            return
+    def _drain(self, directory: Path, resume_step: int | None, hparams: dict[str, Any]) -> None:
         try:
-            job(*args)
-        except BaseException as error:
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+                self.open(directory, resume_step)
+            finally:
+                self._opened.set()
+            if hparams or self._hparams_logged or self.EMPTY_HPARAMS_FILE:  # an empty one too, as Lightning's
+                self.write_hyperparams(hparams)
+            while (batch := self._queue.get()) is not None:
+                for write, args in batch:
+                    write(*args)
+                self.flush()
+        except BaseException as error:  # reported on the training thread at the next on_log
             self._error = error
-
-    def _open_files(self, directory: Path, resume_step: int | None, hparams: dict[str, Any]) -> None:
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            self.open(directory, resume_step)
+            while self._queue.get() is not None:
+                pass
         finally:
-            self._opened.set()
-        if hparams or self._hparams_logged or self.EMPTY_HPARAMS_FILE:  # an empty one too, as Lightning's
-            self.write_hyperparams(hparams)
-
-    def _write_batch(self, batch: list[tuple[Callable[..., None], tuple]]) -> None:
-        for write, args in batch:
-            write(*args)
-        self.flush()
-
-    def _close_files(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+            try:
+                self.close()
+            except Exception:
+                pass
 
     def open(self, directory: Path, resume_step: int | None) -> None:
         raise NotImplementedError
@@ -364,7 +355,7 @@ class AsyncLogger(Logger):
     def __getstate__(self) -> dict[str, Any]:
         # Sent to spawned processes before any thread runs; never the thread, queue or open files.
         state = dict(self.__dict__)
-        state.update(_jobs=None, _pending=[], _opened=None)
+        state.update(_queue=None, _thread=None, _pending=[], _opened=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

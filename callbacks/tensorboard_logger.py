@@ -1,12 +1,9 @@
 """TensorBoardLogger: event files written by a background thread; ``tensorboard --logdir lightning_logs``.
 
-Scalars go to the event file from the writer thread. ``logger.experiment`` is a ``SummaryWriter``,
-for what Cadence does not log for you (``add_image``, ``add_histogram``, ``add_figure``) from the
-training thread on rank zero; on the other ranks it is an object whose methods do nothing (as in
-Lightning), so such calls need no rank check. Its events go into the same file as the scalars, written
-by the logger's writer thread in the order they were added (``experiment.flush()`` waits for them):
-TensorBoard's own writer thread, which would stay alive for the whole run and cost every step
-(``strategies/background.py``), is not started.
+Scalars go to the event file from the writer thread. ``logger.experiment`` is the
+``SummaryWriter`` itself, for what Cadence does not log for you (``add_image``,
+``add_histogram``, ``add_figure``) from the training thread on rank zero; on the other ranks it
+is an object whose methods do nothing (as in Lightning), so such calls need no rank check.
 At the end of ``fit`` the hyperparameters are written with the final metrics (TensorBoard's
 HParams tab), and to ``hparams.yaml``. With ``log_graph=True`` the module's graph, traced on its
 ``example_input_array``, is written when a stage starts.
@@ -14,13 +11,10 @@ HParams tab), and to ``hparams.yaml``. With ``log_graph=True`` the module's grap
 
 from __future__ import annotations
 
-import itertools
 import os
-import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
-from functools import partial
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,10 +35,8 @@ WRITER_ARGUMENTS = ("comment", "max_queue", "flush_secs", "filename_suffix")
 class TensorBoardLogger(AsyncLogger):
     """TensorBoard event files in ``<save_dir>/<name>/version_<N>[/<sub_dir>]``.
 
-    Arguments as Lightning's ``TensorBoardLogger``; ``kwargs`` are ``SummaryWriter``'s: ``comment`` and
-    ``filename_suffix`` go to it; ``flush_secs`` (events reach the file at most this many seconds after
-    they are logged; default: one, where SummaryWriter's is 120) and ``max_queue`` (the values are
-    handed to the writer at least every this many steps) set when this logger writes. A run resumed
+    Arguments as Lightning's ``TensorBoardLogger``; ``kwargs`` go to
+    ``torch.utils.tensorboard.SummaryWriter`` (``max_queue``, ``flush_secs``, ...). A run resumed
     from a checkpoint of this directory continues it: TensorBoard drops the events the killed run
     wrote after the checkpoint's step (``purge_step``).
 
@@ -79,7 +71,6 @@ class TensorBoardLogger(AsyncLogger):
         if sub_dir is not None and not isinstance(sub_dir, (str, os.PathLike)):
             raise MisconfigurationException(f"TensorBoardLogger(sub_dir={sub_dir!r}): use a directory name, or None.")
         super().__init__(save_dir, name, version, prefix)
-        self._writes_when(kwargs.get("flush_secs"), kwargs.get("max_queue"))
         self._log_graph, self._default_hp_metric = log_graph, default_hp_metric
         self._sub_dir = os.fspath(sub_dir) if sub_dir is not None else None
         self.writer_arguments = kwargs
@@ -87,21 +78,6 @@ class TensorBoardLogger(AsyncLogger):
         self._writer_lock = threading.Lock()
         self._session_written = False  # log_hyperparams(params, metrics) wrote the HParams session
         self._graph_logged = False  # FSDP's no-graph warning given
-
-    def _writes_when(self, flush_secs: Any, max_queue: Any) -> None:
-        """SummaryWriter's ``flush_secs`` and ``max_queue``, as this logger's hand-overs to its writer."""
-        if flush_secs is not None:
-            if isinstance(flush_secs, bool) or not isinstance(flush_secs, (int, float)) or not flush_secs > 0:
-                raise MisconfigurationException(
-                    f"TensorBoardLogger(flush_secs={flush_secs!r}): use a number of seconds > 0 (how long a logged "
-                    "value may wait before it is written to the event file).")
-            self.handover_seconds = max(min(float(flush_secs), type(self).handover_seconds), self.min_handover_seconds)
-        if max_queue is not None:
-            if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
-                raise MisconfigurationException(
-                    f"TensorBoardLogger(max_queue={max_queue!r}): use an int >= 1 (the logged values are handed "
-                    "to the writer at least every this many steps).")
-            self.flush_every_n_steps = max_queue
 
     @property
     def sub_dir(self) -> str | None:
@@ -118,17 +94,16 @@ class TensorBoardLogger(AsyncLogger):
         """The ``SummaryWriter`` of this run (rank zero), or a do-nothing stand-in on other ranks."""
         if not self._rank_zero:
             return _NoExperiment()
-        if self._jobs is not None:  # the writer thread opens it (continuing a resumed run's events)
+        if self._thread is not None:  # the writer thread opens it (continuing a resumed run's events)
             self._opened.wait()
         return self._summary_writer(purge_step=None)
 
     def _summary_writer(self, purge_step: int | None) -> Any:
         with self._writer_lock:  # the training thread (experiment) and the writer thread may both ask
             if self._writer is None:
-                arguments = {key: value for key, value in self.writer_arguments.items()
-                             if key in ("comment", "filename_suffix")}
-                self._writer = _summary_writer_class()(log_dir=self.log_dir, purge_step=purge_step,
-                                                       write_event=self._write_event, **arguments)
+                from torch.utils.tensorboard import SummaryWriter  # heavy: loaded on first use
+
+                self._writer = SummaryWriter(log_dir=self.log_dir, purge_step=purge_step, **self.writer_arguments)
             return self._writer
 
     # --- Lightning's surface -----------------------------------------------------------------
@@ -193,19 +168,6 @@ class TensorBoardLogger(AsyncLogger):
             return
         self.log_graph(module)
 
-    def _write_event(self, write: Callable[[], None], wait: bool = False) -> None:
-        """Run ``write`` (an event record of ``experiment``) on the writer thread, after what was
-        handed to it before, or here when no writer runs. Its checksum is computed in Python (17 ms
-        for a 100 kB image), so the training thread does not wait for it; ``wait``: then wait."""
-        jobs = self._jobs
-        if jobs is None or jobs.in_worker():
-            write()
-            return
-        jobs.submit("event", partial(self._guarded, write))
-        if wait:
-            jobs.wait()
-            self._raise_error()
-
     # --- the writer thread -------------------------------------------------------------------
     def open(self, directory: Path, resume_step: int | None) -> None:
         # A fit into a directory with events continues after its step: TensorBoard then shows
@@ -261,74 +223,6 @@ class TensorBoardLogger(AsyncLogger):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self._writer_lock = threading.Lock()
-
-
-def _summary_writer_class() -> type:
-    """torch's ``SummaryWriter`` writing into an :class:`_EventFile` (loaded on first use: it is heavy)."""
-    global _SummaryWriter
-    if _SummaryWriter is None:
-        from torch.utils.tensorboard import SummaryWriter
-        from torch.utils.tensorboard.writer import FileWriter
-
-        class ThreadlessSummaryWriter(SummaryWriter):
-            """SummaryWriter whose FileWriter writes through an :class:`_EventFile`, not an EventFileWriter
-            and its thread; the rest (``add_*``, ``purge_step``, ``flush``, ``close``) is torch's."""
-
-            def __init__(self, *args: Any, write_event: Callable[..., None], **kwargs: Any) -> None:
-                self.write_event = write_event  # before torch's __init__, which opens the file
-                super().__init__(*args, **kwargs)
-
-            def _get_file_writer(self) -> FileWriter:
-                if self.all_writers is None or self.file_writer is None:
-                    file_writer = FileWriter.__new__(FileWriter)
-                    file_writer.event_writer = _EventFile(str(self.log_dir), self.filename_suffix, self.write_event)
-                    self.file_writer, self.all_writers = file_writer, {str(self.log_dir): file_writer}
-                    if self.purge_step is not None:  # as torch's: TensorBoard drops what came from this step on
-                        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
-
-                        file_writer.add_event(Event(step=self.purge_step, file_version="brain.Event:2"))
-                        file_writer.add_event(Event(step=self.purge_step, session_log=SessionLog(status=SessionLog.START)))
-                        self.purge_step = None
-                return self.file_writer
-
-        _SummaryWriter = ThreadlessSummaryWriter
-    return _SummaryWriter
-
-
-_SummaryWriter: type | None = None
-_event_files = itertools.count()
-
-
-class _EventFile:
-    """What torch's ``FileWriter`` writes its events through, in place of TensorBoard's
-    ``EventFileWriter``: the same file name and first event; each record is serialized by the caller
-    and written by ``write_event`` (the logger's :meth:`TensorBoardLogger._write_event`)."""
-
-    def __init__(self, log_dir: str, filename_suffix: str, write_event: Callable[..., None]) -> None:
-        from tensorboard.compat.proto.event_pb2 import Event, SourceMetadata
-        from tensorboard.summary.writer.record_writer import RecordWriter
-
-        os.makedirs(log_dir, exist_ok=True)
-        self._log_dir = log_dir
-        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
-                f"cadence{next(_event_files)}{filename_suffix}")
-        self._write_event = write_event
-        self._records = RecordWriter(open(os.path.join(log_dir, name), "wb"))
-        self.add_event(Event(wall_time=time.time(), file_version="brain.Event:2",
-                             source_metadata=SourceMetadata(writer="tensorboard.summary.writer.event_file_writer")))
-        self.flush()
-
-    def get_logdir(self) -> str:
-        return self._log_dir
-
-    def add_event(self, event: Any) -> None:
-        self._write_event(partial(self._records.write, event.SerializeToString()))
-
-    def flush(self) -> None:
-        self._write_event(self._records.flush, wait=True)
-
-    def close(self) -> None:
-        self._write_event(self._records.close, wait=True)
 
 
 class _NoExperiment:

@@ -17,19 +17,22 @@ exits waits for it.
 
 from __future__ import annotations
 
+import collections
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from strategies.background import BackgroundJobs
 
-
-class BackgroundWriter(BackgroundJobs):
+class BackgroundWriter:
     """Runs checkpoint writes, and what follows each, in order, in one thread at a time."""
 
     def __init__(self) -> None:
-        super().__init__("cadence-checkpoint-writer")
+        self._lock = threading.Lock()
+        self._jobs: collections.deque[tuple[str, Callable[[], Any]]] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
         self.host_buffers = HostBuffers()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -39,18 +42,45 @@ class BackgroundWriter(BackgroundJobs):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__()
 
-    def naming(self, error: BaseException, what: str) -> BaseException:
-        return _naming(error, what)
+    def submit(self, what: str, job: Callable[[], Any]) -> None:
+        """Run ``job`` after those submitted before it (``what`` names it in an error)."""
+        with self._lock:
+            self._jobs.append((what, job))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="cadence-checkpoint-writer")
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._jobs or self._error is not None:
+                    self._jobs.clear()
+                    self._thread = None
+                    return
+                what, job = self._jobs.popleft()
+            try:
+                job()
+            except BaseException as error:  # raised in the training thread, at its next check
+                with self._lock:
+                    self._error = _naming(error, what)
+
+    @property
+    def busy(self) -> bool:
+        """A write is in flight."""
+        return self._thread is not None
 
     def check(self) -> None:
         """Raise the error of a background write that failed (once); never blocks."""
-        error = self.take_error()
+        with self._lock:
+            error, self._error = self._error, None
         if error is not None:
             raise error
 
     def wait(self) -> None:
         """Wait until every write submitted is done, then raise the error of one that failed."""
-        super().wait()
+        thread = self._thread
+        if thread is not None:
+            thread.join()
         self.check()
 
     def wait_everywhere(self, reduce_any: Callable[[bool], bool]) -> None:

@@ -211,7 +211,9 @@ class AsyncLogger(Logger):
             written = threading.Event()
             self._pending.append((lambda: (self.flush(), written.set()), ()))
             self._hand_over(force=True)
-            written.wait()
+            while not written.wait(0.05):
+                if self._error is not None:  # the writer stopped at an error: say so, never wait for ever
+                    self._raise_error()
 
     def _write_alone(self) -> None:
         """A logger used without a Trainer (Lightning code logging by hand) creates its directory and
@@ -284,10 +286,14 @@ class AsyncLogger(Logger):
 
     # --- the writer thread -----------------------------------------------------------------
     def _add(self, write: Callable[..., None], *args: Any) -> None:
-        if self._error is not None:  # the writer thread failed: say so on the training thread
-            raise RuntimeError(f"{type(self).__name__} could not write to {self.log_dir}: {self._error}") from self._error
+        if self._error is not None:
+            self._raise_error()
         self._pending.append((write, args))
         self._hand_over(force=False)
+
+    def _raise_error(self) -> None:
+        """The writer thread failed: say so on the training thread."""
+        raise RuntimeError(f"{type(self).__name__} could not write to {self.log_dir}: {self._error}") from self._error
 
     def _hand_over(self, force: bool) -> None:
         if self._queue is None or not self._pending:

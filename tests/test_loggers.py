@@ -5,6 +5,8 @@ the csv module; Lightning's directories, names and logger surface; resuming into
 from __future__ import annotations
 
 import csv
+import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -360,6 +362,27 @@ def test_a_logger_that_cannot_write_says_so(tmp_path):
         logger.finalize()
     with pytest.raises(RuntimeError, match=r"CSVLogger could not write to .*a_file/version_0: "):
         logger.log_metrics({"loss": 0.5}, step=2)
+
+
+def test_saving_by_hand_after_a_failed_write_raises_instead_of_waiting_for_ever(tmp_path):
+    logger = CSVLogger(tmp_path, name="", flush_logs_every_n_steps=1)  # by hand: save() at every step
+    logger.log_hyperparams({"lr": 0.1})  # the writer opens version_0
+    (tmp_path / "version_0" / "metrics.csv").mkdir()  # where the rows go cannot be written
+    failed = []
+
+    def log() -> None:
+        try:
+            logger.log_metrics({"loss": 1.0}, step=0)
+        except RuntimeError as error:
+            failed.append(str(error))
+
+    caller = threading.Thread(target=log, daemon=True)  # a hang fails the test instead of the suite
+    caller.start()
+    caller.join(timeout=30)
+    assert not caller.is_alive(), "save() waited for a write that had failed"
+    assert len(failed) == 1 and re.match(r"CSVLogger could not write to .*version_0: .*Is a directory", failed[0])
+    with pytest.warns(UserWarning, match="CSVLogger could not write to"):
+        logger.finalize()
 
 
 def test_bad_logger_arguments_are_refused_with_the_fix():

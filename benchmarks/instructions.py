@@ -1,6 +1,6 @@
 """Per-step overhead in CPU instructions, counted by valgrind: a figure that a busy machine does not blur.
 
-Run from the repository root (valgrind must be installed; about 15 minutes on 2 cores)::
+Run from the repository root (valgrind must be installed; about 10 minutes on 2 cores for three contenders)::
 
     python benchmarks/instructions.py                       # every installed contender, tiny
     python benchmarks/instructions.py cadence-lean cadence-users
@@ -12,12 +12,14 @@ seed), for ``--short`` and ``--long`` steps; the difference divided by the extra
 instructions per step, start-up and fixed costs cancelled. Overhead = contender minus its hand loop
 (``workloads.baseline_of``: the plain one, or the one under the same autocast for ``cadence-bf16-lean``).
 The loggers' writer threads get the values at the end of the run, not once a second of valgrind's
-slowed-down clock (``run_steps`` says why; ``--raw-handover`` counts as before). A step is about a
-tenth of what a 600-step run executes (importing torch and the rest is the other nine tenths), so the
-fixed part must be the same in the short and the long run to a few million instructions: every run
-gets the same minimal environment and reads the same bytecode, written before the runs
-(:func:`measured_environment`, :func:`compile_sources`). Runs of the same code agree to about
-0.2k instructions a step. Instructions are not time: Python interpreter code
+slowed-down clock (``run_steps`` says why; ``--raw-handover`` counts as before). Importing torch and
+the rest is about 9.7G instructions, a step about 1.9M, so the fixed part must be the same in the short
+and the long run to a few million instructions: every run gets the same minimal environment and reads
+the same bytecode, written before the runs (:func:`measured_environment`, :func:`compile_sources`).
+Even so, the fixed part of two runs of the same code differs by up to ~4.5M instructions (the heap's
+layout: glibc's malloc, CPython's pymalloc, pybind11's type cache; benchmarks/RESULTS.md round 10),
+which is +-9k a step over 500 extra steps and +-2k over the default 2000: the same code measured twice
+agrees to about 2k instructions a step. Instructions are not time: Python interpreter code
 runs fewer instructions per microsecond than PyTorch's kernels, so read the microseconds from
 ``overhead.py`` and use this table to compare versions of Cadence and to see what an edit saved.
 """
@@ -130,7 +132,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("contenders", nargs="*", help="default: every installed contender")
     parser.add_argument("--short", type=int, default=100)
-    parser.add_argument("--long", type=int, default=600)
+    parser.add_argument("--long", type=int, default=2100)
     parser.add_argument("--raw-handover", action="store_true",
                         help="hand logged values to the writer threads once a second of valgrind's slow time "
                              "(see run_steps), not at the end")

@@ -251,6 +251,17 @@ def lean_with_idle_thread(network: nn.Module, loader: DataLoader, root: str) -> 
     cadence_fit(network, loader, False, root)
 
 
+def lean_after_a_thread(network: nn.Module, loader: DataLoader, root: str) -> None:
+    """cadence-lean in a process that started one more thread and joined it before training: what a
+    process pays on for having had a second thread (glibc keeps its locked paths from then on)."""
+    import threading
+
+    thread = threading.Thread(target=lambda: None, name="ended")
+    thread.start()
+    thread.join()
+    cadence_fit(network, loader, False, root)
+
+
 def cadence_bf16_fit(network: nn.Module, loader: DataLoader, root: str) -> None:
     from callbacks import AMP
 
@@ -308,7 +319,8 @@ def contenders(variants: bool = False) -> dict[str, Callable[..., None]]:
     ``cadence-lean-microbatch`` (``AutoMicrobatch()``, whose batches fit: what the seam costs); and the
     parts of ``cadence-users``, to split its cost over lean (benchmarks/RESULTS.md, round 6 overhead):
     ``cadence-lean-thread`` (lean after starting one Python thread that never wakes: what a process pays
-    for having a second thread), ``cadence-users-nologgers`` (``logger=False``: ``self.log``, the bar and
+    for having a second thread), ``cadence-lean-thread-ended`` (lean after a thread that started and ended: what
+    it pays for having had one), ``cadence-users-nologgers`` (``logger=False``: ``self.log``, the bar and
     the checkpoint callback), ``cadence-users-nolog`` (``log_every_n_steps=100000``: the loggers present,
     no log step), ``cadence-users-csvonly`` and ``cadence-users-tbonly`` (one default logger each).
     """
@@ -332,6 +344,7 @@ def contenders(variants: bool = False) -> dict[str, Callable[..., None]]:
         found["cadence-lean-profiled"] = lambda network, loader, root: cadence_fit(
             network, loader, False, root, callbacks=[Profiler(wait=0, warmup=0, active=1, record_shapes=False, profile_memory=False)])
         found["cadence-lean-thread"] = lean_with_idle_thread
+        found["cadence-lean-thread-ended"] = lean_after_a_thread
         found["cadence-users-nologgers"] = lambda network, loader, root: cadence_fit(network, loader, True, root, logger=False)
         found["cadence-users-nolog"] = lambda network, loader, root: cadence_fit(network, loader, True, root,
                                                                                   log_every_n_steps=100000)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
 from callbacks import Callback
+from trainer import TrainingModule
 from linear_regression import LinearRegression, regression_samples
 
 
@@ -306,7 +308,7 @@ class ReadsStepsInConfigureOptimizers(DrawsInHooks):
         self._draw("fit_start")
 
 
-@pytest.mark.parametrize("second_fit", [False])  # a second fit reads the first fit's count (left: report probe9)
+@pytest.mark.parametrize("second_fit", [False, True])
 def test_estimated_stepping_batches_makes_the_training_iterator_where_lightnings_fit_loop_makes_it(make_trainer,
                                                                                                    second_fit):
     torch.manual_seed(3)
@@ -333,3 +335,35 @@ def test_estimated_stepping_batches_makes_the_training_iterator_where_lightnings
             expected.orders[epoch] = [int(i) for indices, *_ in iterator for i in indices]
     assert module.draws == expected.draws
     assert module.orders == expected.orders
+
+
+class SchedulesOverTheFit(TrainingModule):
+    """OneCycleLR over trainer.estimated_stepping_batches, as Lightning's examples size it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+        self.estimates: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        self.estimates.append(self.trainer.estimated_stepping_batches)
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, 0.1, total_steps=int(self.estimates[-1]))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def test_a_second_fit_estimates_its_steps_from_its_own_training_loader(make_trainer):
+    def batches(count: int) -> DataLoader:
+        return DataLoader(TensorDataset(torch.randn(4 * count, 4)), batch_size=4)
+
+    module = SchedulesOverTheFit()
+    trainer = make_trainer(max_epochs=1, enable_model_summary=False)
+    trainer.fit(module, batches(4))
+    trainer.fit_loop.max_epochs = 2
+    trainer.fit(module, batches(8))
+    # Lightning 2.6.5 gives [4, 16]: max_epochs times the batches of the loader this fit trains on (the first fit's
+    # count, 4 batches, made the schedule 8 steps long, with another learning rate at every step).
+    assert module.estimates == [4, 16] and trainer.global_step == 12

@@ -269,8 +269,7 @@ class TrainerProperties:
     def estimated_stepping_batches(self: Trainer) -> int | float:
         """The optimizer steps fit will take (trainer/stage_loaders.py). Asked during fit before the training loader
         is made (in configure_optimizers), it makes it now (the one view that does): fit trains on that one."""
-        if self.stage == "fit" and self._data is not None and self._fit_loaders is None \
-                and math.isinf(self.num_training_batches):
+        if self.stage == "fit" and self._data is not None and self._fit_loaders is None:
             self._make_loaders("fit", self._data, ("train",))
             lightnings_setup_iterator(self._fit_loaders.train, self.current_epoch, self._progress, early=True)  # Lightning's
         return estimated_stepping_batches(self.num_training_batches, self.accumulate_grad_batches, self.max_epochs,

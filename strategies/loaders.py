@@ -9,6 +9,7 @@ ranks' outputs put end to end are the dataset in order, each sample once.
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from typing import Any
@@ -56,6 +57,34 @@ def rebuild_dataloader(loader: DataLoader, **changes: Any) -> DataLoader:
     # batch_size=None without a batch_sampler turns automatic batching off; it is kept as None.
     settings.update(changes)
     return DataLoader(loader.dataset, **settings)
+
+
+def with_worker_init_fn(loader: DataLoader, worker_init_fn: Any) -> DataLoader:
+    """``loader`` with ``worker_init_fn`` in place of its own (see :func:`_copied`)."""
+    copied = _copied(loader)
+    copied.worker_init_fn = worker_init_fn
+    return copied
+
+
+def with_batch_sampler(loader: DataLoader, batch_sampler: Any) -> DataLoader:
+    """``loader`` reading its batches of indices from ``batch_sampler``, a wrapper of its own batch
+    sampler that yields the same batches (see :func:`_copied`). Its ``sampler``, ``batch_size`` and
+    ``drop_last`` stay those of the batches it reads."""
+    copied = _copied(loader)
+    # DataLoader refuses to set batch_sampler after __init__ because a new one could disagree with
+    # batch_size and drop_last; a wrapper of the same batch sampler cannot.
+    object.__setattr__(copied, "batch_sampler", batch_sampler)
+    return copied
+
+
+def _copied(loader: DataLoader) -> DataLoader:
+    """A shallow copy of ``loader``, not a rebuild: a rebuild would be a plain DataLoader, so a
+    subclass's ``__iter__`` and attributes would be lost (Lightning keeps the user's loader), and
+    torch's ``__init__`` checks would run again (its worker-count warning shown twice). The user's
+    object is left as it was."""
+    copied = copy.copy(loader)
+    copied._iterator = None  # persistent workers started by the original stay the original's
+    return copied
 
 
 def has_distributed_sampler(loader: Any) -> bool:
@@ -192,8 +221,8 @@ class SeenBatchIndices:
 
 
 def recording_batch_indices(loader: Any) -> Any:
-    """``loader`` rebuilt to record its batches' indices (:class:`SeenBatchIndices`), or as it is where it
+    """``loader`` copied to record its batches' indices (:class:`SeenBatchIndices`), or as it is where it
     has no batch sampler (an IterableDataset's, or ``batch_size=None``) or is not a DataLoader."""
     if not isinstance(loader, DataLoader) or loader.batch_sampler is None or isinstance(loader.dataset, IterableDataset):
         return loader
-    return rebuild_dataloader(loader, batch_sampler=SeenBatchIndices(loader.batch_sampler))
+    return with_batch_sampler(loader, SeenBatchIndices(loader.batch_sampler))

@@ -214,3 +214,39 @@ def test_a_shuffling_evaluation_loader_is_warned_about_as_in_lightning(make_trai
     with pytest.warns(UserWarning, match=re.escape(phrase.format("test"))) as caught:
         trainer.test(dataloaders=shuffled)
     assert [w.filename for w in caught if "shuffling enabled" in str(w.message)] == [__file__]  # the user's line
+
+
+class ZeroedInputs(DataLoader):
+    """A DataLoader subclass that changes its batches, as users' loaders do (collation, sharding, streaming)."""
+
+    def __iter__(self):
+        for x, y in super().__iter__():
+            yield torch.zeros_like(x), y
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_dataloader_subclass_keeps_its_own_iteration_in_every_stage(make_trainer, regression_data, num_workers):
+    # The UvA-DL tutorials' loaders have num_workers=4; Lightning keeps the user's loader object (and sets only its
+    # worker_init_fn, when workers are seeded). Cadence rebuilt it as a plain DataLoader (to shield its workers from
+    # stop signals, to record batches for resuming and for prediction writers), so a subclass's __iter__ silently
+    # stopped running: the steps saw other batches.
+    class Records(LinearRegression):
+        def training_step(self, batch, batch_idx):
+            self.seen.append(("train", float(batch[0].abs().sum())))
+            return super().training_step(batch, batch_idx)
+
+        def validation_step(self, batch, batch_idx):
+            self.seen.append(("val", float(batch[0].abs().sum())))
+
+        def predict_step(self, batch, batch_idx):
+            self.seen.append(("predict", float(batch[0].abs().sum())))
+
+    module = Records()
+    module.seen = []
+    train, val = (ZeroedInputs(regression_data, batch_size=size, num_workers=num_workers) for size in (16, 32))
+    trainer = make_trainer(max_epochs=1, num_sanity_val_steps=0)
+    trainer.fit(module, train, val)
+    assert type(trainer.train_dataloader) is ZeroedInputs and type(trainer.val_dataloaders) is ZeroedInputs
+    trainer.predict(module, val)
+    assert module.seen == [("train", 0.0)] * 4 + [("val", 0.0)] * 2 + [("predict", 0.0)] * 2
+    assert train.worker_init_fn is None and val.worker_init_fn is None  # the user's objects are left as they were

@@ -11,8 +11,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-# Lives with the strategies, which rebuild loaders to shard them; re-exported for the loop.
-from strategies.loaders import rebuild_dataloader  # noqa: F401
+# These live with the strategies, which rebuild loaders to shard them.
+from strategies.loaders import rebuild_dataloader, with_worker_init_fn
 from trainer.combined_loader import CombinedLoader
 from trainer.preemption import workers_ignore_preemption
 from trainer.seed import seed_worker_of_rank, seeded_generator, workers_seeded
@@ -159,7 +159,9 @@ def prepare_loader(loader: Any, stage: str, *, shuffle: bool, strategy: Any, see
                                    f"loader reads in order (a SequentialSampler in place of its "
                                    f"{type(loader.sampler).__name__}).")
             changes["sampler"] = SequentialSampler(loader.dataset)
-        if changes:
+        if set(changes) == {"worker_init_fn"}:  # what Lightning sets on the loader itself: a subclass is kept
+            loader = with_worker_init_fn(loader, changes["worker_init_fn"])
+        elif changes:
             loader = rebuild_dataloader(loader, **changes)
     if loader_length(loader) == 0:
         raise MisconfigurationException(

@@ -23,9 +23,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from strategies.loaders import remaining_batches
-
-from trainer.data import loader_length, rebuild_dataloader
+from strategies.loaders import remaining_batches, with_batch_sampler
+from trainer.data import loader_length
 from trainer.seed import capture_rng_state, restore_rng_state
 from callbacks.console import PossibleUserWarning, warn
 
@@ -104,7 +103,7 @@ def resumable(loader: Any) -> tuple[Any, ResumableBatchSampler | None]:
     if isinstance(loader.batch_sampler, ResumableBatchSampler):
         return loader, loader.batch_sampler
     sampler = ResumableBatchSampler(loader.batch_sampler)
-    return rebuild_dataloader(loader, batch_sampler=sampler), sampler
+    return with_batch_sampler(loader, sampler), sampler
 
 
 def resharded(sampler: ResumableBatchSampler | None, skip: int, written_by: int, length: int | None,

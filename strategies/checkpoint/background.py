@@ -45,6 +45,8 @@ class BackgroundWriter:
     def submit(self, what: str, job: Callable[[], Any]) -> None:
         """Run ``job`` after those submitted before it (``what`` names it in an error)."""
         with self._lock:
+            if self._error is not None:  # it follows a write that failed: dropped until the error is raised
+                return
             self._jobs.append((what, job))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="cadence-checkpoint-writer")
@@ -61,8 +63,9 @@ class BackgroundWriter:
             try:
                 job()
             except BaseException as error:  # raised in the training thread, at its next check
-                with self._lock:
-                    self._error = _naming(error, what)
+                with self._lock:  # what was queued behind it goes now: a check may take the error before this
+                    self._error = _naming(error, what)  # thread looks again (a link, the previous file's removal)
+                    self._jobs.clear()
 
     @property
     def busy(self) -> bool:

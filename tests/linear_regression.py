@@ -35,6 +35,22 @@ class LinearRegression(TrainingModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
+class ManualLinearRegression(LinearRegression):
+    """The same under manual optimization, written as Lightning's docs write it: zero_grad, manual_backward, step;
+    ``training_step`` returns nothing."""
+
+    def __init__(self, lr: float = 0.1) -> None:
+        super().__init__(lr)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        loss = super().training_step(batch, batch_idx)
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+
+
 def regression_samples(count: int = 64, seed: int = 1234) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` (``count`` rows of 4 standard normal values) and ``y = x @ w``, with ``w`` (4 x 2) drawn
     after ``x`` from the same seeded generator."""

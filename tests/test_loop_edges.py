@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
 from callbacks import AMP
-from linear_regression import LinearRegression, regression_samples
+from linear_regression import LinearRegression, ManualLinearRegression, regression_samples
 
 
 class SkipsOddBatches(LinearRegression):
@@ -100,20 +100,8 @@ def test_a_skipped_batch_under_float16_amp_takes_no_scaler_step(make_trainer, re
 
 
 def test_manual_optimization_may_return_none_from_training_step(make_trainer, regression_loader):
-    class Manual(LinearRegression):
-        def __init__(self):
-            super().__init__()
-            self.automatic_optimization = False
-
-        def training_step(self, batch, batch_idx):
-            optimizer = self.optimizers()
-            loss = super().training_step(batch, batch_idx)
-            optimizer.zero_grad()
-            self.manual_backward(loss)
-            optimizer.step()
-
     trainer = make_trainer(max_epochs=1)
-    trainer.fit(Manual(), regression_loader)
+    trainer.fit(ManualLinearRegression(), regression_loader)
     assert trainer.global_step == 8
 
 

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import Callback
-from linear_regression import LinearRegression
+from linear_regression import LinearRegression, ManualLinearRegression
 from strategies import SingleDevice
 from trainer import TrainingModule
 from trainer.utilities import LRSchedulerConfig
@@ -826,21 +826,9 @@ def test_optimizers_set_on_the_strategy_are_stepped_with_the_trainers_clipping_b
 
 
 def test_optimizers_set_on_the_strategy_count_global_step_under_manual_optimization(make_trainer, regression_loader):
-    class Manual(LinearRegression):
-        def __init__(self):
-            super().__init__()
-            self.automatic_optimization = False
-
-        def training_step(self, batch, batch_idx):
-            optimizer = self.optimizers()
-            loss = super().training_step(batch, batch_idx)
-            self.manual_backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-
     switch = SwitchAtStart(lambda module: torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9), epoch=1)
     trainer = make_trainer(max_epochs=2, callbacks=[switch])
-    trainer.fit(Manual(), regression_loader)
+    trainer.fit(ManualLinearRegression(), regression_loader)
     assert trainer.optimizers[0].defaults["momentum"] == 0.9  # the one set, stepped by training_step
     assert all(state["momentum_buffer"] is not None for state in trainer.optimizers[0].state.values())
     assert trainer.global_step == 2 * len(regression_loader)  # its steps counted too
